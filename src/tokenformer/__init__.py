@@ -1,0 +1,16 @@
+"""TokenFormer: Transformers whose every linear projection is attention over parameter tokens."""
+
+from .config import PRESETS, TokenFormerConfig, flops_per_token
+from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError
+from .model import CausalLMOutput, KVCache, TokenFormerLM
+from .pattention import THETA_VARIANTS, Pattention, theta
+from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRESETS", "THETA_VARIANTS", "ByteTokenizer", "CausalLMOutput", "CheckpointError",
+    "ConfigError", "DataError", "GrowthError", "HFTokenizer", "KVCache", "Pattention",
+    "TokenFormerConfig", "TokenFormerError", "TokenFormerLM", "flops_per_token",
+    "load_tokenizer", "theta",
+]

@@ -1,0 +1,62 @@
+"""The ``tokenformer`` command line: a thin layer over the package's Python functions.
+
+Each module in :mod:`tokenformer.commands` adds its subcommands with ``register(subparsers)`` and
+sets ``func`` to a plain function taking the parsed arguments. Every user-facing error becomes one
+``error: ...`` line on stderr and a non-zero exit; ``TOKENFORMER_DEBUG=1`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+
+from . import __version__, commands
+from .errors import TokenFormerError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other error
+        self.exit(2, f"error: {self.prog}: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tokenformer", description="TokenFormer: train, grow, evaluate, serve.")
+    parser.add_argument("--version", action="version", version=f"tokenformer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    debug = os.environ.get("TOKENFORMER_DEBUG") == "1"
+    try:
+        result = args.func(args)
+    except TokenFormerError as exc:
+        if debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the CLI never shows a raw traceback
+        if debug:
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"error: {type(exc).__name__}: {message} (TOKENFORMER_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return 1
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""``tokenformer info`` and ``tokenformer generate``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..config import PRESETS, TokenFormerConfig, flops_per_token
+from ..errors import ConfigError
+
+
+def info(spec: str, seq_len: int | None = None) -> str:
+    """A human-readable summary of a preset or checkpoint: sizes, parameters, FLOPs per token."""
+    if spec in PRESETS and not Path(spec).exists():
+        config = TokenFormerConfig.from_name(spec)
+    else:
+        from ..model import load_model
+
+        config = load_model(spec).config
+    T = seq_len or config.max_seq_len
+    fwd, train = flops_per_token(config, T), flops_per_token(config, T, training=True)
+    d = config.hidden_size
+    lines = [
+        f"model        {config.name}",
+        f"layers       {config.num_layers}   hidden {d}   heads {config.num_heads} "
+        f"(head_dim {config.head_dim}, rotary dims {config.rotary_dim})",
+        f"tokens       qkv {config.qkv_tokens}   proj {config.proj_tokens}   "
+        f"ffn {config.ffn_tokens}   Θ {config.norm}",
+        f"vocab        {config.vocab_size} (padded {config.padded_vocab_size})   "
+        f"context {config.max_seq_len}",
+        f"parameters   {config.num_parameters():,} total, "
+        f"{config.num_parameters(non_embedding=True):,} non-embedding",
+        f"FLOPs/token  {fwd['total']:.4g} forward, {train['total']:.4g} training "
+        f"(context {T})",
+        "",
+        f"{'per layer':<24}{'parameters':>14}{'fwd FLOPs/token':>18}",
+    ]
+    theta = fwd["attention_pattentions"] / (3 * config.qkv_tokens + config.proj_tokens)
+    table = [
+        ("Pattention Q, K, V", 3 * 2 * d * config.qkv_tokens, 3 * config.qkv_tokens * theta),
+        ("Pattention proj", 2 * d * config.proj_tokens, config.proj_tokens * theta),
+        ("Pattention FFN", 2 * d * config.ffn_tokens, fwd["ffn"]),
+        ("token-token attention", 0, fwd["token_attention"]),
+        ("layer total", config.block_parameters(), fwd["per_layer"]),
+        (f"× {config.num_layers} layers", config.num_layers * config.block_parameters(),
+         config.num_layers * fwd["per_layer"]),
+        ("embedding / tied head", config.padded_vocab_size * d, fwd["head"]),
+    ]
+    lines += [f"{name:<24}{params:>14,}{flops:>18.4g}" for name, params, flops in table]
+    return "\n".join(lines)
+
+
+def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
+                  top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                  tokenizer: str | None = None, device: str = "cpu") -> str:
+    """Load a model (a preset gives a randomly initialised one) and continue ``prompt``."""
+    from ..model import load_model
+    from ..tokenizer import ByteTokenizer, load_tokenizer
+
+    torch.manual_seed(seed)
+    model = load_model(spec).to(device).eval()
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    elif Path(spec).is_dir():
+        tok = load_tokenizer(spec) if _has_tokenizer(Path(spec)) else None
+    else:
+        tok = None
+    if tok is None:
+        if model.config.vocab_size != ByteTokenizer.vocab_size:
+            raise ConfigError(f"no tokenizer found beside {spec}; pass --tokenizer "
+                              f"(a tokenizer.json, or 'bytes')")
+        tok = ByteTokenizer()
+    if tok.vocab_size > model.config.padded_vocab_size:
+        raise ConfigError(f"tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
+                          f"has {model.config.padded_vocab_size} rows")
+    ids = tok.encode(prompt)
+    if not ids:
+        raise ConfigError("the prompt is empty")
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
+                         do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k,
+                         top_p=top_p, eos_token_id=tok.eos_token_id, generator=generator)
+    return tok.decode(out[0].tolist())
+
+
+def _has_tokenizer(path: Path) -> bool:
+    from ..tokenizer import BYTES_MARKER, TOKENIZER_FILE
+
+    return (path / TOKENIZER_FILE).is_file() or (path / BYTES_MARKER).is_file()
+
+
+def _positive(kind: type):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="parameters and FLOPs per token of a preset or checkpoint")
+    p.add_argument("model", help="preset name, model directory or official checkpoint")
+    p.add_argument("--seq-len", type=_positive(int), default=None,
+                   help="context length for the attention FLOPs (default: the model's)")
+    p.set_defaults(func=lambda a: print(info(a.model, a.seq_len)))
+
+    p = sub.add_parser("generate", help="generate text from a checkpoint (or a random preset)")
+    p.add_argument("model", help="model directory, official checkpoint, or preset name")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=_positive(int), default=64)
+    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--top-k", type=_positive(int), default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json path or 'bytes'")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=lambda a: print(generate_text(
+        a.model, a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+        top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device)))

@@ -1,0 +1,21 @@
+"""User-facing errors. The CLI prints their message as one line and exits non-zero."""
+
+
+class TokenFormerError(Exception):
+    """Base class of every error whose message is meant for the user, not a traceback."""
+
+
+class ConfigError(TokenFormerError, ValueError):
+    """A configuration value is malformed or inconsistent."""
+
+
+class CheckpointError(TokenFormerError):
+    """A checkpoint is missing, corrupt, or does not match the model."""
+
+
+class DataError(TokenFormerError):
+    """Input data is empty, undecodable, too short or does not match the model."""
+
+
+class GrowthError(TokenFormerError, ValueError):
+    """A requested growth is impossible (shrinking, or growing what tokens cannot grow)."""

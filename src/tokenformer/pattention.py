@@ -1,0 +1,122 @@
+"""Pattention: a token-parameter attention layer that replaces ``nn.Linear``.
+
+``Pattention(X) = Θ(X · K_Pᵀ) · V_P`` where the ``n`` rows of ``K_P`` [n, d_in] and ``V_P``
+[n, d_out] are learnable *parameter tokens* and Θ is a modified softmax acting on each row of
+scores (over the n parameter tokens). The variants follow the official code exactly:
+
+=================  ==========================================  =====================
+name               Θ(a) for one row a ∈ Rⁿ                      default ``scale`` s
+=================  ==========================================  =====================
+``l2_norm_gelu``   GELU(a / ‖a‖₂ · s)          (official default)  √n
+``gelu_l2_norm``   GELU(a) / ‖GELU(a)‖₂ · s                        √n
+``gelu_l1_norm``   GELU(a) / ‖GELU(a)‖₁ · s    (paper ablation)    n
+``softmax``        exp(a) / ‖exp(a)‖₁ · s      (softmax × n)        n
+=================  ==========================================  =====================
+
+``scale`` is part of the layer's state rather than recomputed from ``n`` on every call: growth
+(:mod:`tokenformer.grow`) appends tokens and may hold ``scale`` at its pre-growth value, which is
+what makes function-preserving growth possible.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import ConfigError
+
+THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
+
+
+def default_scale(norm: str, num_tokens: int) -> float:
+    """Θ's factor in the official code: √n for the L2 variants, n for the L1 ones."""
+    check_theta(norm)
+    return float(num_tokens) if norm in ("softmax", "gelu_l1_norm") else math.sqrt(num_tokens)
+
+
+def check_theta(norm: str) -> None:
+    if norm not in THETA_VARIANTS:
+        raise ConfigError(f"unknown Θ variant {norm!r}; choose one of {', '.join(THETA_VARIANTS)}")
+
+
+def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0) -> torch.Tensor:
+    """Apply Θ row-wise over the last dimension of ``scores``.
+
+    With ``eps == 0`` the arithmetic is the official one (an all-zero row gives NaN, exactly like
+    the released code; an ``exp`` overflow in ``softmax`` is not guarded either). ``eps > 0`` adds
+    ``eps`` to the norm, which makes all-zero rows map to GELU(0) = 0.
+    """
+    if norm == "l2_norm_gelu":
+        norm_ = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
+        return F.gelu(scores / (norm_ + eps) * scale)
+    if norm == "gelu_l2_norm":
+        act = F.gelu(scores)
+        return act / (torch.linalg.vector_norm(act, dim=-1, keepdim=True) + eps) * scale
+    if norm == "gelu_l1_norm":
+        act = F.gelu(scores)
+        return act / (torch.linalg.vector_norm(act, ord=1, dim=-1, keepdim=True) + eps) * scale
+    if norm == "softmax":
+        act = torch.exp(scores)
+        return act / (act.sum(dim=-1, keepdim=True) + eps) * scale
+    check_theta(norm)
+    raise AssertionError("unreachable")
+
+
+class Pattention(nn.Module):
+    """Input tokens attend over ``num_tokens`` learnable key/value parameter tokens.
+
+    Drop-in for ``nn.Linear(in_features, out_features, bias=False)``: maps ``[..., in_features]``
+    to ``[..., out_features]``. Parameter names are the official ones, so official checkpoints
+    convert by renaming module prefixes only.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_tokens: int,
+        norm: str = "l2_norm_gelu",
+        *,
+        scale: float | None = None,
+        eps: float = 0.0,
+        key_init_std: float = 0.02,
+        value_init_std: float = 0.02,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        check_theta(norm)
+        for name, value in (("in_features", in_features), ("out_features", out_features),
+                            ("num_tokens", num_tokens)):
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"Pattention {name} must be a positive integer, got {value!r}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.norm = norm
+        self.scale = float(scale) if scale is not None else default_scale(norm, num_tokens)
+        self.eps = float(eps)
+        self.key_init_std = key_init_std
+        self.value_init_std = value_init_std
+        factory = {"device": device, "dtype": dtype}
+        self.key_param_tokens = nn.Parameter(torch.empty(num_tokens, in_features, **factory))
+        self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
+        self.reset_parameters()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.key_param_tokens.shape[0]
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.key_param_tokens, std=self.key_init_std)
+        nn.init.normal_(self.value_param_tokens, std=self.value_init_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.matmul(x, self.key_param_tokens.t())
+        return torch.matmul(theta(scores, self.norm, self.scale, self.eps), self.value_param_tokens)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"num_tokens={self.num_tokens}, norm={self.norm!r}, scale={self.scale:.6g}")

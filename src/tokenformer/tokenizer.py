@@ -1,0 +1,110 @@
+"""Tokenizers: the GPT-NeoX ``tokenizer.json`` the released models ship, and raw bytes.
+
+Both expose ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``vocab_size``,
+``eos_token_id`` and ``identity`` (a string naming the tokenizer and hashing its definition, so a
+prepared dataset can be checked against the model that reads it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Protocol
+
+from .errors import ConfigError
+
+TOKENIZER_FILE = "tokenizer.json"
+BYTES_MARKER = "tokenizer_bytes.json"
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eos_token_id: int | None
+    identity: str
+
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def save(self, directory: str | Path) -> None: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, plus ``<|endoftext|>`` = 256 (vocab 257)."""
+
+    vocab_size = 257
+    eos_token_id = 256
+    identity = "bytes-v1"
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def save(self, directory: str | Path) -> None:
+        from .io import atomic_write_text
+
+        atomic_write_text(Path(directory) / BYTES_MARKER, json.dumps({"type": "bytes"}) + "\n")
+
+
+class HFTokenizer:
+    """A ``tokenizers`` tokenizer loaded from a ``tokenizer.json`` file (no network, ever)."""
+
+    def __init__(self, path: str | Path) -> None:
+        from tokenizers import Tokenizer as _Tok
+
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"tokenizer file not found: {path}")
+        raw = path.read_bytes()
+        try:
+            self._tok = _Tok.from_str(raw.decode("utf-8"))
+        except Exception as exc:  # the tokenizers error types are not public
+            raise ConfigError(f"{path} is not a valid tokenizer.json: {exc}") from None
+        self._raw = raw
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.eos_token_id = self._tok.token_to_id("<|endoftext|>")
+        self.identity = f"tokenizer.json:sha256:{hashlib.sha256(raw).hexdigest()}"
+
+    @classmethod
+    def from_tokenizers(cls, tok) -> HFTokenizer:  # a tokenizers.Tokenizer
+        self = cls.__new__(cls)
+        self._tok = tok
+        self._raw = tok.to_str().encode("utf-8")
+        self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.eos_token_id = tok.token_to_id("<|endoftext|>")
+        self.identity = f"tokenizer.json:sha256:{hashlib.sha256(self._raw).hexdigest()}"
+        return self
+
+    @property
+    def backend(self):  # the underlying tokenizers.Tokenizer
+        return self._tok
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(list(ids))
+
+    def save(self, directory: str | Path) -> None:
+        from .io import atomic_write
+
+        atomic_write(Path(directory) / TOKENIZER_FILE, lambda tmp: tmp.write_bytes(self._raw))
+
+
+def load_tokenizer(spec: str | Path) -> Tokenizer:
+    """``"bytes"``, a ``tokenizer.json`` path, or a model directory holding either."""
+    if str(spec) == "bytes":
+        return ByteTokenizer()
+    path = Path(spec)
+    if path.is_dir():
+        if (path / TOKENIZER_FILE).is_file():
+            return HFTokenizer(path / TOKENIZER_FILE)
+        if (path / BYTES_MARKER).is_file():
+            return ByteTokenizer()
+        raise ConfigError(f"{path} holds no tokenizer ({TOKENIZER_FILE} or {BYTES_MARKER}); "
+                          f"pass --tokenizer")
+    return HFTokenizer(path)
