@@ -103,6 +103,8 @@ class Attention(nn.Module):
     def __init__(self, config: TokenFormerConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        # Vision configs set is_causal = False (patches attend both ways); LM configs lack it.
+        self.is_causal: bool = getattr(config, "is_causal", True)
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
         self.query = _pattention(config, "qkv")
@@ -125,7 +127,7 @@ class Attention(nn.Module):
             past = cache.get_seq_length(self.layer_idx)
             k, v = cache.update(k, v, self.layer_idx)
         if attention_mask is None and past == 0:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
         elif attention_mask is None and T == 1:
             out = F.scaled_dot_product_attention(q, k, v)
         else:
