@@ -198,6 +198,8 @@ class TokenFormerLM(nn.Module):
     next-token cross-entropy (labels are shifted inside, ``-100`` is ignored), as in Hugging Face.
     """
 
+    config_class: Any = TokenFormerConfig  # subclasses (the baselines) load their own config
+
     def __init__(self, config: TokenFormerConfig) -> None:
         super().__init__()
         config.validate()
@@ -280,7 +282,7 @@ class TokenFormerLM(nn.Module):
         if not config_file.is_file() or not weights.is_file():
             raise CheckpointError(f"{directory} is not a tokenformer model directory "
                                   f"(expected {CONFIG_NAME} and {WEIGHTS_NAME})")
-        config = TokenFormerConfig.load(config_file)
+        config = cls.config_class.load(config_file)
         try:
             state = load_file(str(weights), device=str(map_location))
         except (SafetensorError, OSError, ValueError) as exc:
@@ -388,7 +390,13 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: 
 
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """``load_state_dict(strict=True)`` with one error sentence naming the offending key."""
-    expected = model.state_dict()
+    check_state_dict(model.state_dict(), state, source)
+    model.load_state_dict(state, strict=True)
+
+
+def check_state_dict(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
+                     source: str) -> None:
+    """Raise one CheckpointError naming the first missing, unexpected or wrongly shaped key."""
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     if missing:
@@ -402,7 +410,6 @@ def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], sou
         if tuple(tensor.shape) != tuple(expected[key].shape):
             raise CheckpointError(f"{source}: key {key!r} has shape {tuple(tensor.shape)}, "
                                   f"the model expects {tuple(expected[key].shape)}")
-    model.load_state_dict(state, strict=True)
 
 
 def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:

@@ -18,7 +18,7 @@ import torch
 from .config import TokenFormerConfig
 from .errors import CheckpointError
 from .io import safe_torch_load
-from .model import TokenFormerLM, load_state_dict_strict
+from .model import TokenFormerLM, check_state_dict
 
 # Heads of the released models by hidden size (not recoverable from tensor shapes).
 OFFICIAL_HEADS = {768: 12, 1024: 16, 1280: 16, 1536: 16}
@@ -29,11 +29,14 @@ _BLOCK_KEY = re.compile(r"^sequential\.(\d+)\.(.+)$")
 
 def official_to_ours(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename official keys to ours. Raises CheckpointError on a key of unknown layout."""
-    indices = sorted({int(m.group(1)) for k in state if (m := _BLOCK_KEY.match(k))})
-    if not indices or "sequential.0.word_embeddings.weight" not in state:
+    if "sequential.0.word_embeddings.weight" not in state:
         raise CheckpointError("not an official TokenFormer state dict: missing key "
                               "'sequential.0.word_embeddings.weight'")
-    final = max(indices)
+    # The final norm is found by name, not as the last index, so that a checkpoint missing it is
+    # reported as such rather than as a last block of unexpected keys.
+    norms = [int(m.group(1)) for k in state
+             if (m := _BLOCK_KEY.match(k)) and m.group(2).startswith("norm.")]
+    final = max(norms, default=None)
     out: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         m = _BLOCK_KEY.match(key)
@@ -110,20 +113,20 @@ def infer_config(state: dict[str, torch.Tensor], config_json: dict[str, Any] | N
 
     def tokens(name: str) -> int:
         key = f"layers.0.{name}.key_param_tokens"
-        if key not in state:
-            raise CheckpointError(f"missing key {key!r}")
+        if key not in state:  # named as in the official file, which is what the user has
+            raise CheckpointError(f"missing key 'sequential.2.{name}.key_param_tokens'")
         return int(state[key].shape[0])
 
     for key, actual in (("num_layers", len(layers)), ("hidden_size", d),
-                        ("qkv_slot_num", state["layers.0.attention.query.key_param_tokens"].shape[0]
-                         if layers else None)):
-        if key in cfg and actual is not None and int(cfg[key]) != int(actual):
+                        ("qkv_slot_num", tokens("attention.query"))):
+        if key in cfg and int(cfg[key]) != int(actual):
             raise CheckpointError(f"config.json says {key}={cfg[key]} but the weights have "
                                   f"{actual}")
     heads = num_heads or cfg.get("num_attention_heads") or OFFICIAL_HEADS.get(d, max(1, d // 64))
     vocab = OFFICIAL_VOCAB_SIZE if vocab_rows == 50304 else vocab_rows
     return TokenFormerConfig(
-        vocab_size=vocab, hidden_size=int(d), num_layers=len(layers), num_heads=int(heads),
+        vocab_size=vocab, vocab_multiple=128 if vocab_rows % 128 == 0 else 1,
+        hidden_size=int(d), num_layers=len(layers), num_heads=int(heads),
         qkv_tokens=tokens("attention.query"), proj_tokens=tokens("attention.proj"),
         ffn_tokens=tokens("mlp"),
         max_seq_len=int(max_seq_len or cfg.get("seq_length") or cfg.get("max_position_embeddings")
@@ -151,7 +154,9 @@ def load_official(path: str | Path, *, num_heads: int | None = None,
         config = infer_config(state, config_json, num_heads=num_heads, rotary_pct=rotary_pct,
                               max_seq_len=max_seq_len, norm=norm)
     model = TokenFormerLM(config)
-    load_state_dict_strict(model, {k: v.to(dtype) for k, v in state.items()}, source=str(path))
+    # Checked under the official names: an error must name the key as it is in the user's file.
+    check_state_dict(ours_to_official(model.state_dict(), config.num_layers), official, str(path))
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
     return model.to(dtype)
 
 
