@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -16,6 +18,8 @@ from .errors import ConfigError
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTES_MARKER = "tokenizer_bytes.json"
+BPE_PREFIX = "bpe:"
+MIN_BPE_VOCAB = 257
 
 
 class Tokenizer(Protocol):
@@ -83,8 +87,10 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text).ids
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(texts)]
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Encode in parallel (the ``tokenizers`` thread pool); ``add_special_tokens=False``
+        skips any BOS/EOS template, as token files for training need."""
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(list(ids))
@@ -108,3 +114,37 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
         raise ConfigError(f"{path} holds no tokenizer ({TOKENIZER_FILE} or {BYTES_MARKER}); "
                           f"pass --tokenizer")
     return HFTokenizer(path)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, *, progress: bool = True,
+              length: int | None = None) -> HFTokenizer:
+    """Train a byte-level BPE (GPT-2/NeoX style) on ``texts``, locally, with ``tokenizers``.
+
+    The 256 byte symbols are always in the vocabulary, so any text encodes and decodes losslessly;
+    ``<|endoftext|>`` is id 0 like in the GPT-NeoX tokenizer. ``length`` (the number of items in
+    ``texts``) only sizes the progress bar.
+    """
+    from tokenizers import Tokenizer as _Tok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < MIN_BPE_VOCAB:
+        raise ConfigError(f"a byte-level BPE needs a vocabulary of at least {MIN_BPE_VOCAB} "
+                          f"(256 bytes + <|endoftext|>), got {vocab_size}")
+    tok = _Tok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=progress and sys.stderr.isatty())
+    tok.train_from_iterator(texts, trainer=trainer, length=length)
+    return HFTokenizer.from_tokenizers(tok)
+
+
+def parse_bpe_spec(spec: str) -> int | None:
+    """The vocabulary size of a ``bpe:VOCAB`` spec, or None if ``spec`` is not one."""
+    if not spec.startswith(BPE_PREFIX):
+        return None
+    try:
+        return int(spec[len(BPE_PREFIX):])
+    except ValueError:
+        raise ConfigError(f"expected bpe:VOCAB with an integer VOCAB, got {spec!r}") from None
