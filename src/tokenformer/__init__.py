@@ -2,6 +2,7 @@
 
 from .config import PRESETS, TokenFormerConfig, flops_per_token
 from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError
+from .grow import grow, grow_with_optimizer
 from .model import CausalLMOutput, KVCache, TokenFormerLM
 from .pattention import THETA_VARIANTS, Pattention, theta
 from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
@@ -12,5 +13,5 @@ __all__ = [
     "PRESETS", "THETA_VARIANTS", "ByteTokenizer", "CausalLMOutput", "CheckpointError",
     "ConfigError", "DataError", "GrowthError", "HFTokenizer", "KVCache", "Pattention",
     "TokenFormerConfig", "TokenFormerError", "TokenFormerLM", "flops_per_token",
-    "load_tokenizer", "theta",
+    "grow", "grow_with_optimizer", "load_tokenizer", "theta",
 ]
