@@ -1,0 +1,316 @@
+"""TokenFormerLM: sizes (spec §3), causality, the KV cache, generation, persistence."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenformer import (
+    PRESETS,
+    CheckpointError,
+    ConfigError,
+    TokenFormerConfig,
+    TokenFormerError,
+    TokenFormerLM,
+    flops_per_token,
+)
+from tokenformer.model import _sample
+
+# Spec §3: the exact parameter counts of the released models and of the paper's scaling chain.
+OFFICIAL_PARAMETERS = {
+    "tokenformer-150m": 151_881_216,
+    "tokenformer-450m": 454_166_528,
+    "tokenformer-900m": 903_252_480,
+    "tokenformer-1-5b": 1_587_219_456,
+    "tokenformer-354m-owt2": 353_503_232,
+    "tokenformer-757m-owt2": 756_156_416,
+    "tokenformer-124m-chain": 123_569_664,
+    "tokenformer-354m-chain": 354_190_848,
+}
+
+
+def small_config(**overrides) -> TokenFormerConfig:
+    base = dict(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, qkv_tokens=16,
+                proj_tokens=12, ffn_tokens=48, max_seq_len=64, rotary_pct=0.5, eos_token_id=None)
+    return TokenFormerConfig(**{**base, **overrides})
+
+
+def random_model(dtype: torch.dtype = torch.float32, seed: int = 0, **overrides) -> TokenFormerLM:
+    """A small model whose blocks matter: the wang init alone leaves the residual stream ≈ E[x]."""
+    torch.manual_seed(seed)
+    model = TokenFormerLM(small_config(**overrides))
+    with torch.no_grad():
+        for layer in model.pattentions().values():
+            layer.value_param_tokens.normal_(0.0, 0.3)
+    return model.to(dtype).eval()
+
+
+def ids(batch: int, length: int, vocab: int = 100, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------------------- sizes
+@pytest.mark.parametrize("name", list(OFFICIAL_PARAMETERS))
+def test_num_parameters_of_official_sizes(name: str) -> None:
+    config = TokenFormerConfig.from_name(name)
+    assert config.num_parameters() == OFFICIAL_PARAMETERS[name]
+    assert config.num_parameters(non_embedding=True) == (OFFICIAL_PARAMETERS[name]
+                                                         - 50304 * config.hidden_size)
+    with torch.device("meta"):  # instantiated without allocating: the modules agree
+        model = TokenFormerLM(config)
+    assert sum(p.numel() for p in model.parameters()) == OFFICIAL_PARAMETERS[name]
+
+
+@pytest.mark.parametrize("name", [n for n in PRESETS if n not in OFFICIAL_PARAMETERS])
+def test_num_parameters_of_small_presets(name: str) -> None:
+    config = TokenFormerConfig.from_name(name)
+    model = TokenFormerLM(config)
+    assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+    assert model.num_parameters() == config.num_parameters()
+
+
+def test_num_parameters_with_block_norms() -> None:
+    config = small_config(block_norm="both")
+    model = TokenFormerLM(config)
+    assert config.num_parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_flops_per_token_by_hand() -> None:
+    """The tiny preset, counted by hand with the conventions of ``flops_per_token``."""
+    config = TokenFormerConfig.from_name("tiny")  # L 2, d 64, 4 heads, qkv 32/32/128, V 384
+    per_score = 2 * (64 + 64) + 8  # two matmuls per parameter token, plus Θ (l2_norm_gelu)
+    pattentions = (3 * 32 + 32 + 128) * per_score
+    attention = 2 * 2 * 128 * 64 + 5 * 128 * 4 + 3 * 2 * 4 * 4  # QKᵀ, AV, softmax, rotary
+    per_layer = pattentions + attention + 2 * 5 * 64
+    head = 2 * 384 * 64 + 5 * 64
+    fwd = flops_per_token(config)
+    assert fwd["per_layer"] == per_layer
+    assert fwd["total"] == 2 * per_layer + head
+    assert flops_per_token(config, training=True)["total"] == 3 * fwd["total"]
+
+
+# -------------------------------------------------------------------------------------- config
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_config_round_trip(tmp_path: Path, suffix: str) -> None:
+    config = small_config(norm="softmax", ffn_scale=3.5, block_norm="weight")
+    config.save(tmp_path / f"c{suffix}")
+    assert TokenFormerConfig.load(tmp_path / f"c{suffix}") == config
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"hidden_size": 30}, "not divisible"),
+    ({"rotary_pct": 0.375}, "odd"),  # head_dim 8 × 0.375 = 3
+    ({"norm": "relu"}, "unknown Θ"),
+    ({"num_layers": 0}, "positive integer"),
+])
+def test_bad_config(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        small_config(**overrides)
+
+
+# ------------------------------------------------------------------------------------- forward
+def test_causality() -> None:
+    model = random_model()
+    x = ids(2, 30)
+    y = x.clone()
+    y[:, 17] = (y[:, 17] + 1) % 100
+    with torch.no_grad():
+        a, b = model(x).logits, model(y).logits
+    torch.testing.assert_close(a[:, :17], b[:, :17], rtol=0, atol=1e-6)
+    assert (a[:, 17:] - b[:, 17:]).abs().amax(dim=-1).min() > 1e-3  # every later position moves
+
+
+def test_batch_independence() -> None:
+    model = random_model()
+    x = ids(4, 21)
+    with torch.no_grad():
+        together = model(x).logits
+        alone = torch.cat([model(x[i: i + 1]).logits for i in range(4)])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_loss_is_shifted_cross_entropy() -> None:
+    model = random_model(torch.float64)
+    x = ids(2, 12)
+    labels = x.clone()
+    labels[0, 5] = -100
+    out = model(x, labels=labels)
+    logp = out.logits.log_softmax(-1)
+    terms = [-logp[b, t, labels[b, t + 1]] for b in range(2) for t in range(11)
+             if labels[b, t + 1] != -100]
+    assert out.loss.item() == pytest.approx(torch.stack(terms).mean().item(), rel=1e-6)
+
+
+def test_context_limit() -> None:
+    model = random_model()
+    with pytest.raises(TokenFormerError, match="exceeds the model's context"):
+        model(ids(1, 65))
+    with pytest.raises(TokenFormerError, match="exceeds the model's context"):
+        model.generate(ids(1, 65))
+    out = model.generate(ids(1, 60), max_new_tokens=10)
+    assert out.shape == (1, 64)  # stops at the context instead of failing
+
+
+def test_cached_decoding_equals_uncached() -> None:
+    model = random_model()
+    seq = ids(2, 30)
+    with torch.no_grad():
+        full = model(seq).logits
+        out = model(seq[:, :6], use_cache=True)
+        steps = [out.logits]
+        for t in range(6, 30):  # 24 single-token steps through the cache
+            out = model(seq[:, t: t + 1], past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    assert out.past_key_values.get_seq_length() == 30
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_generate_equals_uncached() -> None:
+    model = random_model(torch.float64)  # float64: no near-ties can flip an argmax
+    prompt = ids(2, 5)
+    cached = model.generate(prompt, max_new_tokens=25, use_cache=True)
+    uncached = model.generate(prompt, max_new_tokens=25, use_cache=False)
+    assert cached.shape == (2, 30)
+    assert torch.equal(cached, uncached)
+    # Greedy by definition: each new token is the argmax of a plain forward on what precedes it.
+    with torch.no_grad():
+        logits = model(cached).logits[:, 4:-1, :100]
+    assert torch.equal(logits.argmax(-1), cached[:, 5:])
+
+
+def test_left_padded_batch_equals_single() -> None:
+    model = random_model(torch.float64)
+    prompts = [ids(1, 4, seed=2)[0], ids(1, 9, seed=3)[0], ids(1, 7, seed=4)[0]]
+    width = max(len(p) for p in prompts)
+    batch = torch.full((3, width), 1, dtype=torch.long)
+    mask = torch.zeros(3, width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        batch[i, width - len(p):], mask[i, width - len(p):] = p, 1
+    for use_cache in (True, False):
+        out = model.generate(batch, max_new_tokens=20, attention_mask=mask, use_cache=use_cache)
+        for i, p in enumerate(prompts):
+            single = model.generate(p[None], max_new_tokens=20)
+            assert torch.equal(out[i, width:], single[0, len(p):]), (i, use_cache)
+
+
+def test_eos_stops_and_pads() -> None:
+    model = random_model(torch.float64)
+    prompt = ids(2, 5)
+    free = model.generate(prompt, max_new_tokens=12)
+    eos = int(free[0, 7])  # row 0's third new token
+    out = model.generate(prompt, max_new_tokens=12, eos_token_id=eos)
+    first = [int((row[5:] == eos).nonzero()[0]) if (row[5:] == eos).any() else None
+             for row in free]
+    assert first[0] is not None and first[0] <= 2
+    for row, f in enumerate(first):
+        if f is None:
+            assert torch.equal(out[row], free[row][: out.shape[1]])
+        else:  # identical up to its EOS, then only EOS
+            assert torch.equal(out[row, : 6 + f], free[row, : 6 + f])
+            assert (out[row, 6 + f:] == eos).all()
+    if all(f is not None for f in first):
+        assert out.shape[1] == 6 + max(first)  # stops once every row has finished
+
+
+# ------------------------------------------------------------------------------------ sampling
+def test_sampling_top_k_one_and_tiny_top_p_are_greedy() -> None:
+    model = random_model()
+    prompt = ids(3, 4)
+    greedy = model.generate(prompt, max_new_tokens=15)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(model.generate(prompt, 15, do_sample=True, top_k=1, generator=g), greedy)
+    assert torch.equal(model.generate(prompt, 15, do_sample=True, top_p=1e-9, generator=g),
+                       greedy)
+
+
+def test_seeded_sampling_reproduces() -> None:
+    model = random_model()
+    prompt = ids(2, 4)
+
+    def run(seed: int) -> torch.Tensor:
+        return model.generate(prompt, 20, do_sample=True, temperature=1.5,
+                              generator=torch.Generator().manual_seed(seed))
+
+    assert torch.equal(run(7), run(7))
+    assert not torch.equal(run(7), run(8))
+
+
+def test_sample_distribution() -> None:
+    """Frequencies follow softmax(logits / T) restricted to the top-k / nucleus set."""
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    n = 4000
+    g = torch.Generator().manual_seed(0)
+
+    def freq(**kw) -> torch.Tensor:
+        draws = torch.cat([_sample(logits.expand(n, 4), generator=g, **kw)])
+        return torch.bincount(draws, minlength=4).double() / n
+
+    def expect(p: list[float]) -> torch.Tensor:
+        p = torch.tensor(p, dtype=torch.float64)
+        return p / p.sum()
+
+    tol = 4 * math.sqrt(0.25 / n)  # four standard deviations of a frequency
+    plain = freq(temperature=1.0, top_k=None, top_p=None)
+    assert (plain - expect([0.5, 0.3, 0.15, 0.05])).abs().max() < tol
+    hot = freq(temperature=2.0, top_k=None, top_p=None)  # p^(1/2), renormalised
+    assert (hot - expect([math.sqrt(p) for p in (0.5, 0.3, 0.15, 0.05)])).abs().max() < tol
+    top2 = freq(temperature=1.0, top_k=2, top_p=None)
+    assert top2[2:].sum() == 0 and (top2 - expect([0.5, 0.3, 0, 0])).abs().max() < tol
+    # 0.5 < 0.7 <= 0.8: the nucleus is the smallest prefix reaching p, here tokens 0 and 1
+    nucleus = freq(temperature=1.0, top_k=None, top_p=0.7)
+    assert nucleus[2:].sum() == 0 and (nucleus - expect([0.5, 0.3, 0, 0])).abs().max() < tol
+
+
+@pytest.mark.parametrize("kwargs", [{"do_sample": True, "temperature": 0.0}, {"top_k": 0},
+                                    {"top_p": 0.0}, {"top_p": 1.5}, {"max_new_tokens": -1}])
+def test_bad_sampling_options(kwargs: dict) -> None:
+    with pytest.raises(ConfigError):
+        random_model().generate(ids(1, 3), **kwargs)
+
+
+def test_never_samples_vocab_padding() -> None:
+    model = random_model()
+    with torch.no_grad():  # make the padding rows (100..127) the most likely tokens
+        model.word_embeddings.weight[100:] *= 50
+    out = model.generate(ids(2, 3), 10, do_sample=True, temperature=5.0,
+                         generator=torch.Generator().manual_seed(0))
+    assert out.max() < 100
+
+
+# --------------------------------------------------------------------------------- persistence
+def test_save_load_round_trip(tmp_path: Path) -> None:
+    model = random_model(norm="gelu_l2_norm", qkv_scale=2.0)
+    model.save(tmp_path / "m")
+    again = TokenFormerLM.load(tmp_path / "m")
+    assert again.config == model.config
+    x = ids(2, 16)
+    with torch.no_grad():
+        assert torch.equal(again(x).logits, model(x).logits)
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json",
+                                                                "model.safetensors"]
+
+
+def test_load_corrupt_directory(tmp_path: Path) -> None:
+    random_model().save(tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="corrupt or truncated"):
+        TokenFormerLM.load(tmp_path / "m")
+    with pytest.raises(CheckpointError, match="not found"):
+        TokenFormerLM.load(tmp_path / "nothing")
+
+
+def test_input_must_be_batched() -> None:
+    with pytest.raises(TokenFormerError, match=r"\[batch, seq\]"):
+        random_model()(torch.tensor([1, 2, 3]))
+
+
+def test_loss_backward_reaches_every_parameter() -> None:
+    model = random_model()
+    x = ids(2, 10)
+    model(x, labels=x).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
