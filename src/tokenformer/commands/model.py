@@ -12,9 +12,12 @@ from ..errors import ConfigError
 
 
 def info(spec: str, seq_len: int | None = None) -> str:
-    """A human-readable summary of a preset or checkpoint: sizes, parameters, FLOPs per token."""
+    """A human-readable summary of a preset, config file or checkpoint: sizes, parameters, FLOPs
+    per token."""
     if spec in PRESETS and not Path(spec).exists():
         config = TokenFormerConfig.from_name(spec)
+    elif Path(spec).suffix in (".json", ".yaml", ".yml"):  # never a weights file
+        config = TokenFormerConfig.load(spec)
     else:
         from ..model import load_model
 
@@ -106,7 +109,8 @@ def _positive(kind: type):
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="parameters and FLOPs per token of a preset or checkpoint")
-    p.add_argument("model", help="preset name, model directory or official checkpoint")
+    p.add_argument("model", help="preset name, config file (.json/.yaml), model directory or "
+                   "official checkpoint")
     p.add_argument("--seq-len", type=_positive(int), default=None,
                    help="context length for the attention FLOPs (default: the model's)")
     p.set_defaults(func=lambda a: print(info(a.model, a.seq_len)))
