@@ -172,12 +172,7 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
 
 def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strategy="exact",
           positions=None, generator=None, progress=False, unsupported=None) -> _Growth:
-    for key in unsupported or {}:
-        if key in _ALIASES:
-            what = _ALIASES[key]
-            raise GrowthError(f"cannot grow the {what}: {_CANNOT_GROW[what]}")
-        raise GrowthError(f"grow() got an unknown argument {key!r}; it grows qkv, proj, ffn "
-                          f"and layers")
+    refuse_unsupported(unsupported or {})
     if strategy not in STRATEGIES:
         raise GrowthError(f"unknown growth strategy {strategy!r}; choose one of "
                           f"{', '.join(STRATEGIES)}")
@@ -263,6 +258,16 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
         param.requires_grad_(old_params[source[name]].requires_grad)
     new.train(model.training)
     return _Growth(new, source, inserted)
+
+
+def refuse_unsupported(requests: dict[str, object]) -> None:
+    """Raise GrowthError for any growth request other than qkv/proj/ffn/layers, explaining why."""
+    for key in requests:
+        if key in _ALIASES:
+            what = _ALIASES[key]
+            raise GrowthError(f"cannot grow the {what}: {_CANNOT_GROW[what]}")
+        raise GrowthError(f"grow() got an unknown argument {key!r}; it grows qkv, proj, ffn "
+                          f"and layers")
 
 
 def _layer_plan(old_layers: int, new_layers: int, positions: list[int] | None

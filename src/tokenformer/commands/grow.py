@@ -1,0 +1,177 @@
+"""``tokenformer grow``: grow a checkpoint by adding parameter tokens or blocks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from ..grow import STRATEGIES, grow_with_optimizer, max_logit_change, refuse_unsupported
+from ..grow import grow as grow_model
+
+OPTIMIZER_FILE = "optimizer.pt"  # torch.save(optimizer.state_dict()), as the trainer writes it
+TRAINER_STATE_FILE = "trainer_state.json"
+
+
+def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
+                    proj: int | str | None = None, ffn: int | str | None = None,
+                    layers: int | str | None = None, strategy: str = "exact",
+                    positions: list[int] | None = None, seed: int = 0,
+                    reset_optimizer: bool = False, **unsupported: Any) -> dict[str, Any]:
+    """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
+
+    An ``optimizer.pt`` beside the weights is carried over (or reset with ``reset_optimizer``);
+    tokenizer files beside the input are copied. ``out`` is written atomically and must not
+    exist. Returns parameter counts before/after and the max |Δlogit| on a fixed probe batch.
+    """
+    from ..io import atomic_dir, atomic_write
+    from ..model import load_model
+
+    refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
+    out, source = Path(out), Path(checkpoint)
+    if out.exists():
+        raise CheckpointError(f"output directory already exists: {out}")
+    if not source.exists():
+        raise CheckpointError(f"checkpoint not found: {source}")
+    model = load_model(source)
+    kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
+                  positions=positions, generator=torch.Generator().manual_seed(seed),
+                  progress=True, **unsupported)
+    optimizer_file = source / OPTIMIZER_FILE if source.is_dir() else None
+    optimizer = None
+    if optimizer_file is not None and optimizer_file.is_file():
+        optimizer = _optimizer_from_checkpoint(model, source)
+        grown, optimizer = grow_with_optimizer(model, optimizer, reset_optimizer=reset_optimizer,
+                                               **kwargs)
+    else:
+        grown = grow_model(model, **kwargs)
+    delta, largest = max_logit_change(model, grown)
+    with atomic_dir(out) as tmp:
+        grown.save(tmp)
+        if optimizer is not None:
+            state = optimizer.state_dict()
+            atomic_write(tmp / OPTIMIZER_FILE, lambda f: torch.save(state, f))
+        for name in _tokenizer_files(source):
+            shutil.copy2(source / name, tmp / name)
+    return {"out": str(out), "params_before": model.num_parameters(),
+            "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
+            "max_abs_logit": largest, "optimizer": optimizer is not None,
+            "reset_optimizer": reset_optimizer, "strategy": strategy,
+            "config": grown.config.to_dict()}
+
+
+def _tokenizer_files(source: Path) -> list[str]:
+    from ..tokenizer import BYTES_MARKER, TOKENIZER_FILE
+
+    if not source.is_dir():
+        return []
+    return [name for name in (TOKENIZER_FILE, BYTES_MARKER, "tokenizer_config.json",
+                              "special_tokens_map.json") if (source / name).is_file()]
+
+
+def _optimizer_from_checkpoint(model: torch.nn.Module, directory: Path) -> torch.optim.Optimizer:
+    """An AdamW over ``model`` holding the saved state (Adam and AdamW share the state format, and
+    every hyper-parameter, ``decoupled_weight_decay`` included, comes from the file)."""
+    from ..io import safe_torch_load
+
+    state = safe_torch_load(directory / OPTIMIZER_FILE)
+    if not isinstance(state, dict) or "param_groups" not in state or "state" not in state:
+        raise CheckpointError(f"{directory / OPTIMIZER_FILE} is not an optimizer state dict")
+    params = dict(model.named_parameters())
+    names = _group_names(state["param_groups"], directory, list(params))
+    unknown = [n for group in names for n in group if n not in params]
+    if unknown:
+        raise CheckpointError(f"{directory / OPTIMIZER_FILE} names parameter {unknown[0]!r}, "
+                              f"which the model does not have")
+    groups = [{"params": [params[n] for n in group]} for group in names]
+    optimizer = torch.optim.AdamW(groups)
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"{directory / OPTIMIZER_FILE} does not match the model: "
+                              f"{exc}".splitlines()[0]) from None
+    return optimizer
+
+
+def _group_names(groups: list[dict[str, Any]], directory: Path,
+                 model_names: list[str]) -> list[list[str]]:
+    """Parameter names of each saved param group: from the state dict (optimizers built from
+    ``named_parameters``), else from the trainer's state file, else, for a single group covering
+    every parameter, the model's own order."""
+    if all("param_names" in g for g in groups):
+        return [list(g["param_names"]) for g in groups]
+    state_file = directory / TRAINER_STATE_FILE
+    if state_file.is_file():
+        try:
+            saved = json.loads(state_file.read_text())
+        except json.JSONDecodeError:
+            raise CheckpointError(f"{state_file} is corrupt (not JSON)") from None
+        for key in ("param_group_names", "optimizer_param_names", "param_groups"):
+            value = saved.get(key)
+            if (isinstance(value, list) and len(value) == len(groups)
+                    and all(isinstance(g, list) for g in value)):
+                return [list(g) for g in value]
+    if len(groups) == 1 and len(groups[0]["params"]) == len(model_names):
+        return [model_names]
+    raise CheckpointError(f"{directory / OPTIMIZER_FILE} has {len(groups)} parameter groups but "
+                          f"does not name their parameters; pass --reset-optimizer to grow "
+                          f"without carrying it over")
+
+
+def run(args: argparse.Namespace) -> None:
+    unsupported = {key: value for key in ("hidden_size", "num_heads", "vocab_size")
+                   if (value := getattr(args, key)) is not None}
+    positions = None
+    if args.positions is not None:
+        from ..errors import GrowthError
+
+        try:
+            positions = [int(p) for p in args.positions.split(",") if p.strip()]
+        except ValueError:
+            raise GrowthError(f"--positions: expected comma-separated block indices, got "
+                              f"{args.positions!r}") from None
+    summary = grow_checkpoint(args.checkpoint, args.out, qkv=args.qkv, proj=args.proj,
+                              ffn=args.ffn, layers=args.layers, strategy=args.strategy,
+                              positions=positions, seed=args.seed,
+                              reset_optimizer=args.reset_optimizer, **unsupported)
+    c = summary["config"]
+    before, after = summary["params_before"], summary["params_after"]
+    rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
+    optimizer = ("reset" if summary["reset_optimizer"] else "carried over") \
+        if summary["optimizer"] else "none found"
+    print(f"grew {args.checkpoint} -> {summary['out']} ({summary['strategy']})")
+    print(f"tokens       qkv {c['qkv_tokens']}   proj {c['proj_tokens']}   ffn {c['ffn_tokens']}"
+          f"   layers {c['num_layers']}")
+    print(f"parameters   {before:,} -> {after:,} (+{after - before:,})")
+    print(f"max |Δlogit| {summary['max_abs_logit_change']:.3g} on a fixed 2x32 probe batch "
+          f"(relative {rel:.3g})")
+    print(f"optimizer    {optimizer}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("grow", help="grow a checkpoint by adding parameter tokens or blocks")
+    p.add_argument("checkpoint", help="model directory (ours, or a training checkpoint) or an "
+                                      "official checkpoint")
+    for kind in ("qkv", "proj", "ffn"):
+        p.add_argument(f"--{kind}", default=None, metavar="N|Kx",
+                       help=f"new {kind} token count, absolute or a multiplier like 2x")
+    p.add_argument("--layers", default=None, metavar="N|Kx",
+                   help="new total number of blocks (new blocks are the identity under exact)")
+    p.add_argument("--positions", default=None,
+                   help="comma-separated indices of the new blocks in the grown model "
+                        "(default: spread evenly)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="exact")
+    p.add_argument("--seed", type=int, default=0, help="seed of the new random rows")
+    p.add_argument("--reset-optimizer", action="store_true",
+                   help="fresh optimizer state instead of carrying it over (the released code)")
+    # Accepted only to explain why they cannot be grown by tokens.
+    p.add_argument("--hidden", dest="hidden_size", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--heads", dest="num_heads", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--vocab", dest="vocab_size", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.set_defaults(func=run)
