@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import socket
+import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -371,3 +373,109 @@ def test_bad_batch_arguments(byte_ds):
         byte_ds.batch("train", 0, 4, 8, rank=2, world_size=2)
     with pytest.raises(ConfigError, match="unknown split"):
         byte_ds.batch("test", 0, 4, 8)
+
+
+# ----------------------------------------------------------------- other input formats
+def _write_indexed(prefix: Path, docs: list[list[int]], dtype=np.uint16, code: int = 8) -> Path:
+    """A GPT-NeoX/Megatron MMapIndexedDataset, written from the format's description."""
+    sizes = np.array([len(d) for d in docs], dtype="<i4")
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype("<i8") * np.dtype(dtype).itemsize
+    prefix.with_suffix(".bin").write_bytes(b"".join(np.asarray(d, dtype).tobytes() for d in docs))
+    prefix.with_suffix(".idx").write_bytes(
+        b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", code)
+        + struct.pack("<Q", len(docs)) + struct.pack("<Q", len(docs) + 1)
+        + sizes.tobytes() + pointers.tobytes() + np.arange(len(docs) + 1, dtype="<i8").tobytes())
+    return prefix.with_suffix(".idx")
+
+
+def test_gpt_neox_indexed_dataset(tmp_path, capsys):
+    texts = ["First document ✓\n", "Second one\n" * 10, "Third\n" * 30]
+    docs = [[*t.encode(), 256] for t in texts]  # NeoX appends the end-of-document id
+    idx = _write_indexed(tmp_path / "corpus_text_document", docs)
+    ds = prepare(idx, "bytes", tmp_path / "out", val_fraction=0.65, progress=False)
+    assert ds.train.tolist() + ds.val.tolist() == [i for d in docs for i in d]
+    assert ds.val.tolist() == docs[2]  # the split starts at the next document boundary
+    assert ds.meta["train_bytes"] == len((texts[0] + texts[1]).encode())
+    assert ds.meta["val_bytes"] == len(texts[2]) and ds.meta["documents"] == 3
+    # the .bin path and the CLI work too; int32 storage is converted to the smallest dtype
+    _write_indexed(tmp_path / "wide", docs, dtype=np.int32, code=4)
+    assert main(["prepare", str(tmp_path / "wide.bin"), "--out", str(tmp_path / "o2"),
+                 "--val-fraction", "0.65", "--quiet"]) == 0
+    assert TokenDataset.open(tmp_path / "o2").train.tolist() == ds.train.tolist()
+    assert "bytes/token" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case", ["id_too_large", "truncated", "mixed", "bpe"])
+def test_bad_indexed_datasets(tmp_path, capsys, case):
+    docs = [[*b"some text\n", 256]] * 5
+    if case == "id_too_large":
+        docs = [*docs, [300, 256]]
+    idx = _write_indexed(tmp_path / "d", docs)
+    inputs, tokenizer = [str(idx)], "bytes"
+    needle = {"id_too_large": "token id 300", "truncated": "truncated",
+              "mixed": "must be the only input", "bpe": "already tokenized"}[case]
+    if case == "truncated":
+        with open(tmp_path / "d.bin", "r+b") as f:
+            f.truncate(20)
+    elif case == "mixed":
+        inputs.append(str(_write(tmp_path / "a.txt", TEXT)))
+    elif case == "bpe":
+        tokenizer = "bpe:300"
+    with pytest.raises((DataError, ConfigError), match=needle):
+        prepare(inputs, tokenizer, tmp_path / "out", progress=False)
+    _cli_fails(capsys, ["prepare", *inputs, "--tokenizer", tokenizer, "--out",
+                        str(tmp_path / "out"), "--quiet"], tmp_path / "out", needle)
+
+
+class _FakeHF:
+    """The slice of the ``datasets`` API that reading a saved dataset uses."""
+
+    class Value:
+        def __init__(self, dtype: str) -> None:
+            self.dtype = dtype
+
+    class Dataset:
+        def __init__(self, columns: dict[str, list]) -> None:
+            self.columns = columns
+            self.features = {k: _FakeHF.Value("string" if isinstance(v[0], str) else "int64")
+                             for k, v in columns.items()}
+
+        def __getitem__(self, key: str) -> list:
+            return self.columns[key]
+
+    class DatasetDict(dict):
+        pass
+
+
+def _save_fake_hf(path: Path, dataset) -> Path:
+    path.mkdir()
+    marker = "dataset_dict.json" if isinstance(dataset, dict) else "dataset_info.json"
+    (path / marker).write_text("{}")
+    (path / "state.json").write_text("{}")
+    return path
+
+
+def test_saved_hf_dataset_directory(tmp_path, monkeypatch, capsys):
+    import types
+
+    rows = {"train": ["row one\n", "row two ✓\n", "row three\n"] * 10, "test": ["held\n"]}
+    saved = {"all": _FakeHF.DatasetDict({k: _FakeHF.Dataset({"text": v, "n": [1] * len(v)})
+                                         for k, v in rows.items()}),
+             "one": _FakeHF.Dataset({"content": rows["train"]}),
+             "ambiguous": _FakeHF.Dataset({"a": ["x"], "b": ["y"]})}
+    module = types.ModuleType("datasets")
+    module.DatasetDict = _FakeHF.DatasetDict
+    module.load_from_disk = lambda p: saved[Path(p).name]
+    monkeypatch.setitem(sys.modules, "datasets", module)
+    for name in saved:
+        _save_fake_hf(tmp_path / name, saved[name])
+    for name in ("all", "one"):  # a DatasetDict reads its train split; one string column is text
+        ds = prepare(tmp_path / name, "bytes", tmp_path / f"out_{name}", progress=False)
+        ids = np.concatenate([ds.train, ds.val])
+        assert int((ids == 256).sum()) == 30  # one document per row
+        assert bytes(ids[ids != 256].astype(np.uint8)).decode() == "".join(rows["train"])
+    with pytest.raises(DataError, match="which column"):
+        prepare(tmp_path / "ambiguous", "bytes", tmp_path / "out_x", progress=False)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed: a clear error
+    _cli_fails(capsys, ["prepare", str(tmp_path / "one"), "--out", str(tmp_path / "o"),
+                        "--quiet"], tmp_path / "o", "needs the 'datasets' package")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -364,11 +365,11 @@ def _resolve_tokenizer(spec: str | Path, train_texts: Callable[[], Iterable[str]
     return train_bpe(train_texts(), vocab, progress=progress)
 
 
-def _progress(total: int, desc: str, enabled: bool):
+def _progress(total: int, desc: str, enabled: bool, unit: str = "B"):
     from tqdm.auto import tqdm
 
     # disable=None: tqdm hides itself when stderr is not a terminal (logs, CI, pipes)
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, dynamic_ncols=True,
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True,
                 disable=None if enabled else True)
 
 
@@ -378,22 +379,34 @@ def prepare(inputs: list[str | Path] | str | Path, tokenizer: str | Path, out: s
     """Tokenize text files / directories / a saved HF dataset into a prepared directory ``out``.
 
     ``tokenizer``: ``"bytes"``, a ``tokenizer.json`` (or a directory holding one), or
-    ``"bpe:VOCAB"`` to train a byte-level BPE on the training split first. The directory appears
-    complete or not at all.
+    ``"bpe:VOCAB"`` to train a byte-level BPE on the training split first. A GPT-NeoX indexed
+    dataset (``.bin``/``.idx``, already tokenized) is converted instead; ``tokenizer`` must then be
+    the one that produced it. The directory appears complete or not at all.
     """
-    return prepare_documents(_documents(inputs), tokenizer, out, val_fraction=val_fraction,
+    paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
+    indexed = [p for p in paths if _indexed_prefix(p) is not None]
+    if indexed:
+        if len(paths) != 1:
+            raise DataError(f"an indexed dataset ({indexed[0]}) must be the only input")
+        return prepare_indexed(paths[0], tokenizer, out, val_fraction=val_fraction,
+                               progress=progress, overwrite=overwrite)
+    return prepare_documents(_documents(paths), tokenizer, out, val_fraction=val_fraction,
                              progress=progress, overwrite=overwrite)
+
+
+def _check_request(out: Path, val_fraction: float, overwrite: bool) -> None:
+    if not 0 < val_fraction < 1:
+        raise ConfigError(f"val_fraction must be between 0 and 1, got {val_fraction}")
+    if out.exists() and not overwrite:
+        raise DataError(f"output directory already exists: {out} (pass --overwrite to replace it)")
 
 
 def prepare_documents(docs: list[Document], tokenizer: str | Path, out: str | Path, *,
                       val_fraction: float = 0.05, progress: bool = True,
                       overwrite: bool = False, sources: list[str] | None = None) -> TokenDataset:
     """:func:`prepare` for documents already resolved (e.g. the embedded corpus)."""
-    if not 0 < val_fraction < 1:
-        raise ConfigError(f"val_fraction must be between 0 and 1, got {val_fraction}")
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise DataError(f"output directory already exists: {out} (pass --overwrite to replace it)")
+    _check_request(out, val_fraction, overwrite)
     total = sum(d.nbytes for d in docs)
     if total == 0:
         raise DataError(f"the input is empty ({', '.join(d.name for d in docs[:3])}"
@@ -423,27 +436,126 @@ def prepare_documents(docs: list[Document], tokenizer: str | Path, out: str | Pa
                 if ends_doc and tok.eos_token_id is not None:
                     files[split].write(np.asarray([tok.eos_token_id], dtype).tobytes())
                     counts[split] += 1
-        for split in SPLITS:
-            if counts[split] == 0:
-                raise DataError(f"the input is too small to hold out a validation split: the "
-                                f"{split} split would be empty")
-        tok.save(tmp)
-        tok_file = tmp / (TOKENIZER_FILE if (tmp / TOKENIZER_FILE).is_file() else BYTES_MARKER)
-        meta = {
-            "format": FORMAT,
-            "tokenizer": tok.identity,
-            "tokenizer_spec": str(tokenizer),
-            "tokenizer_sha256": _sha256(tok_file),
-            "vocab_size": tok.vocab_size,
-            "eos_token_id": tok.eos_token_id,
-            "dtype": dtype.name,
-            "val_fraction": val_fraction,
-            "documents": len(docs),
-            "sources": sources if sources is not None else [d.name for d in docs[:100]],
-            **{f"{s}_tokens": counts[s] for s in SPLITS},
-            **{f"{s}_bytes": nbytes[s] for s in SPLITS},
-        }
-        atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
+        _finish(tmp, tok, tokenizer, counts, nbytes, val_fraction=val_fraction,
+                documents=len(docs),
+                sources=sources if sources is not None else [d.name for d in docs[:100]])
+    return TokenDataset.open(out)
+
+
+def _finish(tmp: Path, tok: Tokenizer, spec: str | Path, counts: dict[str, int],
+            nbytes: dict[str, int], **extra) -> None:
+    """Save the tokenizer and, last, ``meta.json`` into the directory being built."""
+    for split in SPLITS:
+        if counts[split] == 0:
+            raise DataError(f"the input is too small to hold out a validation split: the "
+                            f"{split} split would be empty")
+    tok.save(tmp)
+    tok_file = tmp / (TOKENIZER_FILE if (tmp / TOKENIZER_FILE).is_file() else BYTES_MARKER)
+    meta = {
+        "format": FORMAT,
+        "tokenizer": tok.identity,
+        "tokenizer_spec": str(spec),
+        "tokenizer_sha256": _sha256(tok_file),
+        "vocab_size": tok.vocab_size,
+        "eos_token_id": tok.eos_token_id,
+        "dtype": dtype_for_vocab(tok.vocab_size),
+        **extra,
+        **{f"{s}_tokens": counts[s] for s in SPLITS},
+        **{f"{s}_bytes": nbytes[s] for s in SPLITS},
+    }
+    atomic_write_text(tmp / META_FILE, json.dumps(meta, indent=2) + "\n")
+
+
+# ------------------------------------------------------------- GPT-NeoX / Megatron indexed data
+_IDX_MAGIC = b"MMIDIDX\x00\x00"
+_IDX_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16}
+
+
+def _indexed_prefix(path: Path) -> Path | None:
+    """``foo`` for ``foo.bin`` / ``foo.idx`` when ``foo.idx`` starts with the indexed magic."""
+    if path.suffix not in (".bin", ".idx"):
+        return None
+    idx = path.with_suffix(".idx")
+    if not idx.is_file():
+        return None
+    with open(idx, "rb") as f:
+        return path.with_suffix("") if f.read(len(_IDX_MAGIC)) == _IDX_MAGIC else None
+
+
+def read_indexed_dataset(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """Read a GPT-NeoX/Megatron ``MMapIndexedDataset`` (the official code's and Pythia's format).
+
+    ``path`` is ``prefix.bin``, ``prefix.idx`` or the prefix. Returns ``(tokens, ends)``: every
+    sequence's ids concatenated in index order (memory-mapped when they are stored contiguously)
+    and the token offset where each sequence ends.
+    """
+    path = Path(path)
+    prefix = path.with_suffix("") if path.suffix in (".bin", ".idx") else path
+    idx, bin_ = prefix.with_suffix(".idx"), prefix.with_suffix(".bin")
+    for file in (idx, bin_):
+        if not file.is_file():
+            raise DataError(f"indexed dataset file not found: {file}")
+    raw = idx.read_bytes()
+    header = len(_IDX_MAGIC) + 8 + 1 + 8 + 8
+    if len(raw) < header or not raw.startswith(_IDX_MAGIC):
+        raise DataError(f"{idx} is not a GPT-NeoX indexed dataset index (bad magic)")
+    offset = len(_IDX_MAGIC)
+    version, code, count, _ = np.frombuffer(raw, np.dtype(
+        [("v", "<u8"), ("c", "u1"), ("n", "<u8"), ("d", "<u8")]), count=1, offset=offset)[0]
+    if version != 1 or code not in _IDX_DTYPES:
+        raise DataError(f"{idx}: unsupported index version {version} or token dtype code {code}")
+    offset = header
+    if len(raw) < offset + 12 * int(count):
+        raise DataError(f"{idx} is truncated ({count} sequences announced)")
+    sizes = np.frombuffer(raw, "<i4", count=int(count), offset=offset).astype(np.int64)
+    pointers = np.frombuffer(raw, "<i8", count=int(count), offset=offset + 4 * int(count))
+    dtype = np.dtype(_IDX_DTYPES[code]).newbyteorder("<")
+    if bin_.stat().st_size == 0 or count == 0:
+        raise DataError(f"the indexed dataset {prefix} is empty")
+    data = np.memmap(bin_, dtype=dtype, mode="r")
+    starts = pointers // dtype.itemsize
+    ends = np.cumsum(sizes)
+    if len(starts) and int((starts + sizes).max()) > len(data):
+        raise DataError(f"{idx} points past the end of {bin_}: the dataset is truncated")
+    if np.array_equal(starts, ends - sizes):
+        return data[:int(ends[-1])], ends
+    return np.concatenate([data[b:b + n] for b, n in zip(starts, sizes, strict=True)]), ends
+
+
+def prepare_indexed(path: str | Path, tokenizer: str | Path, out: str | Path, *,
+                    val_fraction: float = 0.05, progress: bool = True,
+                    overwrite: bool = False) -> TokenDataset:
+    """Convert an indexed dataset: the validation split is its last ``val_fraction`` of tokens,
+    starting at the next sequence boundary. Byte counts come from decoding each sequence."""
+    out = Path(out)
+    _check_request(out, val_fraction, overwrite)
+    if parse_bpe_spec(str(tokenizer)) is not None:
+        raise ConfigError("an indexed dataset is already tokenized: pass the tokenizer.json that "
+                          "produced it, not bpe:VOCAB")
+    tokens, ends = read_indexed_dataset(path)
+    tok = load_tokenizer(tokenizer)
+    top = int(tokens.max())
+    if top >= tok.vocab_size:
+        raise DataError(f"{path} holds token id {top} but the tokenizer ({_describe(tokenizer)}) "
+                        f"has {tok.vocab_size} tokens: pass the tokenizer that produced it")
+    n = len(tokens)
+    cut = n - max(1, round(n * val_fraction))
+    boundary = ends[(ends >= cut) & (ends < n)]
+    cut = int(boundary[0]) if len(boundary) else cut
+    dtype = np.dtype(dtype_for_vocab(tok.vocab_size)).newbyteorder("<")
+    splits = {"train": (0, cut), "val": (cut, n)}
+    nbytes = {s: 0 for s in SPLITS}
+    with atomic_dir(out, overwrite=overwrite) as tmp, \
+            _progress(n, f"converting {Path(path).name}", progress, unit="tok") as bar:
+        for split, (lo, hi) in splits.items():
+            tokens[lo:hi].astype(dtype).tofile(tmp / f"{split}.bin")
+            # decode whole sequences (clipped to the split) so no character is cut in two
+            bounds = np.unique(np.clip(np.concatenate([[lo], ends, [hi]]), lo, hi))
+            for b, e in itertools.pairwise(bounds):
+                nbytes[split] += len(tok.decode(tokens[b:e].tolist()).encode("utf-8"))
+                bar.update(int(e - b))
+        _finish(tmp, tok, tokenizer, {s: hi - lo for s, (lo, hi) in splits.items()}, nbytes,
+                val_fraction=val_fraction, documents=len(ends), sources=[str(path)])
     return TokenDataset.open(out)
 
 
