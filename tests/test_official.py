@@ -314,3 +314,20 @@ def test_config_json_inconsistent_with_weights(tmp_path: Path) -> None:
         (folder / "config.json").write_text(json.dumps(bad))
         with pytest.raises((ConfigError, CheckpointError), match=message):
             TokenFormerLM.from_official(folder)
+
+
+# ------------------------------------------------------------------------ the released tokenizer
+def test_neox_tokenizer(shared_dir: Path) -> None:
+    from tokenformer import HFTokenizer, load_tokenizer
+
+    path = shared_dir / "data" / "gpt-neox-20b-tokenizer.json"
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    tok = load_tokenizer(path)
+    assert isinstance(tok, HFTokenizer)
+    assert tok.encode("Hello world") == [12092, 1533]  # what GPT-NeoX-20B gives
+    assert (tok.vocab_size, tok.eos_token_id) == (50277, 0)
+    assert tok.backend.token_to_id("<|padding|>") == 1
+    assert tok.decode(tok.encode("Pattention, 1.5B, naïve ✓")) == "Pattention, 1.5B, naïve ✓"
+    assert tok.identity.startswith("tokenizer.json:sha256:56ac4821")  # spec §4
+    assert tok.identity.endswith("5ade")
