@@ -479,3 +479,19 @@ def test_saved_hf_dataset_directory(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed: a clear error
     _cli_fails(capsys, ["prepare", str(tmp_path / "one"), "--out", str(tmp_path / "o"),
                         "--quiet"], tmp_path / "o", "needs the 'datasets' package")
+
+
+def test_real_saved_hf_dataset(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets")
+    rows = ["row one\n", "row two ✓\n", "row three\n"] * 10
+    datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"text": rows, "id": list(range(30))}),
+        "validation": datasets.Dataset.from_dict({"text": ["unused\n"], "id": [0]}),
+    }).save_to_disk(str(tmp_path / "saved"))
+    datasets.Dataset.from_dict({"body": rows}).save_to_disk(str(tmp_path / "single"))
+    for name in ("saved", "single"):
+        ds = prepare(tmp_path / name, "bytes", tmp_path / f"out_{name}", progress=False)
+        ids = np.concatenate([ds.train, ds.val])
+        assert int((ids == 256).sum()) == 30
+        assert bytes(ids[ids != 256].astype(np.uint8)).decode() == "".join(rows)

@@ -295,7 +295,8 @@ def _hf_documents(path: Path) -> list[Document]:
         parts = [loaded]
     docs = []
     for part in parts:
-        columns = [k for k, v in part.features.items() if getattr(v, "dtype", None) == "string"]
+        columns = [k for k, v in part.features.items()
+                   if getattr(v, "dtype", None) in ("string", "large_string")]
         column = "text" if "text" in columns else (columns[0] if len(columns) == 1 else None)
         if column is None:
             raise DataError(f"{path}: cannot tell which column holds the text (string columns: "
