@@ -121,6 +121,16 @@ class TokenFormerConfig:
         body = self.num_layers * self.block_parameters() + 2 * self.hidden_size
         return body if non_embedding else body + self.padded_vocab_size * self.hidden_size
 
+    def projection_flops(self) -> tuple[float, float]:
+        """Forward FLOPs per token of one block's attention Pattentions and FFN Pattention."""
+        d, theta = self.hidden_size, THETA_FLOPS_PER_SCORE[self.norm]
+
+        def pattention(n: int) -> float:
+            return 2 * n * (d + d) + theta * n
+
+        return (3 * pattention(self.qkv_tokens) + pattention(self.proj_tokens),
+                pattention(self.ffn_tokens))
+
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -217,16 +227,14 @@ def flops_per_token(config: TokenFormerConfig, seq_len: int | None = None,
     rotary is charged 3 FLOPs per rotated element of q and k. The output head costs 2·V·d.
     Training is 3× forward (backward = 2× forward). Keys: ``attention_pattentions``, ``ffn``,
     ``token_attention``, ``per_layer``, ``head``, ``total``.
+
+    Any config with the same size fields and a ``projection_flops()`` method is accepted: the
+    Transformer baselines (:mod:`tokenformer.baselines`) charge their Linear Q/K/V/O under
+    ``attention_pattentions`` and their MLP under ``ffn``, so every architecture shares this count.
     """
     T = seq_len or config.max_seq_len
     d = config.hidden_size
-    theta = THETA_FLOPS_PER_SCORE[config.norm]
-
-    def pattention(n: int) -> float:
-        return 2 * n * (d + d) + theta * n
-
-    attention_pattentions = 3 * pattention(config.qkv_tokens) + pattention(config.proj_tokens)
-    ffn = pattention(config.ffn_tokens)
+    attention_pattentions, ffn = config.projection_flops()
     rotary = 3 * 2 * config.rotary_dim * config.num_heads
     token_attention = 2 * 2 * T * d + SOFTMAX_FLOPS_PER_SCORE * T * config.num_heads + rotary
     norms = 2 * 5 * d  # two LayerNorms: mean, var, subtract, scale (≈5 per element)

@@ -1,0 +1,86 @@
+"""``tokenformer train`` and ``tokenformer plot``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from ..errors import ConfigError
+
+_NESTED = ("model", "baseline", "grow_at")
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    """One ``--key`` (and ``--key-with-dashes``) per TrainConfig field and ``--model.KEY`` /
+    ``--baseline.KEY`` per model field; values are parsed by the config loader."""
+    from ..baselines import TransformerConfig
+    from ..config import TokenFormerConfig
+    from ..train import TrainConfig
+
+    group = p.add_argument_group("config overrides (any key of the YAML file)")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in _NESTED:
+            continue
+        flags = {f"--{f.name}", f"--{f.name.replace('_', '-')}"}
+        group.add_argument(*sorted(flags), dest=f"set:{f.name}", metavar="VALUE",
+                           default=argparse.SUPPRESS)
+    for prefix, cls in (("model", TokenFormerConfig), ("baseline", TransformerConfig)):
+        names = [f.name for f in dataclasses.fields(cls)] + (["preset"] if prefix == "model"
+                                                             else [])
+        for name in names:
+            p.add_argument(f"--{prefix}.{name}", dest=f"set:{prefix}.{name}", metavar="VALUE",
+                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from ..train import RUN_CONFIG, load_config, train
+
+    overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
+    if args.grow_at is not None:
+        overrides["grow_at"] = args.grow_at
+    if args.resume is not None:
+        if args.config is not None:
+            raise ConfigError("--resume continues a run with its own config; drop --config")
+        run_dir = Path(args.resume)
+        if not (run_dir / RUN_CONFIG).is_file():
+            raise ConfigError(f"{run_dir} is not a training run directory (no {RUN_CONFIG})")
+        overrides["out"] = str(run_dir)
+        cfg = load_config(run_dir / RUN_CONFIG, overrides)
+    else:
+        if args.config is None:
+            raise ConfigError("pass --config (a YAML file or a shipped name such as demo), "
+                              "or --resume RUN_DIR")
+        cfg = load_config(args.config, overrides)
+    train(cfg, resume=args.resume is not None, progress=False if args.no_progress else None)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train", help="train a TokenFormer (or a Transformer baseline) from a YAML config",
+        description="Train from a YAML config (a file, or a shipped name: demo, tiny). Any key "
+                    "can be overridden: --lr 3e-4, --model.ffn_tokens 512, --arch transformer. "
+                    "Under torchrun the same command trains with DDP or FSDP (--strategy).")
+    p.add_argument("--config", default=None, help="YAML file or shipped config name")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue RUN_DIR from its newest checkpoint, bit for bit")
+    p.add_argument("--grow-at", action="append", default=None, metavar="STEP:SPEC",
+                   help="grow the model after STEP steps, e.g. "
+                        "500:qkv=2x,proj=2x,ffn=2x,layers=6,strategy=exact (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_overrides(p)
+    p.set_defaults(func=run_train)
+
+    p = sub.add_parser("plot", help="plot training runs' loss against step, tokens, FLOPs, time")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--title", default=None)
+
+    def run_plot(args: argparse.Namespace) -> int:
+        from ..plot import plot_runs
+
+        print(plot_runs(args.runs, args.out, title=args.title))
+        return 0
+
+    p.set_defaults(func=run_plot)
