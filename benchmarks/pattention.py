@@ -1,0 +1,120 @@
+"""Pattention vs a plain two-matmul MLP of the same shapes: forward + backward time ratio.
+
+Both sides compute ``x·Kᵀ → (Θ | GELU) → ·V`` with K [n, d] and V [n, d]; the only difference is
+Θ's row normalisation (``l2_norm_gelu``: a norm over the n scores, a divide and a scale before the
+GELU). Repetitions of the two are interleaved (alternating which goes first) and the ratio of the
+medians is reported, so slow drift of a shared machine affects both sides alike. Target: <= 1.05x.
+
+    python benchmarks/pattention.py                  # default shapes, fp32 and bf16 autocast
+    python benchmarks/pattention.py --reps 15 --shapes 768x3072
+
+Prints a markdown section (machine, command, table) to paste into benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tokenformer import Pattention
+
+
+class TwoMatmulMLP(nn.Module):
+    """The baseline: ``GELU(x·Kᵀ)·V``, i.e. an MLP with K as W_in and V as W_outᵀ, no biases."""
+
+    def __init__(self, d: int, n: int) -> None:
+        super().__init__()
+        self.key_param_tokens = nn.Parameter(torch.randn(n, d) * 0.02)
+        self.value_param_tokens = nn.Parameter(torch.randn(n, d) * 0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x @ self.key_param_tokens.t()) @ self.value_param_tokens
+
+
+def step_seconds(module: nn.Module, x: torch.Tensor, grad: torch.Tensor, bf16: bool) -> float:
+    """Wall time of one forward + backward (parameter and input gradients)."""
+    for p in module.parameters():
+        p.grad = None
+    x.grad = None
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if bf16
+                else contextlib.nullcontext())
+    start = time.perf_counter()
+    with autocast:
+        y = module(x)
+    y.backward(grad.to(y.dtype))
+    return time.perf_counter() - start
+
+
+def compare(tokens: int, d: int, n: int, bf16: bool, reps: int, warmup: int
+            ) -> dict[str, float]:
+    torch.manual_seed(0)
+    pattention, mlp = Pattention(d, d, n), TwoMatmulMLP(d, n)
+    x = torch.randn(tokens, d, requires_grad=True)
+    grad = torch.randn(tokens, d)
+    times: dict[str, list[float]] = {"pattention": [], "mlp": []}
+    for rep in range(warmup + reps):
+        order = [("pattention", pattention), ("mlp", mlp)]
+        if rep % 2:
+            order.reverse()
+        for name, module in order:
+            t = step_seconds(module, x, grad, bf16)
+            if rep >= warmup:
+                times[name].append(t)
+    p, m = statistics.median(times["pattention"]), statistics.median(times["mlp"])
+    return {"pattention_ms": 1e3 * p, "mlp_ms": 1e3 * m, "ratio": p / m}
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    load = " / ".join(f"{v:.1f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return (f"{cpu}, {os.cpu_count()} logical cores, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads), Python {platform.python_version()}; "
+            f"load average at start {load}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--shapes", nargs="+", default=["384x1536", "768x1536", "768x3072"],
+                        help="d×n pairs (hidden size × parameter tokens)")
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    tokens = args.batch * args.seq
+    print("## Pattention vs MLP (issue 2)\n")
+    print(f"Command: `python {' '.join(['benchmarks/pattention.py', *sys.argv[1:]])}`  ")
+    print(f"Machine: {machine()}  ")
+    print(f"Forward + backward of `Pattention(d, d, n)` (Θ = l2_norm_gelu, the default path) vs "
+          f"`GELU(x·Kᵀ)·V` on {args.batch}×{args.seq} = {tokens} tokens; median of "
+          f"{args.reps} interleaved repetitions after {args.warmup} warm-up. Target <= 1.05x.\n")
+    print("| d | n | dtype | Pattention ms | MLP ms | ratio |")
+    print("|---|---|---|---|---|---|")
+    for shape in args.shapes:
+        d, n = (int(v) for v in shape.lower().split("x"))
+        for dtype in args.dtypes:
+            r = compare(tokens, d, n, dtype == "bf16", args.reps, args.warmup)
+            print(f"| {d} | {n} | {dtype}{' autocast' if dtype == 'bf16' else ''} | "
+                  f"{r['pattention_ms']:.1f} | {r['mlp_ms']:.1f} | {r['ratio']:.3f}x |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
