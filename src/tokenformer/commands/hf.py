@@ -1,0 +1,58 @@
+"""``tokenformer convert official`` and ``tokenformer convert to-official`` (needs the hf extra)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import ConfigError
+
+
+def _hf():
+    try:
+        from .. import hf
+    except ImportError:
+        raise ConfigError("this command needs transformers: "
+                          "pip install 'tokenformer[hf]'") from None
+    return hf
+
+
+def convert_official(args: argparse.Namespace) -> None:
+    out = _hf().convert_official(args.checkpoint, args.out_dir, tokenizer=args.tokenizer,
+                                 overwrite=args.overwrite, num_heads=args.num_heads,
+                                 rotary_pct=args.rotary_pct, max_seq_len=args.max_seq_len,
+                                 norm=args.norm)
+    print(f"wrote {out} (load with: import tokenformer.hf; "
+          f"AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+
+
+def convert_to_official(args: argparse.Namespace) -> None:
+    out = _hf().convert_to_official(args.model_dir, args.out)
+    print(f"wrote {out} (official GPT-NeoX TokenFormer key layout, fp32)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("convert", help="convert between official checkpoints and "
+                                       "Hugging Face folders")
+    conv = p.add_subparsers(dest="direction", metavar="DIRECTION", parser_class=type(p))
+    conv.required = True
+
+    q = conv.add_parser("official", help="official pytorch_model.bin (or its folder, or a "
+                                         "DeepSpeed checkpoint) -> Hugging Face folder")
+    q.add_argument("checkpoint", help="pytorch_model.bin, its folder, or a DeepSpeed folder")
+    q.add_argument("out_dir", help="output folder (safetensors + config + tokenizer)")
+    q.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json to include (default: the one beside the checkpoint)")
+    q.add_argument("--num-heads", type=int, default=None,
+                   help="attention heads (default: config.json, else as released for the size)")
+    q.add_argument("--rotary-pct", type=float, default=None)
+    q.add_argument("--max-seq-len", type=int, default=None)
+    q.add_argument("--norm", default=None, help="Θ variant (default: config.json or "
+                                                "l2_norm_gelu)")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing out_dir")
+    q.set_defaults(func=convert_official)
+
+    q = conv.add_parser("to-official", help="Hugging Face or tokenformer folder -> official "
+                                            "pytorch_model.bin")
+    q.add_argument("model_dir")
+    q.add_argument("out", help="output .bin file")
+    q.set_defaults(func=convert_to_official)

@@ -1,0 +1,293 @@
+"""Evaluation: perplexity and bits per byte on text, and lm-evaluation-harness tasks.
+
+**Windows.** A text longer than the window is scored in windows of ``seq_len`` tokens (default:
+the model's context) that start every ``stride`` tokens (default: ``seq_len``, i.e. disjoint
+windows, like lm-eval's rolling loglikelihood). Every token except the first is scored exactly
+once: the first window scores all of its positions, each later window only its last ``stride``
+positions (the ones no earlier window reached). So every scored token sees at least
+``seq_len - stride`` tokens of context, except in the first window where token ``i`` sees ``i``.
+A smaller stride buys more context per token for proportionally more compute.
+
+**Numbers.** ``loss`` is the mean next-token negative log-likelihood in nats over the scored
+tokens, computed over the model's full (padded) vocabulary like the training loss;
+``perplexity = exp(loss)``; ``bits_per_byte = loss / ln 2 / bytes_per_token`` with
+``bytes_per_token`` the UTF-8 bytes of the text divided by its token count (exact for the byte
+tokenizer, the usual whole-text average otherwise).
+
+This module does not import transformers; :func:`run_tasks` imports lm-eval and
+:mod:`tokenformer.hf` when called.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .config import TokenFormerConfig
+from .errors import ConfigError, DataError
+from .model import TokenFormerLM, load_model
+from .tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+
+TASKS_DIR = Path(__file__).parent / "eval_tasks"
+OFFLINE_TASKS = ("kjv_lastword", "kjv_choice")
+PAPER_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande")
+
+
+# ------------------------------------------------------------------------------ model & tokenizer
+def is_hf_folder(spec: str | Path) -> bool:
+    """True for a folder written by ``save_pretrained`` (``config.json`` names the model type)."""
+    config = Path(spec) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return json.loads(config.read_text()).get("model_type") == "tokenformer"
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
+def load_eval_model(spec: str | Path) -> TokenFormerLM:
+    """A preset, our model folder, an official checkpoint, or a Hugging Face folder (the last
+    needs the ``hf`` extra)."""
+    if is_hf_folder(spec):
+        from .hf import load_core
+
+        return load_core(spec)
+    return load_model(spec)
+
+
+def resolve_tokenizer(spec: str | Path, config: TokenFormerConfig,
+                      tokenizer: str | Path | None = None) -> Tokenizer:
+    """``tokenizer`` if given, else the one saved beside the model, else bytes for a 257-token
+    vocabulary; checked against the model's vocabulary."""
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    else:
+        path = Path(spec)
+        folder = path if path.is_dir() else path.parent
+        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_bytes.json").is_file():
+            tok = load_tokenizer(folder)
+        elif config.vocab_size == ByteTokenizer.vocab_size:
+            tok = ByteTokenizer()
+        else:
+            raise ConfigError(f"no tokenizer found beside {spec}; pass --tokenizer "
+                              f"(a tokenizer.json, or 'bytes')")
+    if tok.vocab_size > config.padded_vocab_size:
+        raise ConfigError(f"tokenizer has {tok.vocab_size} tokens but the model's vocabulary has "
+                          f"{config.padded_vocab_size} rows")
+    return tok
+
+
+# ------------------------------------------------------------------------------------- windows
+def sliding_windows(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
+    """``(begin, end, n_scored)`` for each window over ``n_tokens`` tokens: the window holds
+    tokens ``[begin, end)`` and scores its last ``n_scored`` positions (see the module doc)."""
+    if seq_len < 2:
+        raise ConfigError(f"seq_len must be >= 2 to score anything, got {seq_len}")
+    if not 1 <= stride <= seq_len:
+        raise ConfigError(f"stride must be in [1, seq_len={seq_len}], got {stride}")
+    if n_tokens < 2:
+        raise DataError(f"need at least 2 tokens to score, got {n_tokens}")
+    windows, scored_up_to = [], 1  # token 0 has no context: it is never scored
+    for begin in range(0, n_tokens, stride):
+        end = min(begin + seq_len, n_tokens)
+        windows.append((begin, end, end - scored_up_to))
+        scored_up_to = end
+        if end == n_tokens:
+            break
+    return windows
+
+
+@torch.no_grad()
+def evaluate_text(
+    model: TokenFormerLM,
+    tokens: Any,
+    seq_len: int | None = None,
+    stride: int | None = None,
+    batch_size: int = 8,
+    *,
+    bytes_per_token: float | None = None,
+    progress: bool = True,
+) -> dict[str, float]:
+    """Loss, perplexity and bits per byte of ``model`` on ``tokens``: a 1-D sequence of ids, or
+    a prepared :class:`~tokenformer.data.TokenDataset` (or its folder), whose ``val`` split is
+    scored. For a text file see :func:`evaluate_data`.
+
+    Returns ``{"loss", "perplexity", "bits_per_byte", "tokens"}`` (``bits_per_byte`` is NaN
+    when ``bytes_per_token`` is unknown).
+    """
+    from tqdm.auto import tqdm
+
+    tokens, bytes_per_token = _as_tokens(tokens, model.config, bytes_per_token)
+    seq_len = seq_len or model.config.max_seq_len
+    stride = stride or seq_len
+    if seq_len > model.config.max_seq_len:
+        raise ConfigError(f"seq_len {seq_len} exceeds the model's context of "
+                          f"{model.config.max_seq_len} tokens")
+    if batch_size <= 0:
+        raise ConfigError(f"batch size must be > 0, got {batch_size}")
+    n = len(tokens)
+    if n and int(tokens.max()) >= model.config.padded_vocab_size:
+        raise DataError(f"token id {int(tokens.max())} is outside the model's vocabulary of "
+                        f"{model.config.padded_vocab_size} rows (wrong tokenizer?)")
+    windows = sliding_windows(n, seq_len, stride)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total_nll, total_scored = 0.0, 0
+    # Windows of one length are batched together (all but possibly the last are full).
+    groups: dict[int, list[tuple[int, int, int]]] = {}
+    for w in windows:
+        groups.setdefault(w[1] - w[0], []).append(w)
+    bar = tqdm(total=len(windows), desc="eval", unit="win", dynamic_ncols=True,
+               disable=None if progress else True)
+    try:
+        for length, group in groups.items():
+            for i in range(0, len(group), batch_size):
+                chunk = group[i:i + batch_size]
+                rows = np.stack([tokens[b:e] for b, e, _ in chunk]).astype(np.int64)
+                ids = torch.from_numpy(rows).to(device)
+                labels = ids.clone()
+                for row, (_, _, n_scored) in enumerate(chunk):
+                    labels[row, : length - n_scored] = -100
+                logits = model(ids).logits[:, :-1].float()
+                total_nll += F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(),
+                                             ignore_index=-100, reduction="sum").item()
+                total_scored += sum(s for _, _, s in chunk)
+                bar.update(len(chunk))
+    finally:
+        bar.close()
+        model.train(was_training)
+    loss = total_nll / total_scored
+    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+            "bits_per_byte": loss / math.log(2) / bytes_per_token if bytes_per_token
+            else float("nan"),
+            "tokens": total_scored}
+
+
+def _as_tokens(data: Any, config: TokenFormerConfig, bytes_per_token: float | None
+               ) -> tuple[np.ndarray, float | None]:
+    """A 1-D int array of token ids (and bytes/token) from any of the accepted inputs."""
+    if isinstance(data, (str, Path)):
+        from .data import TokenDataset
+
+        data = TokenDataset.open(data)
+    if hasattr(data, "val") and hasattr(data, "bytes_per_token"):  # a prepared TokenDataset
+        if data.vocab_size > config.padded_vocab_size:
+            raise DataError(f"the data at {data.path} uses a {data.vocab_size}-token vocabulary "
+                            f"but the model has only {config.padded_vocab_size} rows")
+        return np.asarray(data.val), bytes_per_token or data.bytes_per_token("val")
+    if isinstance(data, torch.Tensor):
+        data = data.cpu().numpy()
+    array = np.asarray(data)
+    if array.ndim != 1:
+        raise DataError(f"expected a 1-D sequence of token ids, got shape {array.shape}")
+    return array, bytes_per_token
+
+
+def read_text_tokens(path: str | Path, tokenizer: Tokenizer) -> tuple[np.ndarray, float]:
+    """Token ids of a UTF-8 text file and its bytes per token."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
+    if len(ids) < 2:
+        raise DataError(f"{path} holds {len(ids)} token(s); at least 2 are needed to score")
+    return ids, len(raw) / len(ids)
+
+
+def evaluate_data(model_spec: str | Path, data: str | Path, *, tokenizer: str | Path | None = None,
+                  seq_len: int | None = None, stride: int | None = None, batch_size: int = 8,
+                  device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+    """``tokenformer eval MODEL --data DATA``: a text file (tokenized with the model's tokenizer)
+    or a prepared folder (its validation split)."""
+    data = Path(data)
+    if not data.exists():
+        raise DataError(f"data not found: {data}")
+    model = load_eval_model(model_spec).to(device)
+    if data.is_dir():
+        tokens: Any = data
+        if tokenizer is not None:
+            raise ConfigError("--tokenizer applies to text files; a prepared folder carries its "
+                              "own tokenizer")
+        bpt = None
+    else:
+        tok = resolve_tokenizer(model_spec, model.config, tokenizer)
+        tokens, bpt = read_text_tokens(data, tok)
+    seq_len = seq_len or model.config.max_seq_len
+    stride = stride or seq_len
+    result: dict[str, Any] = evaluate_text(model, tokens, seq_len, stride, batch_size,
+                                           bytes_per_token=bpt, progress=progress)
+    result.update(seq_len=seq_len, stride=stride)
+    return result
+
+
+def format_result(result: dict[str, Any]) -> str:
+    return (f"loss {result['loss']:.4f}   perplexity {result['perplexity']:.3f}   "
+            f"bits/byte {result['bits_per_byte']:.4f}   tokens {result['tokens']:,} "
+            f"(windows of {result['seq_len']}, stride {result['stride']})")
+
+
+# ------------------------------------------------------------------------------------- lm-eval
+def run_tasks(model_spec: str | Path, tasks: Sequence[str], *, limit: int | None = None,
+              batch_size: int = 8, device: str = "cpu", tokenizer: str | Path | None = None,
+              bootstrap_iters: int = 1000, num_fewshot: int | None = None) -> dict[str, Any]:
+    """Run lm-evaluation-harness tasks through its Hugging Face wrapper (``HFLM``).
+
+    The offline tasks shipped in :mod:`tokenformer.eval_tasks` (``kjv_lastword``,
+    ``kjv_choice``) are always available; any stock lm-eval task name works too, but stock
+    tasks download their data (see docs/huggingface.md). Returns lm-eval's ``results`` mapping
+    ``{task: {metric: value}}``.
+    """
+    try:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise ConfigError("--tasks needs lm-evaluation-harness: pip install "
+                          "'tokenformer[eval]'") from None
+    from .hf import load_for_transformers
+
+    tasks = [t.strip() for t in tasks if t.strip()]
+    if not tasks:
+        raise ConfigError("no task names given")
+    if limit is not None and limit <= 0:
+        raise ConfigError(f"--limit must be > 0, got {limit}")
+    manager = TaskManager(include_path=str(TASKS_DIR))
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise ConfigError(f"unknown lm-eval task {unknown[0]!r}; offline tasks shipped: "
+                          f"{', '.join(OFFLINE_TASKS)}")
+    model, tok = load_for_transformers(model_spec, tokenizer)
+    lm = HFLM(pretrained=model.to(device), tokenizer=tok, backend="causal",
+              batch_size=batch_size, max_length=model.config.max_seq_len, device=device)
+    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=manager,
+                                  bootstrap_iters=bootstrap_iters, num_fewshot=num_fewshot,
+                                  log_samples=False)
+    return {task: {k: v for k, v in metrics.items() if k != "alias"}
+            for task, metrics in out["results"].items()}
+
+
+def format_tasks(results: dict[str, Any]) -> str:
+    """One line per (task, metric): value ± stderr, as lm-eval names them (``acc,none``)."""
+    lines = [f"{'task':<20}{'metric':<16}{'value':>12}"]
+    for task, metrics in results.items():
+        for key, value in metrics.items():
+            metric, comma, filt = key.partition(",")
+            if not comma or "stderr" in metric or not isinstance(value, (int, float)):
+                continue
+            stderr = metrics.get(f"{metric}_stderr,{filt}")
+            extra = f" ± {stderr:.4g}" if isinstance(stderr, (int, float)) else ""
+            lines.append(f"{task:<20}{metric:<16}{value:>12.4g}{extra}")
+    return "\n".join(lines)
