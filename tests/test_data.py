@@ -334,6 +334,15 @@ def test_meta_must_match_the_model(byte_ds):
     with pytest.raises(DataError, match="257-token vocabulary"):
         byte_ds.check_model(vocab_size=256, seq_len=8)
     byte_ds.check_model(vocab_size=384, seq_len=8)  # a padded embedding is fine
+    byte_ds.check_model(384, 8, tokenizer="bytes-v1")
+    with pytest.raises(DataError, match="tokenized with bytes-v1"):
+        byte_ds.check_model(50304, 8, tokenizer="tokenizer.json:sha256:abc")
+
+
+def test_unwritable_cache_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(DataError, match="TOKENFORMER_CACHE"):
+        default_dataset(cache_dir=tmp_path / "file" / "cache", progress=False)
 
 
 @pytest.mark.parametrize("damage", ["no_dir", "no_meta", "bad_json", "truncated", "tokenizer",

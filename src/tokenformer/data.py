@@ -133,8 +133,15 @@ class TokenDataset:
         self.tokens(split)
         return self.meta[f"{split}_bytes"] / self.meta[f"{split}_tokens"]
 
-    def check_model(self, vocab_size: int, seq_len: int) -> None:
-        """DataError unless a model with this vocabulary and context can train on the data."""
+    def check_model(self, vocab_size: int, seq_len: int, tokenizer: str | None = None) -> None:
+        """DataError unless a model with this vocabulary and context can train on the data.
+
+        ``tokenizer``: the identity of the tokenizer the model was trained with (e.g. a
+        checkpoint's), if known; data from any other tokenizer is refused even if its ids fit.
+        """
+        if tokenizer is not None and tokenizer != self.meta["tokenizer"]:
+            raise DataError(f"the data at {self.path} was tokenized with {self.meta['tokenizer']} "
+                            f"but the model expects {tokenizer}")
         if self.vocab_size > vocab_size:
             raise DataError(f"the data at {self.path} uses a {self.vocab_size}-token vocabulary "
                             f"({self.meta['tokenizer']}) but the model has only {vocab_size}")
@@ -613,7 +620,11 @@ def default_dataset(tokenizer: str = "bytes", cache_dir: str | Path | None = Non
     ``cache_dir`` (default: ``$TOKENFORMER_CACHE`` or ``~/.cache/tokenformer``). Never downloads."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / f"kjv-{_cache_key(tokenizer)}"
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the dataset cache {root} ({exc.strerror}); set "
+                        f"TOKENFORMER_CACHE to a writable directory") from None
     with _file_lock(root / ".kjv.lock"):  # concurrent ranks prepare it once
         if (path / META_FILE).is_file():
             with contextlib.suppress(DataError):
