@@ -2,7 +2,8 @@
 
 Both expose ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``vocab_size``,
 ``eos_token_id`` and ``identity`` (a string naming the tokenizer and hashing its definition, so a
-prepared dataset can be checked against the model that reads it).
+prepared dataset can be checked against the model that reads it). :func:`train_bpe` trains a
+byte-level BPE locally (``bpe:VOCAB`` in ``tokenformer prepare``).
 """
 
 from __future__ import annotations
