@@ -504,3 +504,19 @@ def test_real_saved_hf_dataset(tmp_path, monkeypatch):
         ids = np.concatenate([ds.train, ds.val])
         assert int((ids == 256).sum()) == 30
         assert bytes(ids[ids != 256].astype(np.uint8)).decode() == "".join(rows)
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path, monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    src = _write(tmp_path / "a.txt", TEXT)
+    for tty, progress, shown in ((True, True, True), (True, None, True), (True, False, False),
+                                 (False, True, False)):
+        err = Terminal() if tty else io.StringIO()
+        monkeypatch.setattr(sys, "stderr", err)
+        prepare(src, "bytes", tmp_path / f"out{tty}{progress}", progress=progress)
+        assert ("tokenizing (bytes)" in err.getvalue()) == shown, (tty, progress)

@@ -365,7 +365,7 @@ def _encode(tok: Tokenizer, text: str) -> np.ndarray:
 
 
 def _resolve_tokenizer(spec: str | Path, train_texts: Callable[[], Iterable[str]],
-                       progress: bool) -> Tokenizer:
+                       progress: bool | None) -> Tokenizer:
     vocab = parse_bpe_spec(str(spec))
     if vocab is None:
         return load_tokenizer(spec)
@@ -373,16 +373,17 @@ def _resolve_tokenizer(spec: str | Path, train_texts: Callable[[], Iterable[str]
     return train_bpe(train_texts(), vocab, progress=progress)
 
 
-def _progress(total: int, desc: str, enabled: bool, unit: str = "B"):
+def _progress(total: int, desc: str, progress: bool | None, unit: str = "B"):
+    """A tqdm bar unless ``progress is False``; True and None both mean "on a terminal"."""
     from tqdm.auto import tqdm
 
     # disable=None: tqdm hides itself when stderr is not a terminal (logs, CI, pipes)
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True,
-                disable=None if enabled else True)
+                disable=True if progress is False else None)
 
 
 def prepare(inputs: list[str | Path] | str | Path, tokenizer: str | Path, out: str | Path,
-            val_fraction: float = 0.05, progress: bool = True,
+            val_fraction: float = 0.05, progress: bool | None = True,
             overwrite: bool = False) -> TokenDataset:
     """Tokenize text files / directories / a saved HF dataset into a prepared directory ``out``.
 
@@ -410,7 +411,7 @@ def _check_request(out: Path, val_fraction: float, overwrite: bool) -> None:
 
 
 def prepare_documents(docs: list[Document], tokenizer: str | Path, out: str | Path, *,
-                      val_fraction: float = 0.05, progress: bool = True,
+                      val_fraction: float = 0.05, progress: bool | None = True,
                       overwrite: bool = False, sources: list[str] | None = None) -> TokenDataset:
     """:func:`prepare` for documents already resolved (e.g. the embedded corpus)."""
     out = Path(out)
@@ -531,7 +532,7 @@ def read_indexed_dataset(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def prepare_indexed(path: str | Path, tokenizer: str | Path, out: str | Path, *,
-                    val_fraction: float = 0.05, progress: bool = True,
+                    val_fraction: float = 0.05, progress: bool | None = True,
                     overwrite: bool = False) -> TokenDataset:
     """Convert an indexed dataset: the validation split is its last ``val_fraction`` of tokens,
     starting at the next sequence boundary. Byte counts come from decoding each sequence."""
@@ -615,7 +616,7 @@ def default_cache_dir() -> Path:
 
 
 def default_dataset(tokenizer: str = "bytes", cache_dir: str | Path | None = None,
-                    progress: bool = True) -> TokenDataset:
+                    progress: bool | None = True) -> TokenDataset:
     """The embedded King James Bible, prepared with ``tokenizer`` on first use and cached in
     ``cache_dir`` (default: ``$TOKENFORMER_CACHE`` or ``~/.cache/tokenformer``). Never downloads."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()

@@ -117,7 +117,7 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
     return HFTokenizer(path)
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, *, progress: bool = True,
+def train_bpe(texts: Iterable[str], vocab_size: int, *, progress: bool | None = True,
               length: int | None = None) -> HFTokenizer:
     """Train a byte-level BPE (GPT-2/NeoX style) on ``texts``, locally, with ``tokenizers``.
 
@@ -136,7 +136,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, progress: bool = True,
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=progress and sys.stderr.isatty())
+                                  show_progress=progress is not False and sys.stderr.isatty())
     tok.train_from_iterator(texts, trainer=trainer, length=length)
     return HFTokenizer.from_tokenizers(tok)
 
