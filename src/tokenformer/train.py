@@ -487,6 +487,8 @@ def fit(
     module = _prepare(model, cfg, world, device)
     if optimizer is None:
         optimizer = make_optimizer(model, cfg)
+    # Named now: after an FSDP forward the root's parameters may be unsharded stand-ins.
+    names = group_names(model, optimizer)
     if run_dir is not None and resume_from is not None and world.is_main:
         ckpt.MetricsLog.truncate(run_dir / METRICS, start_step)
 
@@ -524,7 +526,7 @@ def fit(
 
     def save(step: int, path: Path) -> None:
         state = {"format": "tokenformer-trainer-v1", "step": step, **counters,
-                 "param_groups": group_names(model, optimizer), "world_size": world.world_size,
+                 "param_groups": names, "world_size": world.world_size,
                  "strategy": world.strategy, "growth": [e.spec for e in events
                                                        if e.step <= step],
                  "train_config": cfg.to_dict()}
@@ -548,6 +550,7 @@ def fit(
             if event is not None:
                 model, optimizer, module = _grow(model, optimizer, module, event, cfg, world,
                                                  device, eval_fn and evaluate, emit, counters)
+                names = group_names(model, optimizer)
             lr = lr_at(step, cfg, growth_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -810,11 +813,15 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         result = fit(model, batch_fn, cfg, eval_fn=eval_fn, out_dir=run_dir,
                      resume_from=resume_from, save_extra=tokenizer.save, world=world,
                      device=device, progress=show)
-        if world.is_main:
-            _report(result, dataset, cfg, print_fn)
-        return result
     finally:
         dist_.shutdown()
+    if world.is_main:
+        if world.strategy == "fsdp":
+            # The final model as a plain model.safetensors directory, read without the group.
+            final = dist_.consolidate_checkpoint(run_dir / ckpt.FINAL)
+            result.model = model_class(cfg.arch).load(final).to(device)
+        _report(result, dataset, cfg, print_fn)
+    return result
 
 
 def _report(result: FitResult, dataset: Any, cfg: TrainConfig,
