@@ -27,8 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import ConfigError
+from .fused import fused_pattention
 
 THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
+# "fused": tokenformer.fused (one custom autograd Function, analytic backward, few passes over the
+# scores); "reference": theta() below under plain autograd, the ground truth the fused path is
+# tested against. "auto" picks fused (see docs/performance.md for the measurements behind it).
+PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference")
 
 
 def default_scale(norm: str, num_tokens: int) -> float:
@@ -65,6 +70,20 @@ def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0) -> to
     raise AssertionError("unreachable")
 
 
+def check_impl(impl: str) -> None:
+    if impl not in PATTENTION_IMPLS:
+        raise ConfigError(f"unknown Pattention impl {impl!r}; choose one of "
+                          f"{', '.join(PATTENTION_IMPLS)}")
+
+
+def set_pattention_impl(module: nn.Module, impl: str) -> None:
+    """Switch every Pattention inside ``module`` (e.g. a whole model) to ``impl``."""
+    check_impl(impl)
+    for m in module.modules():
+        if isinstance(m, Pattention):
+            m.impl = impl
+
+
 class Pattention(nn.Module):
     """Input tokens attend over ``num_tokens`` learnable key/value parameter tokens.
 
@@ -86,9 +105,11 @@ class Pattention(nn.Module):
         value_init_std: float = 0.02,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        impl: str = "auto",
     ) -> None:
         super().__init__()
         check_theta(norm)
+        check_impl(impl)
         for name, value in (("in_features", in_features), ("out_features", out_features),
                             ("num_tokens", num_tokens)):
             if not isinstance(value, int) or value <= 0:
@@ -98,6 +119,7 @@ class Pattention(nn.Module):
         self.norm = norm
         self.scale = float(scale) if scale is not None else default_scale(norm, num_tokens)
         self.eps = float(eps)
+        self.impl = impl
         self.key_init_std = key_init_std
         self.value_init_std = value_init_std
         factory = {"device": device, "dtype": dtype}
@@ -114,6 +136,9 @@ class Pattention(nn.Module):
         nn.init.normal_(self.value_param_tokens, std=self.value_init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl != "reference":
+            return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm,
+                                    self.scale, self.eps)
         scores = torch.matmul(x, self.key_param_tokens.t())
         return torch.matmul(theta(scores, self.norm, self.scale, self.eps), self.value_param_tokens)
 

@@ -1,0 +1,147 @@
+"""Fused Pattention: Θ in few passes over the scores, and a backward that stores almost nothing.
+
+The reference path (:func:`tokenformer.pattention.theta` under autograd) runs Θ as 4–6 separate
+elementwise kernels and autograd keeps 4–5 tensors of shape [L, n] alive for the backward (the
+scores, the norm quotient, the GELU input and output, plus their bf16 casts under autocast). On a
+CPU these passes are memory-bound, so they cost as much as a good part of the two matmuls.
+
+:class:`PattentionFunction` computes the same function with an analytic backward:
+
+* forward: ``S = X·Kᵀ`` → per-row factor ``c`` (from a norm of S or of GELU(S)) → Θ → ``Y = Θ·V``,
+  updating S in place where possible; it saves X, K, V, one [L, n] tensor per variant (two for
+  the variants whose Θ is expensive to recompute) and one float32 number per row.
+* backward: ``G = dY·Vᵀ``, then ``M = dS / c`` from the closed-form derivative of each Θ variant,
+  then ``dX = c ⊙ (M·K)``, ``dK = Mᵀ·(c ⊙ X)``, ``dV = Θᵀ·dY``. Folding the per-row factor ``c``
+  into the [L, d] operands instead of the [L, n] gradient saves a pass over the scores.
+
+Derivatives (row-wise, s = ``scale``, r = the norm, c = s / (r + eps), k = (r + eps) / (s²·r)):
+
+* ``l2_norm_gelu``: u = c·S, Θ = GELU(u);   M = dU − u·k·(u·dU) with dU = GELU'(u)⊙G
+  (because dS = c·dU − c·S·(S·dU)/(r(r+eps)) and S = u/c).
+* ``gelu_l2_norm``: a = GELU(S), Θ = c·a;   M = GELU'(S)⊙(G − Θ·k·(Θ·G)).
+* ``gelu_l1_norm``: a = GELU(S), Θ = c·a;   M = GELU'(S)⊙(G − sign(Θ)·(Θ·G)/s).
+* ``softmax``:      e = exp(S), Θ = c·e;    dS = Θ⊙(G − (Θ·G)/s)   (c is not factored out).
+
+Under CPU/GPU autocast the matmuls run in the autocast dtype, exactly as for the reference; Θ is
+computed from the low-precision scores with float32 norms and stored in the autocast dtype, which
+is what the next matmul consumes anyway. Everything is plain torch ops without data-dependent
+Python control flow, so ``torch.compile`` traces the function (and inductor fuses the passes).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_gelu_backward = torch.ops.aten.gelu_backward.default
+
+
+def _acc(t: torch.Tensor) -> torch.dtype:
+    """Reductions accumulate and return in at least float32 (bf16 row norms lose 3 digits)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Σ_j a_ij·b_ij per row, shape [..., 1], in at least float32."""
+    return (a * b).sum(dim=-1, keepdim=True, dtype=_acc(a))
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype autocast would run a matmul on ``x`` in (``x.dtype`` when autocast is off)."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.is_floating_point():
+        return torch.get_autocast_dtype(device)
+    return x.dtype
+
+
+def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
+             eps: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Y and what the backward needs: x, key, value in the compute dtype, saved scores, r, Θ."""
+    dtype = _compute_dtype(x)
+    # Inside autograd.Function.forward autocast would still re-cast every op; we cast once.
+    with torch.autocast(x.device.type, enabled=False):
+        xc, kc, vc = x.to(dtype), key.to(dtype), value.to(dtype)
+        s = torch.matmul(xc, kc.t())
+        if norm == "l2_norm_gelu":
+            r = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=_acc(s))
+            u = s.mul_(scale / (r + eps))  # u = c·S, in place: S itself is not needed again
+            theta = F.gelu(u)
+            saved = u  # Θ = GELU(u) is one cheap pass: the backward recomputes it
+        elif norm == "softmax":
+            e = s.exp_()
+            r = e.sum(dim=-1, keepdim=True, dtype=_acc(e))
+            theta = saved = e.mul_(scale / (r + eps))
+        else:  # gelu_l2_norm, gelu_l1_norm
+            theta = F.gelu(s)
+            r = torch.linalg.vector_norm(theta, ord=2 if norm == "gelu_l2_norm" else 1, dim=-1,
+                                         keepdim=True, dtype=_acc(theta))
+            theta = theta.mul_(scale / (r + eps))
+            saved = s  # GELU'(S) needs S; Θ is kept too since it costs two passes to rebuild
+        y = torch.matmul(theta, vc)
+    return y, (xc, kc, vc, saved, r, theta)
+
+
+class PattentionFunction(torch.autograd.Function):
+    """``Y = Θ(X·Kᵀ)·V`` for 2-D ``X`` with a memory-saving analytic backward (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
+                scale: float, eps: float) -> torch.Tensor:
+        y, (xc, kc, vc, saved, r, theta) = _forward(x, key, value, norm, scale, eps)
+        if norm in ("gelu_l2_norm", "gelu_l1_norm"):
+            ctx.save_for_backward(xc, kc, vc, saved, r, theta)
+        else:
+            ctx.save_for_backward(xc, kc, vc, saved, r)
+        ctx.norm, ctx.scale, ctx.eps = norm, scale, eps
+        ctx.dtypes = (x.dtype, key.dtype, value.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        norm, scale, eps = ctx.norm, ctx.scale, ctx.eps
+        xc, kc, vc, saved, r = ctx.saved_tensors[:5]
+        with torch.autocast(xc.device.type, enabled=False):
+            gy = grad_y.to(xc.dtype)
+            g = torch.matmul(gy, vc.t())  # dΘ
+            c = None  # the per-row factor folded into the [L, d] side (None: already applied)
+            # k = (r + eps) / (s²·r); a zero row (r = 0, only finite when eps > 0) has u = 0 and
+            # gets the reference's subgradient 0 for the norm.
+            k = torch.where(r > 0, (r + eps) / (scale * scale * r), 0.0)
+            if norm == "l2_norm_gelu":
+                u = saved
+                theta = F.gelu(u)
+                du = _gelu_backward(g, u)
+                m = du.sub_(u * (k * _row_dot(du, u)).to(u.dtype))
+                c = scale / (r + eps)
+            elif norm == "softmax":
+                theta = saved
+                m = g.sub_((_row_dot(theta, g) / scale).to(g.dtype)).mul_(theta)
+            else:
+                s, theta = saved, ctx.saved_tensors[5]
+                dot = _row_dot(theta, g)
+                if norm == "gelu_l2_norm":
+                    g = g.sub_(theta * (k * dot).to(g.dtype))
+                else:
+                    g = g.sub_(torch.sign(theta) * (dot / scale).to(g.dtype))
+                m = _gelu_backward(g, s)
+                c = scale / (r + eps)
+            grad_v = torch.matmul(theta.transpose(-1, -2), gy)
+            xs = xc if c is None else xc * c.to(xc.dtype)
+            grad_k = torch.matmul(m.transpose(-1, -2), xs)
+            grad_x = torch.matmul(m, kc)
+            if c is not None:
+                grad_x = grad_x.mul_(c.to(grad_x.dtype))
+        dx, dk, dv = ctx.dtypes
+        return grad_x.to(dx), grad_k.to(dk), grad_v.to(dv), None, None, None
+
+
+def fused_pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
+                     scale: float, eps: float = 0.0) -> torch.Tensor:
+    """``Θ(x·keyᵀ)·value`` for ``x`` of shape [..., d_in] through :class:`PattentionFunction`."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if torch.is_grad_enabled() and (x.requires_grad or key.requires_grad or value.requires_grad):
+        y = PattentionFunction.apply(x2, key, value, norm, scale, eps)
+    else:  # inference: skip the autograd.Function machinery (it matters when decoding 1 token)
+        y = _forward(x2, key, value, norm, scale, eps)[0]
+    return y.view(*shape[:-1], y.shape[-1])
