@@ -183,7 +183,7 @@ def load_sharded_model(path: str | Path) -> nn.Module:
     model = build_from_dir_config(path)
     state = {"model": model.state_dict()}
     try:
-        dcp.load(state, checkpoint_id=str(path / SHARDED))
+        dcp.load(state, checkpoint_id=str(path / SHARDED), no_dist=True)
     except Exception as exc:  # DCP raises assorted errors for missing/corrupt shards
         raise CheckpointError(f"cannot read the sharded checkpoint {path}: "
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
