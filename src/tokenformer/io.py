@@ -53,6 +53,9 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
         raise CheckpointError(f"output directory already exists: {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the result should look like mkdir's
     try:
         yield tmp
         if path.exists():
