@@ -226,6 +226,8 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
                              disable=None if progress else True):
         old_name, is_new = source_of(name)
         old = old_modules[old_name]
+        if hasattr(old, "impl"):  # per-module choice of forward implementation, not in the config
+            module.impl = old.impl
         if is_new:
             branch = strategy != "official" and name.endswith(BRANCH_OUTPUTS)
             keys, values = _new_block_tokens(module, old, branch, generator)
@@ -338,18 +340,21 @@ def _new_block_tokens(new: Pattention, like: Pattention, branch_output: bool,
     if not branch_output:
         return (_randn(n, ref_k, new.key_init_std, generator).to(ref_k),
                 _randn(n, ref_v, new.value_init_std, generator).to(ref_v))
-    # Groups of 2 (one of 3 if n is odd) share a key; their values are centred to sum to zero, so
-    # equal Θ weights cancel exactly. Centring shrinks the variance by (g-1)/g: undo that.
+    # Tokens come in groups sharing one key: pairs with values u, -u, plus, if n is odd, one triple
+    # with values centred to sum to zero (rescaled to keep the value init's variance). Equal keys
+    # give equal Θ weights, so every group's contribution cancels for every input.
     group = torch.arange(n) // 2
     if n % 2 and n > 1:
         group[-1] = group[-2]
-    groups = int(group[-1]) + 1
-    keys = _randn(groups, ref_k, new.key_init_std, generator)[group]
-    values = _randn(n, ref_v, new.value_init_std, generator)
-    size = torch.bincount(group, minlength=groups).float().unsqueeze(1)
-    mean = torch.zeros(groups, values.shape[1]).index_add_(0, group, values) / size
-    centred = (values - mean[group]) * torch.sqrt(size / (size - 1).clamp(min=1))[group]
-    return keys.to(ref_k), centred.to(ref_v)
+    keys = _randn(int(group[-1]) + 1, ref_k, new.key_init_std, generator)[group]
+    half = _randn(n // 2, ref_v, new.value_init_std, generator)
+    values = torch.stack((half, -half), dim=1).reshape(-1, half.shape[1])
+    if n % 2 and n > 1:
+        triple = _randn(3, ref_v, new.value_init_std, generator)
+        values = torch.cat((values[:-2], (triple - triple.mean(dim=0)) * math.sqrt(1.5)))
+    elif n == 1:  # a lone token can only give zero output with a zero value
+        values = torch.zeros(1, ref_v.shape[1])
+    return keys.to(ref_k), values.to(ref_v)
 
 
 # --------------------------------------------------------------------------------- optimizer
