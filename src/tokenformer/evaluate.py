@@ -1,12 +1,14 @@
 """Evaluation: perplexity and bits per byte on text, and lm-evaluation-harness tasks.
 
 **Windows.** A text longer than the window is scored in windows of ``seq_len`` tokens (default:
-the model's context) that start every ``stride`` tokens (default: ``seq_len``, i.e. disjoint
-windows, like lm-eval's rolling loglikelihood). Every token except the first is scored exactly
-once: the first window scores all of its positions, each later window only its last ``stride``
-positions (the ones no earlier window reached). So every scored token sees at least
-``seq_len - stride`` tokens of context, except in the first window where token ``i`` sees ``i``.
-A smaller stride buys more context per token for proportionally more compute.
+the model's context). The first window scores its positions 1..seq_len-1 (token ``i`` seeing
+``i`` tokens of context); each later window is shifted by ``stride`` tokens and scores only the
+``stride`` tokens no earlier window reached, its last ones. So every token except the very first
+is scored exactly once, and every token after the first window sees at least
+``seq_len - stride`` tokens of context. ``stride`` is at most ``seq_len - 1``, the default: windows
+then overlap by a single token (like lm-eval's rolling loglikelihood) and the cost is one forward
+pass per ``seq_len - 1`` tokens; a smaller stride buys more context for proportionally more
+compute (``stride = 1``: every token sees ``seq_len - 1`` tokens, or all before it).
 
 **Numbers.** ``loss`` is the mean next-token negative log-likelihood in nats over the scored
 tokens, computed over the model's full (padded) vocabulary like the training loss;
@@ -90,17 +92,16 @@ def sliding_windows(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int,
     tokens ``[begin, end)`` and scores its last ``n_scored`` positions (see the module doc)."""
     if seq_len < 2:
         raise ConfigError(f"seq_len must be >= 2 to score anything, got {seq_len}")
-    if not 1 <= stride <= seq_len:
-        raise ConfigError(f"stride must be in [1, seq_len={seq_len}], got {stride}")
+    if not 1 <= stride < seq_len:
+        raise ConfigError(f"stride must be in [1, seq_len - 1 = {seq_len - 1}], got {stride}")
     if n_tokens < 2:
         raise DataError(f"need at least 2 tokens to score, got {n_tokens}")
-    windows, scored_up_to = [], 1  # token 0 has no context: it is never scored
-    for begin in range(0, n_tokens, stride):
-        end = min(begin + seq_len, n_tokens)
-        windows.append((begin, end, end - scored_up_to))
-        scored_up_to = end
-        if end == n_tokens:
-            break
+    end = min(seq_len, n_tokens)
+    windows = [(0, end, end - 1)]  # token 0 has no context: it is never scored
+    while end < n_tokens:
+        new_end = min(end + stride, n_tokens)
+        windows.append((new_end - seq_len, new_end, new_end - end))
+        end = new_end
     return windows
 
 
@@ -119,14 +120,14 @@ def evaluate_text(
     a prepared :class:`~tokenformer.data.TokenDataset` (or its folder), whose ``val`` split is
     scored. For a text file see :func:`evaluate_data`.
 
-    Returns ``{"loss", "perplexity", "bits_per_byte", "tokens"}`` (``bits_per_byte`` is NaN
-    when ``bytes_per_token`` is unknown).
+    Returns ``{"loss", "perplexity", "bits_per_byte", "tokens", "seq_len", "stride"}``
+    (``tokens`` = tokens scored; ``bits_per_byte`` is NaN when ``bytes_per_token`` is unknown).
     """
     from tqdm.auto import tqdm
 
     tokens, bytes_per_token = _as_tokens(tokens, model.config, bytes_per_token)
     seq_len = seq_len or model.config.max_seq_len
-    stride = stride or seq_len
+    stride = stride or seq_len - 1
     if seq_len > model.config.max_seq_len:
         raise ConfigError(f"seq_len {seq_len} exceeds the model's context of "
                           f"{model.config.max_seq_len} tokens")
@@ -141,7 +142,7 @@ def evaluate_text(
     was_training = model.training
     model.eval()
     total_nll, total_scored = 0.0, 0
-    # Windows of one length are batched together (all but possibly the last are full).
+    # Windows of one length are batched together (all are full but a lone first one).
     groups: dict[int, list[tuple[int, int, int]]] = {}
     for w in windows:
         groups.setdefault(w[1] - w[0], []).append(w)
@@ -168,7 +169,7 @@ def evaluate_text(
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
             "bits_per_byte": loss / math.log(2) / bytes_per_token if bytes_per_token
             else float("nan"),
-            "tokens": total_scored}
+            "tokens": total_scored, "seq_len": seq_len, "stride": stride}
 
 
 def _as_tokens(data: Any, config: TokenFormerConfig, bytes_per_token: float | None
@@ -225,12 +226,8 @@ def evaluate_data(model_spec: str | Path, data: str | Path, *, tokenizer: str | 
     else:
         tok = resolve_tokenizer(model_spec, model.config, tokenizer)
         tokens, bpt = read_text_tokens(data, tok)
-    seq_len = seq_len or model.config.max_seq_len
-    stride = stride or seq_len
-    result: dict[str, Any] = evaluate_text(model, tokens, seq_len, stride, batch_size,
-                                           bytes_per_token=bpt, progress=progress)
-    result.update(seq_len=seq_len, stride=stride)
-    return result
+    return evaluate_text(model, tokens, seq_len, stride, batch_size, bytes_per_token=bpt,
+                         progress=progress)
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -264,7 +261,10 @@ def run_tasks(model_spec: str | Path, tasks: Sequence[str], *, limit: int | None
         raise ConfigError("no task names given")
     if limit is not None and limit <= 0:
         raise ConfigError(f"--limit must be > 0, got {limit}")
-    manager = TaskManager(include_path=str(TASKS_DIR))
+    # Indexing lm-eval's thousands of stock task files takes tens of seconds: skip it when only
+    # the shipped offline tasks are asked for.
+    stock = any(t not in OFFLINE_TASKS for t in tasks)
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=stock)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ConfigError(f"unknown lm-eval task {unknown[0]!r}; offline tasks shipped: "

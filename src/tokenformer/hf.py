@@ -158,6 +158,10 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
+        if attention_mask is not None and position_ids is None:
+            # Left padding: real tokens count positions from 0, as in TokenFormerLM.generate.
+            T = input_ids.shape[1]
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # all ones: let the core take its fused causal path
         out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,

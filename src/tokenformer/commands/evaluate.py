@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=_positive(int), default=None,
                    help="window length (default: the model's context)")
     p.add_argument("--stride", type=_positive(int), default=None,
-                   help="window start spacing (default: seq-len, disjoint windows)")
+                   help="tokens scored per window after the first, <= seq-len - 1 (default: "
+                        "seq-len - 1); each token sees >= seq-len - stride tokens of context")
     p.add_argument("--batch-size", type=_positive(int), default=8)
     p.add_argument("--limit", type=_positive(int), default=None,
                    help="lm-eval: at most this many examples per task")
