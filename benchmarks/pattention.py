@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenformer import Pattention
+from tokenformer import pattention as pattention_module
 
 
 class TwoMatmulMLP(nn.Module):
@@ -54,10 +55,11 @@ def step_seconds(module: nn.Module, x: torch.Tensor, grad: torch.Tensor, bf16: b
     return time.perf_counter() - start
 
 
-def compare(tokens: int, d: int, n: int, bf16: bool, reps: int, warmup: int
+def compare(tokens: int, d: int, n: int, bf16: bool, reps: int, warmup: int, impl: str
             ) -> dict[str, float]:
     torch.manual_seed(0)
-    pattention, mlp = Pattention(d, d, n), TwoMatmulMLP(d, n)
+    kwargs = {} if impl == "default" else {"impl": impl}
+    pattention, mlp = Pattention(d, d, n, **kwargs), TwoMatmulMLP(d, n)
     x = torch.randn(tokens, d, requires_grad=True)
     grad = torch.randn(tokens, d)
     times: dict[str, list[float]] = {"pattention": [], "mlp": []}
@@ -94,26 +96,32 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--impls", nargs="+", default=None,
+                        help="Pattention implementations to time (default: every one the "
+                             "installed version has besides 'auto', else its only path)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    impls = args.impls or [i for i in getattr(pattention_module, "PATTENTION_IMPLS", ["default"])
+                           if i != "auto"]
 
     tokens = args.batch * args.seq
     print("## Pattention vs MLP (issue 2)\n")
     print(f"Command: `python {' '.join(['benchmarks/pattention.py', *sys.argv[1:]])}`  ")
     print(f"Machine: {machine()}  ")
-    print(f"Forward + backward of `Pattention(d, d, n)` (Θ = l2_norm_gelu, the default path) vs "
+    print(f"Forward + backward of `Pattention(d, d, n)` (Θ = l2_norm_gelu) vs "
           f"`GELU(x·Kᵀ)·V` on {args.batch}×{args.seq} = {tokens} tokens; median of "
           f"{args.reps} interleaved repetitions after {args.warmup} warm-up. Target <= 1.05x.\n")
-    print("| d | n | dtype | Pattention ms | MLP ms | ratio |")
-    print("|---|---|---|---|---|---|")
+    print("| d | n | dtype | Pattention impl | Pattention ms | MLP ms | ratio |")
+    print("|---|---|---|---|---|---|---|")
     for shape in args.shapes:
         d, n = (int(v) for v in shape.lower().split("x"))
         for dtype in args.dtypes:
-            r = compare(tokens, d, n, dtype == "bf16", args.reps, args.warmup)
-            print(f"| {d} | {n} | {dtype}{' autocast' if dtype == 'bf16' else ''} | "
-                  f"{r['pattention_ms']:.1f} | {r['mlp_ms']:.1f} | {r['ratio']:.3f}x |",
-                  flush=True)
+            for impl in impls:
+                r = compare(tokens, d, n, dtype == "bf16", args.reps, args.warmup, impl)
+                print(f"| {d} | {n} | {dtype}{' autocast' if dtype == 'bf16' else ''} | {impl} | "
+                      f"{r['pattention_ms']:.1f} | {r['mlp_ms']:.1f} | {r['ratio']:.3f}x |",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenformer import ConfigError, Pattention
+from tokenformer.pattention import PATTENTION_IMPLS
 
 VARIANTS = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
+IMPLS = [i for i in PATTENTION_IMPLS if i != "auto"]  # every path, each against the formulas
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
@@ -38,6 +40,7 @@ def theta_reference(a: torch.Tensor, variant: str, scale: float) -> torch.Tensor
 
 
 def make(d_in: int, d_out: int, n: int, variant: str, **kwargs) -> Pattention:
+    kwargs.setdefault("impl", "auto")
     torch.manual_seed(0)
     layer = Pattention(d_in, d_out, n, variant, dtype=torch.float64, **kwargs)
     with torch.no_grad():  # larger values than the init so that GELU's curvature matters
@@ -46,9 +49,10 @@ def make(d_in: int, d_out: int, n: int, variant: str, **kwargs) -> Pattention:
     return layer
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_matches_float64_formula(variant: str) -> None:
-    layer = make(12, 7, 20, variant)
+def test_matches_float64_formula(variant: str, impl: str) -> None:
+    layer = make(12, 7, 20, variant, impl=impl)
     x = torch.randn(3, 5, 12, dtype=torch.float64)
     default = 20.0 if variant in ("softmax", "gelu_l1_norm") else math.sqrt(20)
     assert layer.scale == pytest.approx(default)
@@ -57,9 +61,10 @@ def test_matches_float64_formula(variant: str) -> None:
     torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_fixed_scale_is_used(variant: str) -> None:
-    layer = make(6, 5, 9, variant, scale=2.5)
+def test_fixed_scale_is_used(variant: str, impl: str) -> None:
+    layer = make(6, 5, 9, variant, scale=2.5, impl=impl)
     x = torch.randn(4, 6, dtype=torch.float64)
     scores = x @ layer.key_param_tokens.detach().T
     expected = theta_reference(scores, variant, 2.5) @ layer.value_param_tokens.detach()
@@ -86,8 +91,9 @@ def test_zero_keys_preserve_l2_norm_gelu_with_fixed_scale() -> None:
     torch.testing.assert_close(grown(x), before, rtol=1e-12, atol=1e-12)
 
 
-def test_eps() -> None:
-    layer = make(4, 3, 8, "l2_norm_gelu")
+@pytest.mark.parametrize("impl", IMPLS)
+def test_eps(impl: str) -> None:
+    layer = make(4, 3, 8, "l2_norm_gelu", impl=impl)
     zero = torch.zeros(1, 4, dtype=torch.float64)
     assert torch.isnan(layer(zero)).all()  # the official arithmetic: 0 / 0
     layer.eps = 1e-6
@@ -99,9 +105,10 @@ def test_eps() -> None:
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_gradients(variant: str) -> None:
-    layer = make(5, 4, 6, variant)
+def test_gradients(variant: str, impl: str) -> None:
+    layer = make(5, 4, 6, variant, impl=impl)
     x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
         lambda x, k, v: torch.func.functional_call(
@@ -110,10 +117,12 @@ def test_gradients(variant: str) -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(variant=st.sampled_from(VARIANTS), n=st.integers(1, 24), seed=st.integers(0, 2**16))
-def test_permuting_parameter_tokens_keeps_output(variant: str, n: int, seed: int) -> None:
+@given(variant=st.sampled_from(VARIANTS), n=st.integers(1, 24), seed=st.integers(0, 2**16),
+       impl=st.sampled_from(IMPLS))
+def test_permuting_parameter_tokens_keeps_output(variant: str, n: int, seed: int,
+                                                 impl: str) -> None:
     torch.manual_seed(seed)
-    layer = make(6, 5, n, variant)
+    layer = make(6, 5, n, variant, impl=impl)
     x = torch.randn(3, 6, dtype=torch.float64)
     before = layer(x)
     perm = torch.randperm(n)
@@ -126,10 +135,11 @@ def test_permuting_parameter_tokens_keeps_output(variant: str, n: int, seed: int
 @settings(max_examples=25, deadline=None)
 @given(lead=st.lists(st.integers(1, 3), max_size=3), d_in=st.integers(1, 9),
        d_out=st.integers(1, 9), n=st.integers(1, 9),
-       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+       impl=st.sampled_from(IMPLS))
 def test_shape_and_dtype(lead: list[int], d_in: int, d_out: int, n: int,
-                         dtype: torch.dtype) -> None:
-    layer = Pattention(d_in, d_out, n, dtype=dtype)
+                         dtype: torch.dtype, impl: str) -> None:
+    layer = Pattention(d_in, d_out, n, dtype=dtype, impl=impl)
     assert layer.key_param_tokens.shape == (n, d_in)
     assert layer.value_param_tokens.shape == (n, d_out)
     y = layer(torch.randn(*lead, d_in, dtype=dtype))
