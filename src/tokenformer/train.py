@@ -516,12 +516,13 @@ def fit(
         for callback in callbacks:
             callback(record, model)
 
-    def evaluate(step: int) -> dict[str, Any]:
-        was_training = model.training
-        model.eval()
+    def evaluate(step: int, target: nn.Module | None = None) -> dict[str, Any]:
+        target = model if target is None else target  # _grow evaluates the grown model
+        was_training = target.training
+        target.eval()
         with torch.no_grad(), autocast():
-            metrics = eval_fn(model)
-        model.train(was_training)
+            metrics = eval_fn(target)
+        target.train(was_training)
         return {k: float(v) for k, v in metrics.items()}
 
     def save(step: int, path: Path) -> None:
@@ -636,7 +637,7 @@ def _grow(model: nn.Module, optimizer: torch.optim.Optimizer, module: nn.Module,
                                            generator=generator, **event.kwargs)
     model = model.to(device).train()
     module = _prepare(model, cfg, world, device)
-    after = evaluate(event.step) if evaluate else {}
+    after = evaluate(event.step, model) if evaluate else {}
     record: dict[str, Any] = {
         "type": "grow", "step": event.step, "spec": event.spec,
         "params_before": params_before, "params_after": sum(p.numel() for p in
