@@ -1,0 +1,399 @@
+"""Generic machinery for controlled experiments: arms over seeds, curves, statistics, tables, plots.
+
+An :class:`Arm` is one training recipe. Running it for a seed returns a :class:`Curve`: evaluation
+points carrying cumulative training FLOPs and wall-clock, plus events (e.g. growth points). All
+arms of a seed see the same data order (the dataset's batches are a pure function of
+(seed, step)) and run in one process one after another, so per-seed differences between arms are
+paired: :func:`paired` compares two arms seed by seed and refuses to name a winner when the
+spread of the paired differences is as large as their mean.
+
+Arms of one seed may share work (e.g. a base model that several growth recipes branch from)
+through the per-seed ``shared`` dict that :func:`run_arms` passes to every arm of that seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..io import atomic_write, atomic_write_text
+
+POINT_FIELDS = ("step", "tokens", "flops", "wall", "loss", "bpb", "stage")
+
+
+# ------------------------------------------------------------------------------------- curves
+@dataclass
+class Point:
+    """One evaluation: ``flops`` and ``wall`` are cumulative over the whole arm (every stage)."""
+
+    step: int
+    tokens: int
+    flops: float
+    wall: float
+    loss: float
+    bpb: float
+    stage: int = 0  # index of the model size the point was measured on (growth increments it)
+
+
+@dataclass
+class Event:
+    """Something that happened between evaluations, e.g. a growth step (``label`` says which)."""
+
+    step: int
+    tokens: int
+    flops: float
+    wall: float
+    label: str
+
+
+@dataclass
+class Curve:
+    """An arm's evaluation curve for one seed, in step order."""
+
+    points: list[Point]
+    events: list[Event] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def final(self) -> Point:
+        return self.points[-1]
+
+    @property
+    def marginal_offset(self) -> float:
+        """FLOPs spent before the last event (the smaller models' training, for a grown chain).
+
+        The marginal view subtracts it: the compute a grown model costs when its smaller
+        predecessors are treated as free, which is the accounting critics object to.
+        """
+        return self.events[-1].flops if self.events else 0.0
+
+    def column(self, name: str) -> list[float]:
+        if name == "marginal_flops":
+            return [p.flops - self.marginal_offset for p in self.points]
+        return [getattr(p, name) for p in self.points]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"points": [asdict(p) for p in self.points],
+                "events": [asdict(e) for e in self.events], "info": self.info}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Curve:
+        return cls([Point(**p) for p in data["points"]], [Event(**e) for e in data["events"]],
+                   dict(data.get("info", {})))
+
+
+def mean_curve(curves: Sequence[Curve]) -> Curve:
+    """Pointwise mean over seeds (every seed evaluates at the same steps, so points align)."""
+    if len(curves) == 1:
+        return curves[0]
+    steps = [[p.step for p in c.points] for c in curves]
+    if any(s != steps[0] for s in steps):
+        raise ValueError("curves of different seeds were evaluated at different steps")
+
+    def mean_point(ps: Sequence[Point]) -> Point:
+        return Point(ps[0].step, ps[0].tokens, statistics.fmean(p.flops for p in ps),
+                     statistics.fmean(p.wall for p in ps), statistics.fmean(p.loss for p in ps),
+                     statistics.fmean(p.bpb for p in ps), ps[0].stage)
+
+    def mean_event(es: Sequence[Event]) -> Event:
+        return Event(es[0].step, es[0].tokens, statistics.fmean(e.flops for e in es),
+                     statistics.fmean(e.wall for e in es), es[0].label)
+
+    return Curve([mean_point(ps) for ps in zip(*(c.points for c in curves), strict=True)],
+                 [mean_event(es) for es in zip(*(c.events for c in curves), strict=True)],
+                 dict(curves[0].info))
+
+
+def crossing(xs: Sequence[float], ys: Sequence[float], target: float) -> float | None:
+    """The first x at which the piecewise-linear curve (xs, ys) comes down to ``target``.
+
+    ``None`` if it never does. Points must be in x order; a vertical jump (two points at one x,
+    as at a growth step) is handled like any other segment.
+    """
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if y <= target:
+            if i == 0 or not math.isfinite(ys[i - 1]):
+                return float(x)
+            x0, y0 = xs[i - 1], ys[i - 1]
+            return float(x0 + (x - x0) * (y0 - target) / (y0 - y))
+    return None
+
+
+def value_at(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
+    """y of the piecewise-linear curve at ``x`` (the last point at that x); None outside it."""
+    if not xs or x < xs[0] or x > xs[-1]:
+        return None
+    for i in range(len(xs) - 1, -1, -1):
+        if xs[i] <= x:
+            if xs[i] == x:
+                return float(ys[i])
+            x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+            return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    return None
+
+
+# --------------------------------------------------------------------------------- statistics
+@dataclass
+class Spread:
+    """Mean and spread of one quantity over seeds (``std`` is the sample std; 0 for one seed)."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.mean:.4f}" if self.n == 1 else f"{self.mean:.4f} ± {self.std:.4f}"
+
+
+def spread(values: Iterable[float]) -> Spread:
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("spread of no values")
+    std = statistics.stdev(vals) if len(vals) > 1 else 0.0
+    return Spread(statistics.fmean(vals), std, min(vals), max(vals), len(vals))
+
+
+@dataclass
+class Paired:
+    """Seed-by-seed comparison of arms ``a`` and ``b`` on one metric (``diffs`` = a - b).
+
+    ``winner`` is ``a`` or ``b`` only when at least two seeds agree well enough that the
+    mean difference exceeds the spread (sample std) of the differences; otherwise ``None``:
+    the comparison is not resolved.
+    """
+
+    a: str
+    b: str
+    metric: str
+    diffs: list[float]
+    mean: float
+    spread: float
+    n: int
+    winner: str | None
+
+    @property
+    def verdict(self) -> str:
+        if self.winner is not None:
+            return f"{self.winner} better"
+        return "not resolved (one seed)" if self.n < 2 else "not resolved"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "verdict": self.verdict}
+
+
+def paired(a: str, b: str, a_values: dict[int, float], b_values: dict[int, float],
+           metric: str = "loss", lower_is_better: bool = True) -> Paired:
+    """Compare two arms on the seeds both ran; see :class:`Paired` for the decision rule."""
+    seeds = sorted(set(a_values) & set(b_values))
+    diffs = [float(a_values[s]) - float(b_values[s]) for s in seeds]
+    if not diffs:
+        return Paired(a, b, metric, [], math.nan, math.nan, 0, None)
+    mean = statistics.fmean(diffs)
+    sd = statistics.stdev(diffs) if len(diffs) > 1 else math.inf
+    winner = None
+    if len(diffs) > 1 and abs(mean) > sd and mean != 0:
+        winner = a if (mean < 0) == lower_is_better else b
+    return Paired(a, b, metric, diffs, mean, sd, len(diffs), winner)
+
+
+# ------------------------------------------------------------------------------------- runner
+@dataclass
+class Arm:
+    """A named recipe. ``run(seed, shared)`` trains it and returns its curve for that seed.
+
+    ``shared`` is a dict private to the seed and common to all its arms: an arm may store work
+    there (e.g. a trained base model) for later arms to branch from. ``seeds`` caps how many of
+    the experiment's seeds the arm runs (None: all of them).
+    """
+
+    name: str
+    run: Callable[[int, dict[str, Any]], Curve]
+    label: str = ""
+    group: str = ""
+    description: str = ""
+    seeds: int | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {"label": self.label or self.name, "group": self.group,
+                "description": self.description, **self.meta}
+
+
+def fingerprint(settings: dict[str, Any]) -> str:
+    """A short hash of the settings, to refuse reusing partial results of another experiment."""
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
+             partial: str | Path | None = None, settings: dict[str, Any] | None = None,
+             progress: bool | None = None) -> dict[str, dict[int, Curve]]:
+    """Run every arm for its seeds, seed-major, and return ``{arm: {seed: curve}}``.
+
+    Seed-major order lets the arms of a seed share work through ``shared`` and frees it before
+    the next seed. With ``partial``, each finished (arm, seed) is saved there atomically and a
+    rerun with the same ``settings`` skips what is already done (a long run survives a crash).
+    """
+    from tqdm.auto import tqdm
+
+    key = fingerprint(settings or {})
+    done: dict[str, dict[int, Curve]] = {arm.name: {} for arm in arms}
+    if partial is not None and Path(partial).is_file():
+        saved = json.loads(Path(partial).read_text())
+        if saved.get("fingerprint") == key:
+            for name, runs in saved["curves"].items():
+                if name in done:
+                    done[name] = {int(s): Curve.from_dict(c) for s, c in runs.items()}
+    jobs = [(seed, arm) for i, seed in enumerate(seeds) for arm in arms
+            if arm.seeds is None or i < arm.seeds]
+    bar = tqdm(total=len(jobs), desc="arms", unit="run", disable=progress_disabled(progress))
+    for i, seed in enumerate(seeds):
+        shared: dict[str, Any] = {}
+        for arm in arms:
+            if arm.seeds is not None and i >= arm.seeds:
+                continue
+            if seed not in done[arm.name]:
+                bar.set_postfix_str(f"{arm.name} seed {seed}")
+                done[arm.name][seed] = arm.run(seed, shared)
+                if partial is not None:
+                    curves = {n: {str(s): c.to_dict() for s, c in r.items()}
+                              for n, r in done.items()}
+                    atomic_write_text(partial, json.dumps({"fingerprint": key, "curves": curves}))
+            bar.update(1)
+        shared.clear()
+    bar.close()
+    return done
+
+
+def progress_disabled(progress: bool | None) -> bool | None:
+    """tqdm's ``disable``: None (auto) hides the bar when stderr is not a terminal."""
+    return None if progress is None else not progress
+
+
+# ------------------------------------------------------------------------------------- tables
+def fmt(value: float | None, digits: int = 4) -> str:
+    """A number for a table: ``—`` for missing, scientific notation for large magnitudes."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        return f"{value:.3g}"
+    return f"{value:.{digits}f}"
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]],
+                   align: str | None = None) -> str:
+    """A GitHub markdown table; ``align`` is one letter per column (l, r, c), default l then r."""
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = {"l": ":---", "r": "---:", "c": ":---:"}
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule[a] for a in align) + " |"]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"row has {len(row)} cells, the header {len(header)}")
+        lines.append("| " + " | ".join(c if isinstance(c, str) else fmt(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def to_json(data: Any) -> str:
+    """JSON with NaN/inf written as null (strict JSON readers reject them)."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {str(k): clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(data), indent=1, allow_nan=False) + "\n"
+
+
+# -------------------------------------------------------------------------------------- plots
+AXIS_LABELS = {"flops": "cumulative training FLOPs", "marginal_flops": "marginal training FLOPs",
+               "wall": "wall-clock (s, training only)", "step": "step", "tokens": "tokens",
+               "loss": "validation loss (nats/token)", "bpb": "validation bits per byte"}
+
+
+def have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "flops",
+                y: str = "loss", labels: dict[str, str] | None = None,
+                groups: dict[str, str] | None = None, title: str = "",
+                hline: tuple[float, str] | None = None, logx: bool = True,
+                ylim: tuple[float, float] | None = None, dpi: int = 110) -> Path:
+    """One curve per arm (mean over seeds, min–max band when several), events marked by dots.
+
+    ``groups`` maps arm to a group name: arms of a group share a colour family. ``hline`` draws
+    a dashed reference level (value, label), e.g. a target loss. Written atomically as PNG.
+    """
+    from matplotlib.figure import Figure  # lazy: the ``plot`` extra
+
+    fig = Figure(figsize=(10, 5.6), layout="constrained")
+    ax = fig.add_subplot()
+    palette = _palette(list(curves), groups or {})
+    for name, runs in curves.items():
+        mean = mean_curve(runs)
+        xs, ys = mean.column(x), mean.column(y)
+        color, style = palette[name]
+        ax.plot(xs, ys, linestyle=style, color=color, linewidth=1.4,
+                label=(labels or {}).get(name, name))
+        if len(runs) > 1:
+            lo = [min(c) for c in zip(*(r.column(y) for r in runs), strict=True)]
+            hi = [max(c) for c in zip(*(r.column(y) for r in runs), strict=True)]
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
+        for event in mean.events:
+            # the first evaluation of the grown model sits at the event's step
+            after = [i for i, p in enumerate(mean.points) if p.step == event.step]
+            if after:
+                ax.plot([xs[after[-1]]], [ys[after[-1]]], "o", color=color, markersize=4)
+    if hline is not None:
+        ax.axhline(hline[0], color="black", linestyle=":", linewidth=1)
+        ax.annotate(hline[1], (0.01, hline[0]), xycoords=("axes fraction", "data"),
+                    textcoords="offset points", xytext=(0, 3), fontsize=8)
+    if logx:
+        ax.set_xscale("log")
+    if ylim is not None:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel(AXIS_LABELS.get(x, x))
+    ax.set_ylabel(AXIS_LABELS.get(y, y))
+    ax.set_title(title + ("  (dots: growth)" if any(c[0].events for c in curves.values())
+                          else ""), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    path = Path(path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
+    return path
+
+
+def _palette(names: list[str], groups: dict[str, str]) -> dict[str, tuple[Any, str]]:
+    """A colour per group (tab10) and a line style per member of the group."""
+    styles = ("-", "--", "-.", ":")
+    order: dict[str, list[str]] = {}
+    for name in names:
+        order.setdefault(groups.get(name, name), []).append(name)
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10"]
+    out = {}
+    for g, (_, members) in enumerate(order.items()):
+        for m, name in enumerate(members):
+            base = cmap(g % 10)
+            # members beyond the line styles get a lighter shade of the group colour
+            shade = 1 - 0.25 * (m // len(styles))
+            out[name] = (tuple(c * shade + (1 - shade) for c in base[:3]), styles[m % len(styles)])
+    return out
