@@ -151,6 +151,16 @@ def test_input_model_is_untouched() -> None:
                for q in grown.parameters())
 
 
+def test_copy_false_shares_only_what_does_not_grow() -> None:
+    model = make()
+    grown = grow(model, ffn="2x", copy=False, generator=gen())
+    old, new = dict(model.named_parameters()), dict(grown.named_parameters())
+    for name, param in new.items():
+        shared = param.data_ptr() == old[name].data_ptr()
+        assert shared == (".mlp." not in name), name
+    assert relative_change(model, grown) <= 1e-5
+
+
 # ----------------------------------------------------------------------------- exact width
 @pytest.mark.parametrize("norm", GROWABLE_EXACTLY)
 def test_exact_width_preserves_logits(norm: str) -> None:

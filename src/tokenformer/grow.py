@@ -139,18 +139,21 @@ class _Growth:
 def grow(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | None = None,
          ffn: int | str | None = None, layers: int | str | None = None, strategy: str = "exact",
          positions: list[int] | None = None, generator: torch.Generator | None = None,
-         progress: bool = False, **unsupported: object) -> nn.Module:
+         copy: bool = True, progress: bool = False, **unsupported: object) -> nn.Module:
     """Return a larger copy of ``model`` (same class); ``model`` itself is left untouched.
 
     ``qkv``/``proj``/``ffn``: new token count of those Pattentions, absolute (``1536``) or a
     multiplier (``"2x"``); ``layers``: new total block count, new blocks at ``positions`` (indices
     in the grown model, default spread evenly). ``strategy`` is ``exact`` (function preserved),
-    ``paper`` or ``official``; the module docstring gives the math. ``generator`` seeds the new
-    random rows. Raises :class:`GrowthError` for shrinking, malformed sizes, or requests to grow
-    what tokens cannot grow (hidden size, heads, vocabulary).
+    ``paper`` or ``official``; the module docstring gives the math. ``generator`` (a CPU
+    ``torch.Generator``) seeds the new random rows. ``copy=False`` shares every tensor that does
+    not grow with ``model`` instead of copying it (half the memory traffic; training the grown
+    model then changes ``model``, so only use it when ``model`` is discarded). Raises
+    :class:`GrowthError` for shrinking, malformed sizes, or requests to grow what tokens cannot
+    grow (hidden size, heads, vocabulary).
     """
     return _grow(model, qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
-                 positions=positions, generator=generator, progress=progress,
+                 positions=positions, generator=generator, copy=copy, progress=progress,
                  unsupported=unsupported).model
 
 
@@ -164,14 +167,17 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
     shaped like the parameter (AdamW's ``exp_avg``/``exp_avg_sq``) keep their old rows, new rows
     are zero; scalar state (``step``) is kept. A block inserted by depth growth gets zero moments
     and the step count of the block before it. ``reset_optimizer=True`` gives fresh state (what
-    the released code does).
+    the released code does). With ``copy=False`` state that does not grow is shared with
+    ``optimizer``, which must then be discarded.
     """
     growth = _grow(model, **grow_kwargs)  # type: ignore[arg-type]
-    return growth.model, _carry_optimizer(model, optimizer, growth, reset_optimizer)
+    copy = bool(grow_kwargs.get("copy", True))
+    return growth.model, _carry_optimizer(model, optimizer, growth, reset_optimizer, copy)
 
 
 def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strategy="exact",
-          positions=None, generator=None, progress=False, unsupported=None) -> _Growth:
+          positions=None, generator=None, copy=True, progress=False, unsupported=None
+          ) -> _Growth:
     refuse_unsupported(unsupported or {})
     if strategy not in STRATEGIES:
         raise GrowthError(f"unknown growth strategy {strategy!r}; choose one of "
@@ -232,7 +238,7 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
             branch = strategy != "official" and name.endswith(BRANCH_OUTPUTS)
             keys, values = _new_block_tokens(module, old, branch, generator)
         else:
-            keys, values = _grown_tokens(old, module, strategy, generator)
+            keys, values = _grown_tokens(old, module, strategy, generator, copy)
         state[f"{name}.key_param_tokens"], state[f"{name}.value_param_tokens"] = keys, values
 
     source, inserted = {}, set()
@@ -247,7 +253,7 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
         if old.shape != meta.shape:
             raise GrowthError(f"cannot grow {name}: shape {tuple(old.shape)} would have to become "
                               f"{tuple(meta.shape)}, which token growth does not do")
-        state[name] = old.detach().clone()
+        state[name] = old.detach().clone() if copy else old.detach()
     new.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers (e.g. rotary tables) are not in a state dict: carry them over.
     old_buffers = dict(model.named_buffers())
@@ -306,30 +312,46 @@ def _layers_prefix(model: nn.Module) -> str:
 
 def _randn(rows: int, like: torch.Tensor, std: float, generator: torch.Generator | None
            ) -> torch.Tensor:
-    """N(0, std²) rows as wide as ``like`` (drawn in float32 on the CPU, so a seed gives the
-    same numbers everywhere), float32 on the CPU: callers convert with ``.to(like)``."""
-    return torch.randn(rows, like.shape[1], generator=generator).mul_(std)
+    """N(0, std²) rows as wide as ``like``, float32 on the CPU (callers convert with .to)."""
+    return torch.empty(rows, like.shape[1]).normal_(0.0, std, generator=generator)
+
+
+def _fill_normal(t: torch.Tensor, std: float, generator: torch.Generator | None) -> None:
+    if t.device.type == "cpu":
+        t.normal_(0.0, std, generator=generator)
+    else:  # the generator is a CPU one
+        t.copy_(_randn(t.shape[0], t, std, generator))
+
+
+def _with_rows(old: torch.Tensor, rows: int, copy: bool = True) -> torch.Tensor:
+    """``old`` followed by zero rows, ``rows`` in all (``old`` itself if nothing grows and
+    ``copy`` is False). One allocation: growth is bound by writing fresh memory."""
+    if rows == old.shape[0]:
+        return old.clone() if copy else old
+    out = old.new_empty((rows, *old.shape[1:]))
+    out[: old.shape[0]] = old
+    out[old.shape[0]:].zero_()
+    return out
 
 
 def _grown_tokens(old: Pattention, new: Pattention, strategy: str,
-                  generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of ``new`` (more rows than ``old``): old rows first, new rows by ``strategy``."""
+                  generator: torch.Generator | None, copy: bool = True
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of ``new`` (at least as many rows as ``old``): old rows first, new rows by
+    ``strategy``."""
     keys, values = old.key_param_tokens.detach(), old.value_param_tokens.detach()
     n_old, n_new = keys.shape[0], new.num_tokens
-    if n_new == n_old:
-        return keys.clone(), values.clone()
-    m = n_new - n_old
-    if strategy == "exact" and old.norm == "softmax":
+    if strategy == "exact" and old.norm == "softmax" and n_new > n_old:
         r = n_new // n_old  # duplicate each token r times; split its value into r zero-sum parts
         noise = _randn(n_new, values, new.value_init_std, generator).view(r, n_old, -1)
         noise = (noise - noise.mean(dim=0, keepdim=True)).to(values)
         return keys.repeat(r, 1), (values.unsqueeze(0) + noise).reshape(n_new, -1)
-    if strategy == "official":
-        new_keys = _randn(m, keys, new.key_init_std, generator).to(keys)
-    else:
-        new_keys = keys.new_zeros(m, keys.shape[1])
-    new_values = _randn(m, values, new.value_init_std, generator).to(values)
-    return torch.cat((keys, new_keys)), torch.cat((values, new_values))
+    keys, values = _with_rows(keys, n_new, copy), _with_rows(values, n_new, copy)
+    if n_new > n_old:
+        if strategy == "official":
+            _fill_normal(keys[n_old:], new.key_init_std, generator)
+        _fill_normal(values[n_old:], new.value_init_std, generator)
+    return keys, values
 
 
 def _new_block_tokens(new: Pattention, like: Pattention, branch_output: bool,
@@ -359,7 +381,7 @@ def _new_block_tokens(new: Pattention, like: Pattention, branch_output: bool,
 
 # --------------------------------------------------------------------------------- optimizer
 def _carry_optimizer(old_model: nn.Module, optimizer: torch.optim.Optimizer, growth: _Growth,
-                     reset: bool) -> torch.optim.Optimizer:
+                     reset: bool, copy: bool = True) -> torch.optim.Optimizer:
     old_names = {id(p): n for n, p in old_model.named_parameters()}
     group_of: dict[str, int] = {}
     for g, group in enumerate(optimizer.param_groups):
@@ -394,10 +416,8 @@ def _carry_optimizer(old_model: nn.Module, optimizer: torch.optim.Optimizer, gro
         state = {}
         for key, value in optimizer.state[old_param].items():
             if torch.is_tensor(value) and value.shape == old_param.shape:
-                grown = torch.zeros_like(names_param, dtype=value.dtype)
-                if not is_new:
-                    grown[tuple(slice(0, s) for s in value.shape)] = value
-                state[key] = grown
+                state[key] = (torch.zeros_like(names_param, dtype=value.dtype) if is_new
+                              else _with_rows(value, names_param.shape[0], copy))
             else:
                 state[key] = value.clone() if torch.is_tensor(value) else value
         new_opt.state[names_param] = state

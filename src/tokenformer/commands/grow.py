@@ -41,7 +41,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     model = load_model(source)
     kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
                   positions=positions, generator=torch.Generator().manual_seed(seed),
-                  progress=True, **unsupported)
+                  copy=False, progress=True, **unsupported)  # the input model is only read
     optimizer_file = source / OPTIMIZER_FILE if source.is_dir() else None
     optimizer = None
     if optimizer_file is not None and optimizer_file.is_file():
