@@ -123,6 +123,7 @@ def test_parse_grow_at():
     (["--config", "nope"], "not found"),
     (["--config", "tiny", "--model.preset", "huge"], "unknown model preset"),
     (["--config", "tiny", "--seq-len", "100000"], "fewer than one sequence"),
+    (["--config", "tiny", "--model.vocab_size", "100"], "257-token vocabulary"),
 ])
 def test_cli_errors_leave_no_output(tmp_path, dataset_dir, capsys, args, message):
     out = tmp_path / "run"
@@ -334,3 +335,15 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, dataset_dir):
     assert evals[0] == evals[1]
     a, b = TokenFormerLM.load(full / "final"), TokenFormerLM.load(killed / "final")
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_tensorboard_missing_is_a_clear_error(tmp_path, dataset_dir):
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+
+        pytest.skip("tensorboard is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ConfigError, match="pip install"):
+        train(cfg_for(dataset_dir, tmp_path / "run", tensorboard=True), progress=False)
+    assert not (tmp_path / "run").exists()

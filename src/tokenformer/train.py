@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
 import math
 import sys
@@ -779,6 +780,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         if cfg.batch_size % (world.world_size * cfg.grad_accum):
             raise ConfigError(f"batch_size {cfg.batch_size} must be divisible by world size "
                               f"{world.world_size} × grad_accum {cfg.grad_accum}")
+        if cfg.tensorboard:
+            try:
+                importlib.import_module("torch.utils.tensorboard")
+            except ImportError:
+                raise ConfigError("tensorboard: true needs the tensorboard package: "
+                                  "pip install 'tokenformer[tensorboard]'") from None
         run_dir = Path(cfg.out)
         resume_from = None
         if resume:
