@@ -33,17 +33,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-_gelu_backward = torch.ops.aten.gelu_backward.default
+_gelu_backward_ = torch.ops.aten.gelu_backward.grad_input  # out= variant: may write into grad
 
 
-def _acc(t: torch.Tensor) -> torch.dtype:
-    """Reductions accumulate and return in at least float32 (bf16 row norms lose 3 digits)."""
-    return torch.promote_types(t.dtype, torch.float32)
+# Reductions over the scores run in the scores' dtype (they accumulate in float32 internally
+# either way); asking for a float32 result from bf16 input makes torch copy the whole [L, n]
+# tensor to float32 first, which costs more than the reduction. The per-row results are widened
+# to float32 afterwards, and per-row factors are cast back to the scores' dtype before they touch
+# an [L, n] tensor, because mixed-dtype elementwise ops also take a copying slow path.
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """A per-row [..., 1] quantity in at least float32."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Σ_j a_ij·b_ij per row, shape [..., 1], in at least float32."""
-    return (a * b).sum(dim=-1, keepdim=True, dtype=_acc(a))
+    return _wide((a * b).sum(dim=-1, keepdim=True))
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -63,19 +68,19 @@ def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
         xc, kc, vc = x.to(dtype), key.to(dtype), value.to(dtype)
         s = torch.matmul(xc, kc.t())
         if norm == "l2_norm_gelu":
-            r = torch.linalg.vector_norm(s, dim=-1, keepdim=True, dtype=_acc(s))
-            u = s.mul_(scale / (r + eps))  # u = c·S, in place: S itself is not needed again
+            r = _wide(torch.linalg.vector_norm(s, dim=-1, keepdim=True))
+            u = s.mul_((scale / (r + eps)).to(s.dtype))  # u = c·S in place of S
             theta = F.gelu(u)
             saved = u  # Θ = GELU(u) is one cheap pass: the backward recomputes it
         elif norm == "softmax":
             e = s.exp_()
-            r = e.sum(dim=-1, keepdim=True, dtype=_acc(e))
-            theta = saved = e.mul_(scale / (r + eps))
+            r = _wide(e.sum(dim=-1, keepdim=True))
+            theta = saved = e.mul_((scale / (r + eps)).to(e.dtype))
         else:  # gelu_l2_norm, gelu_l1_norm
             theta = F.gelu(s)
-            r = torch.linalg.vector_norm(theta, ord=2 if norm == "gelu_l2_norm" else 1, dim=-1,
-                                         keepdim=True, dtype=_acc(theta))
-            theta = theta.mul_(scale / (r + eps))
+            r = _wide(torch.linalg.vector_norm(theta, ord=2 if norm == "gelu_l2_norm" else 1,
+                                               dim=-1, keepdim=True))
+            theta = theta.mul_((scale / (r + eps)).to(theta.dtype))
             saved = s  # GELU'(S) needs S; Θ is kept too since it costs two passes to rebuild
         y = torch.matmul(theta, vc)
     return y, (xc, kc, vc, saved, r, theta)
@@ -110,8 +115,8 @@ class PattentionFunction(torch.autograd.Function):
             if norm == "l2_norm_gelu":
                 u = saved
                 theta = F.gelu(u)
-                du = _gelu_backward(g, u)
-                m = du.sub_(u * (k * _row_dot(du, u)).to(u.dtype))
+                du = _gelu_backward_(g, u, grad_input=g)  # dΘ is not needed again
+                m = du.addcmul_(u, (-k * _row_dot(du, u)).to(u.dtype))
                 c = scale / (r + eps)
             elif norm == "softmax":
                 theta = saved
@@ -120,10 +125,10 @@ class PattentionFunction(torch.autograd.Function):
                 s, theta = saved, ctx.saved_tensors[5]
                 dot = _row_dot(theta, g)
                 if norm == "gelu_l2_norm":
-                    g = g.sub_(theta * (k * dot).to(g.dtype))
+                    g = g.addcmul_(theta, (-k * dot).to(g.dtype))
                 else:
-                    g = g.sub_(torch.sign(theta) * (dot / scale).to(g.dtype))
-                m = _gelu_backward(g, s)
+                    g = g.addcmul_(torch.sign(theta), (-dot / scale).to(g.dtype))
+                m = _gelu_backward_(g, s, grad_input=g)
                 c = scale / (r + eps)
             grad_v = torch.matmul(theta.transpose(-1, -2), gy)
             xs = xc if c is None else xc * c.to(xc.dtype)
