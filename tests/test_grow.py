@@ -7,6 +7,7 @@ float64 formulas written out here, gradients of the un-grown model, and invarian
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -541,3 +542,34 @@ def test_cli_unknown_checkpoint_and_existing_output(checkpoint, tmp_path, capsys
     assert main(["grow", str(junk), "--ffn", "2x", "--out", str(tmp_path / "o")]) != 0
     assert capsys.readouterr().err.startswith("error:")
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_grows_a_training_checkpoint(tmp_path, capsys) -> None:
+    """A trainer checkpoint (two named AdamW groups) grows into one the trainer can resume."""
+    from tokenformer.checkpoint import save_checkpoint
+    from tokenformer.train import group_names, param_groups
+
+    model = make()
+    optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-3)
+    ids = batch()
+    for _ in range(2):
+        _train_step(model, optimizer, ids)
+    source = tmp_path / "step-2"
+    save_checkpoint(source, model, optimizer, {"step": 2, "param_groups":
+                                                group_names(model, optimizer)})
+    out = tmp_path / "grown"
+    assert main(["grow", str(source), "--ffn", "2x", "--layers", "3", "--out", str(out)]) == 0
+    assert "carried over" in capsys.readouterr().out
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["step"] == 2 and state["grown"][0]["ffn"] == "2x"
+    grown = TokenFormerLM.load(out)
+    resumed = torch.optim.AdamW(param_groups(grown, 0.1, state["param_groups"]), lr=1e-3)
+    resumed.load_state_dict(torch.load(out / "optimizer.pt", weights_only=True))
+    assert [g["weight_decay"] for g in resumed.param_groups] == [0.1, 0.0]
+    old_key = model.layers[1].mlp.key_param_tokens
+    new_key = dict(grown.named_parameters())[
+        f"layers.{default_positions(2, 3)[0] + 1}.mlp.key_param_tokens"]
+    assert torch.equal(resumed.state[new_key]["exp_avg"][:24], optimizer.state[old_key]["exp_avg"])
+    assert not resumed.state[new_key]["exp_avg"][24:].any()
+    assert float(resumed.state[new_key]["step"]) == 2
+    assert (out / "rng.pt").is_file()

@@ -14,8 +14,11 @@ from ..errors import CheckpointError
 from ..grow import STRATEGIES, grow_with_optimizer, max_logit_change, refuse_unsupported
 from ..grow import grow as grow_model
 
-OPTIMIZER_FILE = "optimizer.pt"  # torch.save(optimizer.state_dict()), as the trainer writes it
+# Training-checkpoint files (tokenformer.checkpoint): optimizer.pt is
+# torch.save(optimizer.state_dict()); trainer_state.json names each param group's parameters.
+OPTIMIZER_FILE = "optimizer.pt"
 TRAINER_STATE_FILE = "trainer_state.json"
+RNG_FILE = "rng.pt"
 
 
 def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
@@ -25,7 +28,9 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                     reset_optimizer: bool = False, **unsupported: Any) -> dict[str, Any]:
     """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
 
-    An ``optimizer.pt`` beside the weights is carried over (or reset with ``reset_optimizer``);
+    An ``optimizer.pt`` beside the weights is carried over (or reset with ``reset_optimizer``),
+    and the trainer's ``trainer_state.json`` (param-group names updated to the grown model, the
+    growth appended to ``grown``) and ``rng.pt`` come along, so training resumes from ``out``;
     tokenizer files beside the input are copied. ``out`` is written atomically and must not
     exist. Returns parameter counts before/after and the max |Δlogit| on a fixed probe batch.
     """
@@ -56,6 +61,10 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
         if optimizer is not None:
             state = optimizer.state_dict()
             atomic_write(tmp / OPTIMIZER_FILE, lambda f: torch.save(state, f))
+            _write_trainer_state(source, tmp, grown, optimizer, {
+                "from": str(source), "strategy": strategy, "qkv": qkv, "proj": proj,
+                "ffn": ffn, "layers": layers, "positions": positions, "seed": seed,
+                "reset_optimizer": reset_optimizer})
         for name in _tokenizer_files(source):
             shutil.copy2(source / name, tmp / name)
     return {"out": str(out), "params_before": model.num_parameters(),
@@ -63,6 +72,32 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
             "max_abs_logit": largest, "optimizer": optimizer is not None,
             "reset_optimizer": reset_optimizer, "strategy": strategy,
             "config": grown.config.to_dict()}
+
+
+def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
+                         optimizer: torch.optim.Optimizer, growth: dict[str, Any]) -> None:
+    from ..io import atomic_write_text
+
+    state_file = source / TRAINER_STATE_FILE
+    if not state_file.is_file():
+        return
+    state = _read_json(state_file)
+    names = {id(p): n for n, p in model.named_parameters()}
+    state["param_groups"] = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+    state["grown"] = [*state.get("grown", []), growth]
+    atomic_write_text(out / TRAINER_STATE_FILE, json.dumps(state, indent=2) + "\n")
+    if (source / RNG_FILE).is_file():
+        shutil.copy2(source / RNG_FILE, out / RNG_FILE)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path} is corrupt (not JSON)") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return data
 
 
 def _tokenizer_files(source: Path) -> list[str]:
@@ -107,15 +142,10 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
         return [list(g["param_names"]) for g in groups]
     state_file = directory / TRAINER_STATE_FILE
     if state_file.is_file():
-        try:
-            saved = json.loads(state_file.read_text())
-        except json.JSONDecodeError:
-            raise CheckpointError(f"{state_file} is corrupt (not JSON)") from None
-        for key in ("param_group_names", "optimizer_param_names", "param_groups"):
-            value = saved.get(key)
-            if (isinstance(value, list) and len(value) == len(groups)
-                    and all(isinstance(g, list) for g in value)):
-                return [list(g) for g in value]
+        value = _read_json(state_file).get("param_groups")
+        if (isinstance(value, list) and len(value) == len(groups)
+                and all(isinstance(g, list) for g in value)):
+            return [list(g) for g in value]
     if len(groups) == 1 and len(groups[0]["params"]) == len(model_names):
         return [model_names]
     raise CheckpointError(f"{directory / OPTIMIZER_FILE} has {len(groups)} parameter groups but "
