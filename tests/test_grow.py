@@ -386,12 +386,17 @@ def _adamw(model: TokenFormerLM) -> torch.optim.AdamW:
                              lr=3e-3, betas=(0.9, 0.95), eps=1e-8)
 
 
-def test_optimizer_state_carried_over() -> None:
+def _trained(steps: int = 3) -> tuple[TokenFormerLM, torch.optim.AdamW, torch.Tensor]:
     model = make()
     optimizer = _adamw(model)
     ids = batch()
-    for _ in range(3):
+    for _ in range(steps):
         _train_step(model, optimizer, ids)
+    return model, optimizer, ids
+
+
+def test_optimizer_state_carried_over() -> None:
+    model, optimizer, _ = _trained()
     grown, new_opt = grow_with_optimizer(model, optimizer, qkv="2x", ffn="2x", layers=3,
                                          positions=[2], generator=gen())
     assert type(new_opt) is torch.optim.AdamW
@@ -422,11 +427,7 @@ def test_carried_optimizer_steps_old_rows_exactly_like_the_ungrown_model() -> No
     """After exact growth the old rows see the same gradients (new tokens and blocks contribute
     nothing, and a zero branch has zero Jacobian), so one AdamW step with the carried state moves
     them exactly as the un-grown model's step does."""
-    model = make()
-    optimizer = _adamw(model)
-    ids = batch()
-    for _ in range(3):
-        _train_step(model, optimizer, ids)
+    model, optimizer, ids = _trained()
     grown, new_opt = grow_with_optimizer(model, optimizer, qkv="2x", ffn="2x", layers=3,
                                          positions=[1], generator=gen())
     _train_step(model, optimizer, ids)
