@@ -183,7 +183,9 @@ class Paired:
     def verdict(self) -> str:
         if self.winner is not None:
             return f"{self.winner} better"
-        return "not resolved (one seed)" if self.n < 2 else "not resolved"
+        if self.n == 0:
+            return "no common seeds"
+        return "not resolved (one seed)" if self.n == 1 else "not resolved"
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "verdict": self.verdict}
@@ -191,17 +193,30 @@ class Paired:
 
 def paired(a: str, b: str, a_values: dict[int, float], b_values: dict[int, float],
            metric: str = "loss", lower_is_better: bool = True) -> Paired:
-    """Compare two arms on the seeds both ran; see :class:`Paired` for the decision rule."""
+    """Compare two arms on the seeds both ran; see :class:`Paired` for the decision rule.
+
+    A value may be ``inf`` (e.g. the compute of an arm that never reaches a target): such a seed
+    is an infinite difference, and the arms are resolved only if every seed agrees on the sign.
+    """
     seeds = sorted(set(a_values) & set(b_values))
     diffs = [float(a_values[s]) - float(b_values[s]) for s in seeds]
+    diffs = [0.0 if math.isnan(d) else d for d in diffs]  # inf - inf: neither reached
     if not diffs:
         return Paired(a, b, metric, [], math.nan, math.nan, 0, None)
-    mean = statistics.fmean(diffs)
-    sd = statistics.stdev(diffs) if len(diffs) > 1 else math.inf
+    n = len(diffs)
+    if all(math.isfinite(d) for d in diffs):
+        mean = statistics.fmean(diffs)
+        sd = statistics.stdev(diffs) if n > 1 else math.inf
+        resolved = n > 1 and abs(mean) > sd
+    else:
+        mean = math.inf if all(d > 0 for d in diffs) else (
+            -math.inf if all(d < 0 for d in diffs) else math.nan)
+        sd = math.nan
+        resolved = n > 1 and not math.isnan(mean)
     winner = None
-    if len(diffs) > 1 and abs(mean) > sd and mean != 0:
+    if resolved and mean != 0:
         winner = a if (mean < 0) == lower_is_better else b
-    return Paired(a, b, metric, diffs, mean, sd, len(diffs), winner)
+    return Paired(a, b, metric, diffs, mean, sd, n, winner)
 
 
 # ------------------------------------------------------------------------------------- runner

@@ -49,6 +49,7 @@ from .common import (
     Event,
     Paired,
     Point,
+    Spread,
     crossing,
     fmt,
     have_matplotlib,
@@ -123,10 +124,10 @@ class ScalePreset:
 
 CPU_PRESETS: dict[str, ScalePreset] = {
     "quick": ScalePreset(
-        name="quick", stage_steps=(200, 100, 100), seeds=1, eval_every=50,
+        name="quick", stage_steps=(100, 50, 50), seeds=1, eval_every=25,
         arms=("scratch-L", "small-longer", "scratch-L-matched", "grow-paper-carry-wsd",
-              "grow-official-carry-wsd", "grow-exact-carry-wsd", "grow-official-reset-restart")),
-    "full": ScalePreset(name="full", stage_steps=(200, 150, 150), seeds=3),
+              "grow-official-carry-wsd", "grow-exact-carry-wsd")),
+    "full": ScalePreset(name="full", stage_steps=(140, 100, 100), seeds=3),
 }
 CUDA_PRESETS: dict[str, ScalePreset] = {
     "quick": dataclasses.replace(
@@ -349,7 +350,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                 x = crossing(c.column("flops"), c.column("loss"),
                              targets.get(seed, statistics_mean(targets.values())))
                 to_target[seed] = x
-                marginal[seed] = None if x is None else x - c.marginal_offset
+                # reached before the last growth: the last stage was not needed at all
+                marginal[seed] = None if x is None else max(0.0, x - c.marginal_offset)
             entry["flops_to_target"] = to_target
             entry["marginal_flops_to_target"] = marginal
         arms[name] = entry
@@ -362,11 +364,12 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         if metric == "loss":
             va = {s: c.final.loss for s, c in curves[a].items()}
             vb = {s: c.final.loss for s, c in curves[b].items()}
-        else:  # log compute to target: a ratio test, only on seeds where both reached it
-            va = {s: math.log(x) for s, x in arms[a]["flops_to_target"].items() if x}
-            vb = {s: math.log(x) for s, x in arms[b]["flops_to_target"].items() if x}
+        else:  # log compute to target (a ratio test); never reaching it costs infinitely much
+            va, vb = ({s: math.log(x) if x else math.inf
+                       for s, x in arms[n]["flops_to_target"].items()} for n in (a, b))
         result = paired(a, b, va, vb, metric)
-        comparisons.append({**result.to_dict(), "question": question})
+        deciding = results["arms"][a]["deciding"] and results["arms"][b]["deciding"]
+        comparisons.append({**result.to_dict(), "question": question, "deciding": deciding})
         return result
 
     grown = _grown_tokenformer(results)
@@ -423,88 +426,109 @@ def transient(results: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def _pm(entry: dict[str, Any]) -> str:
-    return str(spread([entry["mean"]]) if entry["n"] == 1 else
-               f"{entry['mean']:.4f} ± {entry['std']:.4f}")
+    return str(Spread(**entry))
 
 
 def _diff(c: dict[str, Any]) -> str:
+    """A comparison's mean difference a − b, with its spread when there are several seeds."""
     if c["n"] == 0:
         return "no common seeds"
+    mean, sd, many = c["mean"], c["spread"], c["n"] > 1
     if c["metric"] == "loss":
-        return f"Δloss {c['mean']:+.4f}" + (f" ± {c['spread']:.4f}" if c["n"] > 1 else "")
-    return f"compute ×{math.exp(c['mean']):.2f}" + (
-        f" (log spread {c['spread']:.3f})" if c["n"] > 1 else "")
+        return f"Δloss {mean:+.4f}" + (f" ± {sd:.4f}" if many else "")
+    if mean is None or not math.isfinite(mean):
+        never = c["a"] if mean == math.inf else c["b"] if mean == -math.inf else "one arm"
+        return f"{never} never reaches the target" + (" in some seed" if mean is None or
+                                                      math.isnan(mean) else "")
+    return f"compute ×{math.exp(mean):.2f}" + (f" (log spread {sd:.3f})" if many else "")
+
+
+def _status(c: dict[str, Any]) -> str:
+    """better / worse (resolved), ahead / behind (not resolved) for arm ``a``."""
+    if c["winner"] is not None:
+        return "better" if c["winner"] == c["a"] else "worse"
+    return "ahead" if c["mean"] is not None and c["mean"] < 0 else "behind"
 
 
 def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     """Plain-language answers, one bullet each, derived only from the paired comparisons."""
     lines: list[str] = []
-    arms = summary["arms"]
-    longer = [c for c in summary["comparisons"] if c["b"] == "small-longer"]
+    arms, comps = summary["arms"], summary["comparisons"]
+
+    def deciding_first(selected: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [c for c in selected if c["deciding"]] or selected
+
+    def seeds(c: dict[str, Any]) -> str:
+        return f"{c['n']} seed{'s' if c['n'] != 1 else ''}"
+
+    longer = [c for c in comps if c["b"] == "small-longer"]
     if longer:
-        wins = [c for c in longer if c["winner"] == c["a"]]
-        losses = [c for c in longer if c["winner"] == "small-longer"]
+        status = {c["a"]: _status(c) for c in longer}
         best = min(longer, key=lambda c: arms[c["a"]]["loss"]["mean"])
         detail = (f"best grown arm {best['a']}: loss {_pm(arms[best['a']]['loss'])} vs "
                   f"{_pm(arms['small-longer']['loss'])} for the small model trained longer "
-                  f"({_diff(best)}, {best['n']} seed{'s' if best['n'] != 1 else ''})")
+                  f"({_diff(best)}, {seeds(best)})")
+        question = ("**Does any growth recipe beat training the small model longer at equal "
+                    "total compute?")
+        wins = [a for a, s in status.items() if s == "better"]
+        worse = [a for a, s in status.items() if s == "worse"]
         if wins:
-            names = ", ".join(c["a"] for c in wins)
-            lines.append(f"**Does growth beat training the small model longer at equal total "
-                         f"compute? Yes** for {names}; {detail}.")
-        elif len(losses) == len(longer):
-            lines.append("**Does growth beat training the small model longer at equal total "
-                         f"compute? No**: the small model trained longer beats every growth "
-                         f"recipe; {detail}.")
+            lines.append(f"{question} Yes** for {', '.join(wins)}; {detail}.")
+        elif worse and all(s in ("worse", "behind") for s in status.values()):
+            rest = len(status) - len(worse)
+            lines.append(f"{question} No**: the small model trained longer ends lower than every "
+                         f"growth recipe, resolved over the seeds for {', '.join(worse)}"
+                         + (f" (the other {rest} trail it too, not resolved)" if rest else "")
+                         + f"; {detail}.")
+        elif all(s == "behind" for s in status.values()):
+            lines.append(f"{question} Not resolved**, though every growth recipe ends above the "
+                         f"small model trained longer on the seeds run; {detail}.")
         else:
-            lines.append("**Does growth beat training the small model longer at equal total "
-                         "compute? Not resolved**: no growth recipe is resolved better "
-                         f"({len(losses)} of {len(longer)} resolved worse, the rest within "
-                         f"the seed spread); {detail}.")
+            ahead = [a for a, s in status.items() if s == "ahead"]
+            lines.append(f"{question} Not resolved**: {len(worse)} of {len(status)} recipes are "
+                         f"resolved worse, {len(ahead)} end lower without resolution "
+                         f"({', '.join(ahead)}); {detail}.")
     ref = summary["reference"]
     if summary["target"] is not None:
-        reached = []
-        for name in _grown_tokenformer(results):
-            xs = [x for x in arms[name]["flops_to_target"].values()]
-            ms = [x for x in arms[name]["marginal_flops_to_target"].values()]
-            if all(x is not None for x in xs):
-                ref_x = statistics_mean(x for x in arms[ref]["flops_to_target"].values() if x)
-                reached.append(f"{name} ×{statistics_mean(xs) / ref_x:.2f} total, "
-                               f"×{statistics_mean(ms) / ref_x:.2f} marginal")
-        if reached:
-            lines.append(f"**Compute to reach {ref}'s final loss "
-                         f"({summary['target']:.4f})**, relative to {ref}: "
-                         + "; ".join(reached) + ".")
-        else:
-            lines.append(f"**No grown arm reaches {ref}'s final loss ({summary['target']:.4f}) "
-                         "in every seed**: growth does not save compute against training the "
-                         "largest model from scratch here.")
-    matched = [c for c in summary["comparisons"] if c["b"] == f"{ref}-matched"]
-    if matched:
-        lines.append(f"**Growth vs {ref} from scratch at equal total compute**: "
-                     + "; ".join(f"{c['a']} {_diff(c)} → {c['verdict']}" for c in matched) + ".")
-    exact_rows = summary["transient"].get("grow-exact-carry-wsd")
-    if exact_rows:
+        ref_x = statistics_mean(x for x in arms[ref]["flops_to_target"].values() if x)
         parts = []
-        for name in ("grow-exact-carry-wsd", "grow-paper-carry-wsd", "grow-official-carry-wsd"):
-            rows = summary["transient"].get(name)
-            if rows and rows[0]["before"] is not None and rows[0]["after"].get("0") is not None:
-                parts.append(f"{name.split('-')[1]} {rows[0]['before']:.3f} → "
-                             f"{rows[0]['after']['0']:.3f}")
-        lines.append("**At the first growth** (loss just before → right after): "
+        for c in deciding_first([c for c in comps if c["b"] == ref and c["a"].startswith("grow")
+                                 and c["metric"] != "loss"]):
+            xs = list(arms[c["a"]]["flops_to_target"].values())
+            ms = list(arms[c["a"]]["marginal_flops_to_target"].values())
+            if all(x is not None for x in xs):
+                parts.append(f"{c['a']} ×{statistics_mean(xs) / ref_x:.2f} total, "
+                             f"×{statistics_mean(ms) / ref_x:.2f} marginal ({c['verdict']})")
+            else:
+                parts.append(f"{c['a']} does not reach it in "
+                             f"{sum(x is None for x in xs)} of {len(xs)} seeds")
+        if parts:
+            lines.append(f"**Compute to reach {ref}'s final loss ({summary['target']:.4f})**, "
+                         f"as a multiple of {ref}'s (total counts the smaller models, marginal "
+                         "only what was spent after the last growth): " + "; ".join(parts) + ".")
+    matched = deciding_first([c for c in comps if c["b"] == f"{ref}-matched"])
+    if matched:
+        lines.append(f"**Growth vs {ref} from scratch at equal total compute** (final loss): "
+                     + "; ".join(f"{c['a']} {_diff(c)} → {c['verdict']}" for c in matched) + ".")
+    parts = []
+    for name, rows in summary["transient"].items():
+        r = rows[0]
+        if name.startswith("grow-") and name.endswith("carry-wsd") and r["before"] is not None \
+                and r["after"].get("0") is not None:
+            parts.append(f"{name.split('-')[1]} {r['before']:.3f} → {r['after']['0']:.3f}")
+    if parts:
+        lines.append("**Right at the first growth** (validation loss just before → right after): "
                      + ", ".join(parts) + ".")
-    recipe = [c for c in summary["comparisons"] if c["question"].startswith("exact vs")]
+    recipe = deciding_first([c for c in comps if c["question"].startswith("exact vs")])
     if recipe:
         lines.append("**Exact vs the paper's and the released code's recipes** (final loss): "
                      + "; ".join(f"vs {c['b']} {_diff(c)} → {c['verdict']}" for c in recipe)
                      + ".")
-    base = [c for c in summary["comparisons"]
-            if c["a"].startswith("transformer") and c["b"] == ref]
-    widen = [c for c in summary["comparisons"] if c["a"].startswith("transformer-widen")]
-    if base or widen:
-        lines.append("**Baselines**: " + "; ".join(
-            f"{c['a']} vs {c['b']} {_diff(c)} → {c['verdict']}" for c in base + widen) + ".")
-    if any(c["n"] == 1 for c in summary["comparisons"]):
+    base = [c for c in comps if c["a"].startswith("transformer")]
+    if base:
+        lines.append("**Baselines** (final loss): " + "; ".join(
+            f"{c['a']} vs {c['b']} {_diff(c)} → {c['verdict']}" for c in base) + ".")
+    if any(c["n"] == 1 for c in comps):
         lines.append("Comparisons with one seed are reported as *not resolved (one seed)*: the "
                      "seed-to-seed spread is unknown, so no winner is named.")
     return lines
@@ -547,7 +571,7 @@ def make_plots(results: dict[str, Any], out: str | Path) -> list[str]:
         ylim = None
         if y == "loss" and finals:
             lo, hi = min(finals), max(finals)
-            ylim = (lo - 0.05 * max(hi - lo, 0.1), hi + 1.5 * max(hi - lo, 0.1))
+            ylim = (lo - 0.05 * max(hi - lo, 0.1), hi + 0.8 * max(hi - lo, 0.1))
         title = {"headline.png": "Deciding arms: validation loss vs cumulative training FLOPs",
                  "transient.png": "Grown arms and the small model trained longer, by step"}.get(
             file, f"{y} vs {x}, every arm")
@@ -582,7 +606,7 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
                            for st in arm["stages"])
         rows.append([name + (" *" if arm["deciding"] else ""), sizes, f"{arm['steps']:,}",
                      str(len(a["seeds"])), _pm(a["loss"]), _pm(a["bpb"]), fmt(a["flops"]),
-                     f"{a['wall']:.0f}"])
+                     f"{a['wall']:.1f}"])
     lines += ["## Arms", "",
               "Sizes in non-embedding parameters; `*` marks the deciding arms (all seeds). "
               "Loss and bits per byte at the end of training, mean ± sample std over seeds.", "",
@@ -723,12 +747,13 @@ def _train_config(ctx: _Context, plan_: ArmPlan, seed: int, steps: int, schedule
     from ..train import TrainConfig
 
     p = ctx.preset
-    return TrainConfig(arch=plan_.family, seq_len=p.seq_len, batch_size=p.batch_size, steps=steps,
-                       lr=p.lr, min_lr=p.lr * p.min_lr_ratio, schedule=schedule,
-                       warmup_steps=p.warmup_steps, decay_fraction=p.decay_fraction,
-                       weight_decay=p.weight_decay, grad_clip=p.grad_clip,
-                       precision=ctx.precision, seed=seed, eval_interval=p.eval_every,
-                       eval_batches=p.eval_batches, samples=0, device=str(ctx.device), **kw)
+    values = dict(arch=plan_.family, seq_len=p.seq_len, batch_size=p.batch_size, steps=steps,
+                  lr=p.lr, min_lr=p.lr * p.min_lr_ratio, schedule=schedule,
+                  warmup_steps=p.warmup_steps, decay_fraction=p.decay_fraction,
+                  weight_decay=p.weight_decay, grad_clip=p.grad_clip, precision=ctx.precision,
+                  seed=seed, eval_interval=p.eval_every, eval_batches=p.eval_batches, samples=0,
+                  device=str(ctx.device))
+    return TrainConfig(**{**values, **kw})
 
 
 def _chain_config(ctx: _Context, plan_: ArmPlan, seed: int) -> Any:
@@ -893,7 +918,6 @@ def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
     import torch
 
     from ..errors import GrowthError
-    from ..grow import _carry_optimizer, _Growth
 
     config = model.config
     old = config.intermediate_size
@@ -902,7 +926,7 @@ def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
     if how not in WIDENINGS:
         raise GrowthError(f"unknown MLP widening {how!r}; choose one of {', '.join(WIDENINGS)}")
     param = next(model.parameters())
-    new = type(model)(dataclasses.replace(config, intermediate_size=width)).to(param.device)
+    new = type(model)(dataclasses.replace(config, intermediate_size=width)).to(param)
     new.load_state_dict({k: v for k, v in model.state_dict().items()
                          if "mlp." not in k}, strict=False)
 
@@ -931,14 +955,42 @@ def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
                     n.weight.copy_(o.weight[src])
                     if o.bias is not None:
                         n.bias.copy_(o.bias[src])
-                share = 1 + 0.1 * (2 * torch.rand(width, generator=generator) - 1)
-                share = share / torch.zeros(old).index_add_(0, src, share)[src]
+                # float64, so that the shares of one unit sum to 1 to the model's precision
+                share = 1 + 0.1 * (2 * torch.rand(width, generator=generator,
+                                                  dtype=torch.float64) - 1)
+                share = share / share.new_zeros(old).index_add_(0, src, share)[src]
                 down = block.mlp.down.weight[:, src] * share.to(param)
             grown.mlp.down.weight.copy_(down)
             if block.mlp.down.bias is not None:
                 grown.mlp.down.bias.copy_(block.mlp.down.bias)
-    growth = _Growth(new, {n: n for n, _ in new.named_parameters()}, set())
-    return new, _carry_optimizer(model, optimizer, growth, reset_optimizer)
+    return new, _widened_optimizer(model, optimizer, new, reset_optimizer)
+
+
+def _widened_optimizer(old: Any, optimizer: Any, new: Any, reset: bool) -> Any:
+    """``optimizer``'s class, groups and hyper-parameters over ``new``'s parameters (matched by
+    name); each state tensor of a widened parameter fills the leading corner of a zero tensor of
+    the new shape (old units come first in every widened dimension), unless ``reset``."""
+    import copy
+
+    names = {id(p): n for n, p in old.named_parameters()}
+    params = dict(new.named_parameters())
+    groups = [{**{k: v for k, v in g.items() if k != "params"},
+               "params": [params[names[id(p)]] for p in g["params"]]}
+              for g in optimizer.param_groups]
+    widened = type(optimizer)(groups)
+    if reset:
+        return widened
+    state = copy.deepcopy(optimizer.state_dict())
+    targets = [p for g in widened.param_groups for p in g["params"]]
+    for index, entry in state["state"].items():
+        shape = targets[index].shape
+        for key, value in entry.items():
+            if hasattr(value, "shape") and value.dim() and value.shape != shape:
+                grown = value.new_zeros(shape)
+                grown[tuple(slice(0, n) for n in value.shape)] = value
+                entry[key] = grown
+    widened.load_state_dict(state)
+    return widened
 
 
 def _evaluate(ctx: _Context, model: Any) -> dict[str, float]:
@@ -975,7 +1027,8 @@ def _run_widened(ctx: _Context, plan_: ArmPlan, seed: int, shared: dict[str, Any
         curve = _curve([record], offset, growth, sizes, prefix=curve)
         end = start + stage.steps
         cfg = _equivalent_config(ctx, plan_, seed, chain, end, start,
-                                 eval_at=[start + o for o in ctx.preset.dense if 0 < o < end])
+                                 eval_at=[start + o for o in ctx.preset.dense
+                                          if 0 < o and start + o <= end])
         result = _fit(ctx, model, cfg, seed, plan_.name, start_step=start, optimizer=optimizer)
         curve = _curve(result.records, offset, growth, sizes, prefix=curve)
         offset = _Offset(offset.tokens + result.tokens, offset.flops + result.flops,
@@ -1007,8 +1060,6 @@ def run_scale(preset: str | ScalePreset = "quick", *, seeds: int | None = None,
     same settings. Returns the results (the content of ``results.json``).
     """
     from .. import __version__
-    from ..data import TokenDataset, default_dataset
-    from ..train import lm_evaluator, resolve_device
 
     p = get_preset(preset, device) if isinstance(preset, str) else preset
     p.validate()
@@ -1016,16 +1067,9 @@ def run_scale(preset: str | ScalePreset = "quick", *, seeds: int | None = None,
         if seeds < 1:
             raise ConfigError(f"--seeds must be >= 1, got {seeds}")
         p = dataclasses.replace(p, seeds=seeds)
-    precision = PRECISIONS.get(str(dtype or p.dtype).lower())
-    if precision is None:
-        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(PRECISIONS)}")
-    dev = resolve_device(device)
-    dataset = TokenDataset.open(data) if data is not None else default_dataset(
-        progress=progress is not False)
-    dataset.check_model(dataset.vocab_size, p.seq_len)
+    ctx = _context(p, data, device, dtype, progress)
+    dataset, dev, precision = ctx.dataset, ctx.device, ctx.precision
     plans = plan(p, dataset.vocab_size)
-    eval_fn = lm_evaluator(dataset, p.seq_len, p.batch_size, p.eval_batches, dev)
-    ctx = _Context(p, dataset, dev, precision, eval_fn, progress)
     arms = [Arm(a.name, functools.partial(run_arm, ctx, a), group=a.group,
                 description=a.description, seeds=None if a.deciding else p.other_seeds)
             for a in plans]
@@ -1082,3 +1126,84 @@ def assemble(preset: ScalePreset, plans: Sequence[ArmPlan], curves: dict[str, di
     }
     results["summary"] = summarize(results)
     return results
+
+
+# ------------------------------------------------------------------------------ planning aid
+# Training throughput (tokens/s) of the CPU chain on the reference machine (2 cores, issue 5's
+# numbers: d=128, 4 layers, seq 256, batch 16), fp32 and bf16 autocast. Baselines are assumed to
+# match the TokenFormer of the same size (they are matched in FLOPs per token).
+REFERENCE_THROUGHPUT = {"fp32": {"S": 12000.0, "M": 7000.0, "L": 2600.0},
+                        "bf16": {"S": 12000.0, "M": 10000.0, "L": 5000.0}}
+
+
+def measure_throughput(plans: Sequence[ArmPlan], ctx: _Context, steps: int = 4
+                       ) -> dict[str, float]:
+    """Tokens/s of every (family, size) the plan trains, from ``steps`` trainer steps each (the
+    first one, which pays for allocation and warm-up, is not counted)."""
+    rates: dict[str, float] = {}
+    for arm in plans:
+        for stage in arm.stages:
+            key = f"{arm.family}-{stage.size}"
+            if key in rates:
+                continue
+            cfg = _train_config(ctx, arm, 0, steps, "constant", eval_interval=0)
+            result = _fit(ctx, _build(arm, stage, 0, ctx.device), cfg, 0, f"measure {key}")
+            times = [r["tokens_per_s"] for r in result.records if r["type"] == "train"][1:]
+            rates[key] = len(times) / sum(1 / t for t in times)
+    return rates
+
+
+def describe_plan(preset: ScalePreset, *, seeds: int | None = None, data: str | Path | None = None,
+                  device: str = "cpu", dtype: str | None = None, measure: bool = False,
+                  progress: bool | None = None) -> str:
+    """The arms, their steps, seeds and FLOPs, and the estimated training time (``--plan``)."""
+    if seeds is not None:
+        preset = dataclasses.replace(preset, seeds=seeds)
+    ctx = _context(preset, data, device, dtype, progress)
+    plans = plan(preset, ctx.dataset.vocab_size)
+    if measure:
+        rates = measure_throughput(plans, ctx)
+        source = "measured here"
+    else:
+        table = REFERENCE_THROUGHPUT[ctx.precision]
+        default = dataclasses.replace(get_preset(preset.name, "cpu"), arms=None)
+        if str(device).startswith("cuda") or preset.chain_tokens() != default.chain_tokens() or (
+                preset.hidden_size, preset.num_layers, preset.seq_len, preset.batch_size) != (
+                default.hidden_size, default.num_layers, default.seq_len, default.batch_size):
+            raise ConfigError("reference throughput exists only for the CPU presets' sizes; "
+                              "add --measure")
+        rates = {f"{a.family}-{s.size}": table[s.size] for a in plans for s in a.stages}
+        source = "reference numbers of a 2-core CPU (issue 5)"
+    tps = preset.tokens_per_step
+    rows = []
+    for a in plans:
+        n = preset.seeds if a.deciding else min(preset.seeds, preset.other_seeds)
+        rows.append([a.name + (" *" if a.deciding else ""),
+                     " → ".join(f"{s.size}×{s.steps}" for s in a.stages), str(n),
+                     fmt(sum(a.stage_flops(tps))), a.description])
+    total = estimate_seconds(plans, preset, preset.seeds, rates)
+    lines = [f"preset {preset.name}: chain {preset.chain_tokens()} (qkv, proj, ffn tokens), "
+             f"hidden {preset.hidden_size}, {preset.num_layers} layers, batch "
+             f"{preset.batch_size} × {preset.seq_len}, {ctx.precision}",
+             markdown_table(["arm (* deciding)", "stages (size×steps)", "seeds", "FLOPs",
+                             "description"], rows, "lllrl"),
+             "throughput (tokens/s, " + source + "): "
+             + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(rates.items())),
+             f"estimated training time: {total / 60:.1f} min (evaluation adds roughly 10 %)"]
+    return "\n".join(lines)
+
+
+def _context(preset: ScalePreset, data: str | Path | None, device: str, dtype: str | None,
+             progress: bool | None) -> _Context:
+    from ..data import TokenDataset, default_dataset
+    from ..train import lm_evaluator, resolve_device
+
+    precision = PRECISIONS.get(str(dtype or preset.dtype).lower())
+    if precision is None:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(PRECISIONS)}")
+    dev = resolve_device(device)
+    dataset = TokenDataset.open(data) if data is not None else default_dataset(
+        progress=progress is not False)
+    dataset.check_model(dataset.vocab_size, preset.seq_len)
+    eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
+    return _Context(preset, dataset, dev, precision, eval_fn, progress)

@@ -1,0 +1,79 @@
+"""``tokenformer scale``: the progressive-scaling experiment (grown TokenFormer vs alternatives)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import ConfigError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def scale(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..experiments.scale import describe_plan, get_preset, run_scale
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = {}
+    if args.arms:
+        overrides["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    if args.steps:
+        try:
+            overrides["stage_steps"] = tuple(int(s) for s in args.steps.split(","))
+        except ValueError:
+            raise ConfigError(f"--steps expects comma-separated integers, got {args.steps!r}"
+                              ) from None
+    preset = get_preset(args.preset, args.device, **overrides)
+    progress = False if args.no_progress else None
+    if args.plan:
+        print(describe_plan(preset, seeds=args.seeds, data=args.data, device=args.device,
+                            dtype=args.dtype, measure=args.measure, progress=progress))
+        return 0
+    command = "tokenformer scale " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["scale"] \
+        else "tokenformer scale"
+    run_scale(preset, seeds=args.seeds, data=args.data,
+              out=args.out or f"runs/scale-{args.preset}", device=args.device, dtype=args.dtype,
+              progress=progress, command=command)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "scale", help="progressive scaling experiment: grown TokenFormer vs training from scratch, "
+                      "the small model trained longer and Transformer baselines",
+        description="Train every arm of the progressive-scaling experiment (issue 5) and write "
+                    "report.md, results.json and PNG plots into --out. A run interrupted part-way "
+                    "resumes when rerun with the same arguments.")
+    p.add_argument("--preset", choices=("quick", "full"), default="quick",
+                   help="quick: few arms, one seed, <= 15 min on 2 CPU cores (default); full: "
+                        "every arm, 3 seeds for the deciding arms, <= 2 h")
+    p.add_argument("--seeds", type=_positive_int, default=None,
+                   help="seeds of the deciding arms (default: the preset's)")
+    p.add_argument("--data", default=None,
+                   help="prepared dataset directory (default: the embedded corpus, bytes)")
+    p.add_argument("--out", default=None, help="output directory (default: runs/scale-PRESET)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda uses larger sizes)")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp32", "bfloat16", "float32"),
+                   help="training precision (default: the preset's, bf16 autocast)")
+    p.add_argument("--arms", default=None, help="comma-separated subset of the preset's arms")
+    p.add_argument("--steps", default=None,
+                   help="steps per chain stage, e.g. 200,100,100 (default: the preset's)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--plan", action="store_true",
+                   help="print the arms, their steps and FLOPs and a time estimate; train nothing")
+    p.add_argument("--measure", action="store_true",
+                   help="with --plan: measure each model's throughput here (a few steps each) "
+                        "instead of using the reference numbers")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=scale)
