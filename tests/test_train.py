@@ -347,3 +347,20 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path, dataset_dir):
     with pytest.raises(ConfigError, match="pip install"):
         train(cfg_for(dataset_dir, tmp_path / "run", tensorboard=True), progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_train_grow_cli_then_init_from(tmp_path, dataset_dir):
+    pytest.importorskip("tokenformer.grow")
+    train(cfg_for(dataset_dir, tmp_path / "a", steps=4, eval_interval=0), progress=False,
+          print_fn=lambda s: None)
+    grown = tmp_path / "grown"
+    assert cli(["grow", str(tmp_path / "a" / "final"), "--ffn", "2x", "--out", str(grown)]) == 0
+    result = train(cfg_for(dataset_dir, tmp_path / "b", steps=2, eval_interval=0,
+                           init_from=str(grown)), progress=False, print_fn=lambda s: None)
+    assert result.model.config.ffn_tokens == 256
+    steps = {int(s["step"]) for s in result.optimizer.state.values()}
+    assert steps == {6}  # 4 steps before growth (moments carried by the grow CLI) + 2
+    with pytest.raises(ConfigError, match="arch"):
+        train(cfg_for(dataset_dir, tmp_path / "c", steps=2, init_from=str(grown),
+                      arch="transformer"), progress=False)
+    assert not (tmp_path / "c").exists()

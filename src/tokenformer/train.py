@@ -94,6 +94,9 @@ class TrainConfig:
     checkpoint_interval: int = 0  # 0: only the final checkpoint
     keep_last: int = 2
     out: str = "runs/run"
+    # start from a model directory (e.g. what `tokenformer grow` wrote): its weights, and its
+    # optimizer.pt when present; ``model``/``arch`` then come from the directory
+    init_from: str = ""
     tensorboard: bool = False
     samples: int = 2
     sample_tokens: int = 200
@@ -775,7 +778,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         show = _progress_enabled(progress) and world.is_main
         dataset = open_dataset(cfg, progress=show)
         tokenizer = dataset.tokenizer
-        model_config = build_model_config(cfg, dataset.vocab_size, tokenizer.eos_token_id)
+        initial = _initial_model(cfg) if cfg.init_from and not resume else None
+        model_config = (initial.config if initial is not None else
+                        build_model_config(cfg, dataset.vocab_size, tokenizer.eos_token_id))
+        if cfg.seq_len > model_config.max_seq_len:
+            raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "
+                              f"{model_config.max_seq_len}")
         dataset.check_model(model_config.vocab_size, cfg.seq_len)
         if cfg.batch_size % (world.world_size * cfg.grad_accum):
             raise ConfigError(f"batch_size {cfg.batch_size} must be divisible by world size "
@@ -796,7 +804,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         eval_fn = lm_evaluator(dataset, cfg.seq_len, max(1, cfg.batch_size // world.world_size),
                                cfg.eval_batches, device)
         torch.manual_seed(cfg.seed)
-        model = model_class(cfg.arch)(model_config)
+        model = initial if initial is not None else model_class(cfg.arch)(model_config)
+        optimizer = _initial_optimizer(model, cfg) if initial is not None else None
         if world.is_main:
             from .io import atomic_write_text
 
@@ -820,7 +829,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
                      f"({world.strategy}, {cfg.precision})")
         result = fit(model, batch_fn, cfg, eval_fn=eval_fn, out_dir=run_dir,
                      resume_from=resume_from, save_extra=tokenizer.save, world=world,
-                     device=device, progress=show)
+                     device=device, progress=show, optimizer=optimizer)
     finally:
         dist_.shutdown()
     if world.is_main:
@@ -830,6 +839,39 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
             result.model = model_class(cfg.arch).load(final).to(device)
         _report(result, dataset, cfg, print_fn)
     return result
+
+
+def _initial_model(cfg: TrainConfig) -> nn.Module:
+    from .baselines import ARCHS, load_model_dir
+
+    model = load_model_dir(cfg.init_from)
+    arch = getattr(model.config, "arch", "tokenformer")
+    if arch != cfg.arch:
+        raise ConfigError(f"init_from {cfg.init_from} holds a {arch} model but arch is "
+                          f"{cfg.arch}; set --arch {arch}")
+    assert arch in ARCHS
+    return model
+
+
+def _initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer | None:
+    """AdamW with the state saved beside ``init_from`` (e.g. carried over by growth), if any."""
+    if not (Path(cfg.init_from) / ckpt.OPTIMIZER_NAME).is_file():
+        return None
+    optimizer = make_optimizer(model, cfg)
+    state = ckpt.load_optimizer_state(cfg.init_from)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"{cfg.init_from}/{ckpt.OPTIMIZER_NAME} does not match the "
+                              f"model: {exc}") from None
+    for p in params:
+        moment = optimizer.state.get(p, {}).get("exp_avg")
+        if moment is not None and moment.shape != p.shape:
+            raise CheckpointError(f"{cfg.init_from}/{ckpt.OPTIMIZER_NAME} does not match the "
+                                  f"model (a moment of shape {tuple(moment.shape)} for a "
+                                  f"parameter of shape {tuple(p.shape)})")
+    return optimizer
 
 
 def _report(result: FitResult, dataset: Any, cfg: TrainConfig,
