@@ -7,6 +7,7 @@ medians is reported, so slow drift of a shared machine affects both sides alike.
 
     python benchmarks/pattention.py                  # default shapes, fp32 and bf16 autocast
     python benchmarks/pattention.py --reps 15 --shapes 768x3072
+    python benchmarks/pattention.py --threads 1 --clock cpu   # on a machine shared with others
 
 Prints a markdown section (machine, command, table) to paste into benchmarks/RESULTS.md.
 """
@@ -20,6 +21,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -41,22 +43,26 @@ class TwoMatmulMLP(nn.Module):
         return F.gelu(x @ self.key_param_tokens.t()) @ self.value_param_tokens
 
 
-def step_seconds(module: nn.Module, x: torch.Tensor, grad: torch.Tensor, bf16: bool) -> float:
-    """Wall time of one forward + backward (parameter and input gradients)."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def step_seconds(module: nn.Module, x: torch.Tensor, grad: torch.Tensor, bf16: bool,
+                 clock: Callable[[], float]) -> float:
+    """Time of one forward + backward (parameter and input gradients) on ``clock``."""
     for p in module.parameters():
         p.grad = None
     x.grad = None
     autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if bf16
                 else contextlib.nullcontext())
-    start = time.perf_counter()
+    start = clock()
     with autocast:
         y = module(x)
     y.backward(grad.to(y.dtype))
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def compare(tokens: int, d: int, n: int, bf16: bool, reps: int, warmup: int, impl: str
-            ) -> dict[str, float]:
+def compare(tokens: int, d: int, n: int, bf16: bool, reps: int, warmup: int, impl: str,
+            clock: Callable[[], float]) -> dict[str, float]:
     torch.manual_seed(0)
     kwargs = {} if impl == "default" else {"impl": impl}
     pattention, mlp = Pattention(d, d, n, **kwargs), TwoMatmulMLP(d, n)
@@ -68,7 +74,7 @@ def compare(tokens: int, d: int, n: int, bf16: bool, reps: int, warmup: int, imp
         if rep % 2:
             order.reverse()
         for name, module in order:
-            t = step_seconds(module, x, grad, bf16)
+            t = step_seconds(module, x, grad, bf16, clock)
             if rep >= warmup:
                 times[name].append(t)
     p, m = statistics.median(times["pattention"]), statistics.median(times["mlp"])
@@ -96,6 +102,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="'cpu' (process CPU time) is robust to other jobs on a shared "
+                             "machine; use it with --threads 1")
     parser.add_argument("--impls", nargs="+", default=None,
                         help="Pattention implementations to time (default: every one the "
                              "installed version has besides 'auto', else its only path)")
@@ -111,14 +120,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Machine: {machine()}  ")
     print(f"Forward + backward of `Pattention(d, d, n)` (Θ = l2_norm_gelu) vs "
           f"`GELU(x·Kᵀ)·V` on {args.batch}×{args.seq} = {tokens} tokens; median of "
-          f"{args.reps} interleaved repetitions after {args.warmup} warm-up. Target <= 1.05x.\n")
+          f"{args.reps} interleaved repetitions after {args.warmup} warm-up, {args.clock} clock. "
+          f"Target <= 1.05x.\n")
     print("| d | n | dtype | Pattention impl | Pattention ms | MLP ms | ratio |")
     print("|---|---|---|---|---|---|---|")
     for shape in args.shapes:
         d, n = (int(v) for v in shape.lower().split("x"))
         for dtype in args.dtypes:
             for impl in impls:
-                r = compare(tokens, d, n, dtype == "bf16", args.reps, args.warmup, impl)
+                r = compare(tokens, d, n, dtype == "bf16", args.reps, args.warmup, impl,
+                            CLOCKS[args.clock])
                 print(f"| {d} | {n} | {dtype}{' autocast' if dtype == 'bf16' else ''} | {impl} | "
                       f"{r['pattention_ms']:.1f} | {r['mlp_ms']:.1f} | {r['ratio']:.3f}x |",
                       flush=True)
