@@ -227,6 +227,12 @@ def test_growth_inside_a_run(tmp_path, dataset_dir):
     assert train_records[4]["lr"] == pytest.approx(cfg.lr / 2)
     assert [r["step"] for r in records if r["type"] == "eval"] == [5, 8]
     assert TokenFormerLM.load(out / "final").config.num_layers == 3
+    # a growth that does not preserve the function shows it in the post-growth evaluation
+    paper = cfg_for(dataset_dir, tmp_path / "paper", steps=6, eval_interval=0,
+                    grow_at=["4:ffn=4x,strategy=paper"])
+    result = train(paper, progress=False, print_fn=lambda s: None)
+    grow = next(r for r in result.records if r["type"] == "grow")
+    assert abs(grow["after"]["val_loss"] - grow["before"]["val_loss"]) > 1e-3
 
 
 def test_grad_accumulation_and_activation_checkpointing_match(tmp_path, dataset_dir):

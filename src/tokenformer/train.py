@@ -553,9 +553,10 @@ def fit(
         for step in range(start_step, cfg.steps):
             event = next((e for e in events if e.step == step), None)
             if event is not None:
-                model, optimizer, module = _grow(model, optimizer, module, event, cfg, world,
-                                                 device, eval_fn and evaluate, emit, counters)
+                model, optimizer, module, record = _grow(model, optimizer, event, cfg, world,
+                                                         device, eval_fn and evaluate, counters)
                 names = group_names(model, optimizer)
+                emit(record)
             lr = lr_at(step, cfg, growth_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -625,13 +626,14 @@ def _scalar(value: torch.Tensor | None) -> float | None:
     return float(value.full_tensor() if hasattr(value, "full_tensor") else value)  # FSDP: DTensor
 
 
-def _grow(model: nn.Module, optimizer: torch.optim.Optimizer, module: nn.Module,
-          event: GrowthEvent, cfg: TrainConfig, world: dist_.World, device: torch.device,
-          evaluate: Callable | None, emit: Callable, counters: dict[str, Any]
-          ) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module]:
+def _grow(model: nn.Module, optimizer: torch.optim.Optimizer, event: GrowthEvent,
+          cfg: TrainConfig, world: dist_.World, device: torch.device,
+          evaluate: Callable | None, counters: dict[str, Any]
+          ) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module, dict[str, Any]]:
+    """Grow model and optimizer; evaluate before and after; the record of the event."""
     from .grow import grow_with_optimizer
 
-    before = evaluate(event.step) if evaluate else {}
+    before = evaluate(event.step, model) if evaluate else {}
     params_before = sum(p.numel() for p in model.parameters())
     config_before = getattr(model, "config", None)
     # The same generator on every rank and on resume: new tokens are identical everywhere.
@@ -652,8 +654,7 @@ def _grow(model: nn.Module, optimizer: torch.optim.Optimizer, module: nn.Module,
         record["flops_per_token_before"] = flops_per_token(config_before, cfg.seq_len, True
                                                            )["total"]
         record["flops_per_token_after"] = flops_per_token(config, cfg.seq_len, True)["total"]
-    emit(record)
-    return model, optimizer, module
+    return model, optimizer, module, record
 
 
 def _restore(cls: type, path: Path, cfg: TrainConfig, world: dist_.World, device: torch.device
