@@ -315,7 +315,10 @@ class _VisionTransformer(nn.Module):
             x = self._run_block(block, x)
         x = self.final_norm(x)
         logits = self.head(x[:, 0] if c.pool == "cls" else x.mean(dim=1))
-        loss = F.cross_entropy(logits.float(), labels) if labels is not None else None
+        loss = None
+        if labels is not None:  # in at least float32, also under bf16 autocast
+            loss = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)),
+                                   labels)
         return ImageClassifierOutput(logits=logits, loss=loss)
 
     @torch.no_grad()

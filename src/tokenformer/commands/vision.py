@@ -153,11 +153,23 @@ def train_vision(preset: str = "vit-digits-tiny", data: str = "digits", *,
     holds the trainer's ``metrics.jsonl`` and ``final/`` checkpoint (loadable with
     ``load_vision_model``), ``confusion.png`` and ``results.json``.
     """
-    from ..train import TrainConfig, fit
+    from ..train import TrainConfig
 
     cfg = TrainConfig.from_dict({**DIGITS_TRAIN, **train_overrides})
+    threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    try:
+        return _train_vision(cfg, preset, data, arch, out, max_shift, progress, model_overrides)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_vision(cfg: Any, preset: str, data: str, arch: str, out: str | Path | None,
+                  max_shift: int, progress: bool | None, model_overrides: dict[str, Any] | None
+                  ) -> VisionRun:
+    from ..train import fit
+
     torch.manual_seed(cfg.seed)
     config = TokenFormerViTConfig.from_name(preset, **(model_overrides or {}))
     model = build_vision_model(arch, config)
