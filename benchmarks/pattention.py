@@ -88,7 +88,7 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     load = " / ".join(f"{v:.1f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     return (f"{cpu}, {os.cpu_count()} logical cores, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads), Python {platform.python_version()}; "
+            f"({torch.get_num_threads()} intra-op threads), Python {platform.python_version()}; "
             f"load average at start {load}")
 
 
