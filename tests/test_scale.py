@@ -16,7 +16,17 @@ from hypothesis import strategies as st
 
 from tokenformer.baselines import TransformerConfig, TransformerLM
 from tokenformer.config import flops_per_token
-from tokenformer.experiments.common import Curve, Event, Point, crossing, paired, spread, value_at
+from tokenformer.experiments.common import (
+    Arm,
+    Curve,
+    Event,
+    Point,
+    crossing,
+    paired,
+    run_arms,
+    spread,
+    value_at,
+)
 from tokenformer.experiments.scale import (
     REFERENCE_THROUGHPUT,
     ScalePreset,
@@ -100,6 +110,37 @@ def test_paired_is_antisymmetric(pairs):
     assert ab.winner == ba.winner
     if ab.winner is not None:  # a named winner needs two seeds and |mean| above the spread
         assert ab.n >= 2 and abs(ab.mean) > ab.spread
+
+
+def test_run_arms_shares_per_seed_and_resumes_after_a_crash(tmp_path):
+    calls = []
+
+    def recipe(name, crash_at=None):
+        def run(seed, shared):
+            if (name, seed) == crash_at:
+                raise RuntimeError("killed")
+            calls.append((name, seed))
+            shared.setdefault("base", []).append(name)  # visible to later arms of this seed
+            return _toy_curve([(0, 0.0, 3.0), (1, 1.0, 2.0 + seed + len(shared["base"]))])
+        return run
+
+    def arms(crash_at=None):
+        return [Arm("a", recipe("a", crash_at)), Arm("b", recipe("b", crash_at), seeds=1),
+                Arm("c", recipe("c", crash_at))]
+
+    partial = tmp_path / "partial.json"
+    with pytest.raises(RuntimeError):
+        run_arms(arms(crash_at=("c", 1)), [0, 1], partial=partial, settings={"x": 1},
+                 progress=False)
+    assert calls == [("a", 0), ("b", 0), ("c", 0), ("a", 1)]  # seed-major; b runs one seed
+    calls.clear()
+    done = run_arms(arms(), [0, 1], partial=partial, settings={"x": 1}, progress=False)
+    assert calls == [("c", 1)]  # only what the crash lost
+    assert {n: sorted(r) for n, r in done.items()} == {"a": [0, 1], "b": [0], "c": [0, 1]}
+    assert done["c"][0].final.loss == 2.0 + 0 + 3  # third arm of seed 0 saw two before it
+    calls.clear()
+    run_arms(arms(), [0, 1], partial=partial, settings={"x": 2}, progress=False)
+    assert len(calls) == 5  # other settings: nothing is reused
 
 
 # ---------------------------------------------------------------------------------- the plan

@@ -6,16 +6,7 @@ import argparse
 import sys
 
 from ..errors import ConfigError
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
+from .model import _positive
 
 
 def scale(args: argparse.Namespace) -> int:
@@ -58,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", choices=("quick", "full"), default="quick",
                    help="quick: few arms, one seed, <= 15 min on 2 CPU cores (default); full: "
                         "every arm, 3 seeds for the deciding arms, <= 2 h")
-    p.add_argument("--seeds", type=_positive_int, default=None,
+    p.add_argument("--seeds", type=_positive(int), default=None,
                    help="seeds of the deciding arms (default: the preset's)")
     p.add_argument("--data", default=None,
                    help="prepared dataset directory (default: the embedded corpus, bytes)")
@@ -66,10 +57,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda uses larger sizes)")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32", "bfloat16", "float32"),
                    help="training precision (default: the preset's, bf16 autocast)")
-    p.add_argument("--arms", default=None, help="comma-separated subset of the preset's arms")
+    p.add_argument("--arms", default=None,
+                   help="comma-separated arms to run (default: the preset's; every arm is "
+                        "listed by --plan --preset full)")
     p.add_argument("--steps", default=None,
                    help="steps per chain stage, e.g. 200,100,100 (default: the preset's)")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=_positive(int), default=None, help="torch CPU threads")
     p.add_argument("--plan", action="store_true",
                    help="print the arms, their steps and FLOPs and a time estimate; train nothing")
     p.add_argument("--measure", action="store_true",
