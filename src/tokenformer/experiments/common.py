@@ -39,6 +39,7 @@ class Point:
     loss: float
     bpb: float
     stage: int = 0  # index of the model size the point was measured on (growth increments it)
+    metrics: dict[str, float] = field(default_factory=dict)  # task metrics, e.g. accuracy
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Curve:
     def column(self, name: str) -> list[float]:
         if name == "marginal_flops":
             return [p.flops - self.marginal_offset for p in self.points]
-        return [getattr(p, name) for p in self.points]
+        return [p.metrics[name] if name in p.metrics else getattr(p, name) for p in self.points]
 
     def to_dict(self) -> dict[str, Any]:
         return {"points": [asdict(p) for p in self.points],
@@ -99,7 +100,8 @@ def mean_curve(curves: Sequence[Curve]) -> Curve:
     def mean_point(ps: Sequence[Point]) -> Point:
         return Point(ps[0].step, ps[0].tokens, statistics.fmean(p.flops for p in ps),
                      statistics.fmean(p.wall for p in ps), statistics.fmean(p.loss for p in ps),
-                     statistics.fmean(p.bpb for p in ps), ps[0].stage)
+                     statistics.fmean(p.bpb for p in ps), ps[0].stage,
+                     {k: statistics.fmean(p.metrics[k] for p in ps) for k in ps[0].metrics})
 
     def mean_event(es: Sequence[Event]) -> Event:
         return Event(es[0].step, es[0].tokens, statistics.fmean(e.flops for e in es),
@@ -335,7 +337,8 @@ def to_json(data: Any) -> str:
 # -------------------------------------------------------------------------------------- plots
 AXIS_LABELS = {"flops": "cumulative training FLOPs", "marginal_flops": "marginal training FLOPs",
                "wall": "wall-clock (s, training only)", "step": "step", "tokens": "tokens",
-               "loss": "validation loss (nats/token)", "bpb": "validation bits per byte"}
+               "loss": "validation loss (nats/token)", "bpb": "validation bits per byte",
+               "accuracy": "test accuracy (top-1)"}
 
 
 def have_matplotlib() -> bool:
