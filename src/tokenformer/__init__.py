@@ -6,12 +6,14 @@ from .grow import grow, grow_with_optimizer
 from .model import CausalLMOutput, KVCache, TokenFormerLM
 from .pattention import THETA_VARIANTS, Pattention, theta
 from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
+from .vit import TokenFormerViT, TokenFormerViTConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
     "PRESETS", "THETA_VARIANTS", "ByteTokenizer", "CausalLMOutput", "CheckpointError",
     "ConfigError", "DataError", "GrowthError", "HFTokenizer", "KVCache", "Pattention",
-    "TokenFormerConfig", "TokenFormerError", "TokenFormerLM", "flops_per_token",
+    "TokenFormerConfig", "TokenFormerError", "TokenFormerLM", "TokenFormerViT",
+    "TokenFormerViTConfig", "flops_per_token",
     "grow", "grow_with_optimizer", "load_tokenizer", "theta",
 ]
