@@ -323,14 +323,17 @@ def _fill_normal(t: torch.Tensor, std: float, generator: torch.Generator | None)
         t.copy_(_randn(t.shape[0], t, std, generator))
 
 
-def _with_rows(old: torch.Tensor, rows: int, copy: bool = True) -> torch.Tensor:
-    """``old`` followed by zero rows, ``rows`` in all (``old`` itself if nothing grows and
-    ``copy`` is False). One allocation: growth is bound by writing fresh memory."""
+def _with_rows(old: torch.Tensor, rows: int, copy: bool = True, zero: bool = True
+               ) -> torch.Tensor:
+    """``old`` followed by zero rows (uninitialised if not ``zero``), ``rows`` in all (``old``
+    itself if nothing grows and ``copy`` is False). One allocation, each byte written once:
+    growth is bound by writing fresh memory."""
     if rows == old.shape[0]:
         return old.clone() if copy else old
     out = old.new_empty((rows, *old.shape[1:]))
     out[: old.shape[0]] = old
-    out[old.shape[0]:].zero_()
+    if zero:
+        out[old.shape[0]:].zero_()
     return out
 
 
@@ -346,8 +349,9 @@ def _grown_tokens(old: Pattention, new: Pattention, strategy: str,
         noise = _randn(n_new, values, new.value_init_std, generator).view(r, n_old, -1)
         noise = (noise - noise.mean(dim=0, keepdim=True)).to(values)
         return keys.repeat(r, 1), (values.unsqueeze(0) + noise).reshape(n_new, -1)
-    keys, values = _with_rows(keys, n_new, copy), _with_rows(values, n_new, copy)
-    if n_new > n_old:
+    keys = _with_rows(keys, n_new, copy, zero=strategy != "official")
+    values = _with_rows(values, n_new, copy, zero=False)
+    if n_new > n_old:  # fill the rows _with_rows left uninitialised
         if strategy == "official":
             _fill_normal(keys[n_old:], new.key_init_std, generator)
         _fill_normal(values[n_old:], new.value_init_std, generator)
