@@ -112,17 +112,24 @@ class PattentionFunction(torch.autograd.Function):
             # k = (r + eps) / (s²·r); a zero row (r = 0, only finite when eps > 0) has u = 0 and
             # gets the reference's subgradient 0 for the norm.
             k = torch.where(r > 0, (r + eps) / (scale * scale * r), 0.0)
+            # The order keeps at most three [L, n] tensors alive (a GELU MLP's backward peaks at
+            # about as many): dV first, so that a recomputed Θ can be dropped or reused.
             if norm == "l2_norm_gelu":
                 u = saved
-                theta = F.gelu(u)
+                buffer = F.gelu(u)  # Θ, recomputed
+                grad_v = torch.matmul(buffer.transpose(-1, -2), gy)
                 du = _gelu_backward_(g, u, grad_input=g)  # dΘ is not needed again
-                m = du.addcmul_(u, (-k * _row_dot(du, u)).to(u.dtype))
+                dot = _wide(torch.mul(du, u, out=buffer).sum(dim=-1, keepdim=True))
+                del buffer
+                m = du.addcmul_(u, (-k * dot).to(u.dtype))
                 c = scale / (r + eps)
             elif norm == "softmax":
                 theta = saved
+                grad_v = torch.matmul(theta.transpose(-1, -2), gy)
                 m = g.sub_((_row_dot(theta, g) / scale).to(g.dtype)).mul_(theta)
             else:
                 s, theta = saved, ctx.saved_tensors[5]
+                grad_v = torch.matmul(theta.transpose(-1, -2), gy)
                 dot = _row_dot(theta, g)
                 if norm == "gelu_l2_norm":
                     g = g.addcmul_(theta, (-k * dot).to(g.dtype))
@@ -130,7 +137,6 @@ class PattentionFunction(torch.autograd.Function):
                     g = g.addcmul_(torch.sign(theta), (-dot / scale).to(g.dtype))
                 m = _gelu_backward_(g, s, grad_input=g)
                 c = scale / (r + eps)
-            grad_v = torch.matmul(theta.transpose(-1, -2), gy)
             xs = xc if c is None else xc * c.to(xc.dtype)
             grad_k = torch.matmul(m.transpose(-1, -2), xs)
             grad_x = torch.matmul(m, kc)

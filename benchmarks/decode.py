@@ -1,0 +1,101 @@
+"""Cached decoding: per-token cost at position 10 vs position 1000.
+
+Two measurements:
+
+1. One cached forward step of one token at a given position, interleaved between positions (the
+   pre-allocated KV cache is rewound after each step, so every sample sees the same length).
+2. ``model.generate`` of ``--new`` tokens from a short prompt, timing every step with a forward
+   pre-hook: the cost of the steps around position 10 vs around position 1000 includes every
+   Python-side cost of the generation loop (sampling, token concatenation, cache bookkeeping).
+
+    python benchmarks/decode.py                      # preset small with a 1100-token context
+    python benchmarks/decode.py --preset medium --rounds 50
+
+Target (issue 8): cost at position 1000 within 1.5x of the cost at position 10.
+Prints a markdown section for benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common
+from common import add_clock_args, apply_clock_args, interleaved, machine
+
+from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer.model import KVCache
+
+
+@torch.no_grad()
+def step_at(model: TokenFormerLM, position: int):
+    """A function decoding one token at ``position`` with a cache filled up to it."""
+    config = model.config
+    cache = KVCache(config.num_layers, config.max_seq_len)
+    prompt = torch.randint(0, config.vocab_size, (1, position))
+    model(prompt, past_key_values=cache, use_cache=True)
+    token = torch.randint(0, config.vocab_size, (1, 1))
+
+    def step() -> None:
+        model(token, past_key_values=cache, use_cache=True)
+        cache.lengths = [position] * config.num_layers  # rewind: the next sample is alike
+    return step
+
+
+@torch.no_grad()
+def generate_step_times(model: TokenFormerLM, new_tokens: int) -> list[float]:
+    """Wall time between consecutive forward calls of ``generate`` (index i = position i + 1)."""
+    stamps: list[float] = []
+    handle = model.register_forward_pre_hook(lambda *_: stamps.append(common.CLOCK()))
+    try:
+        model.generate(torch.zeros(1, 1, dtype=torch.long), max_new_tokens=new_tokens)
+    finally:
+        handle.remove()
+    return [b - a for a, b in itertools.pairwise(stamps)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--positions", type=int, nargs="+", default=[10, 1000])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--new", type=int, default=1020, help="tokens generated in part 2")
+    add_clock_args(parser)
+    args = parser.parse_args(argv)
+    clock = apply_clock_args(args)
+
+    torch.manual_seed(0)
+    context = max(max(args.positions), args.new) + 8
+    config = TokenFormerConfig.from_name(args.preset, max_seq_len=context)
+    model = TokenFormerLM(config).eval()
+    t = interleaved({p: step_at(model, p) for p in args.positions}, args.rounds, warmup=3)
+    gen = generate_step_times(model, args.new)
+    first, last = args.positions[0], args.positions[-1]
+
+    def around(pos: int) -> float:  # median over 20 steps centred on ``pos``
+        return statistics.median(gen[max(0, pos - 10): pos + 10])
+
+    print("## Decoding (issue 8)\n")
+    print(f"Command: `python benchmarks/decode.py {' '.join(sys.argv[1:])}`  ")
+    print(f"Machine: {machine()}; timing: {clock}  ")
+    print(f"Preset `{args.preset}` (context raised to {context}), batch 1, fp32, KV cache. "
+          f"Step: min (median) over {args.rounds} interleaved rounds. generate: median of the 20 "
+          f"steps around the position, one run of {args.new} new tokens.\n")
+    print("| position | one cached step ms | generate step ms |")
+    print("|---|---|---|")
+    for p in args.positions:
+        print(f"| {p} | {1e3 * t[p]['min']:.2f} ({1e3 * t[p]['median']:.2f}) | "
+              f"{1e3 * around(p):.2f} |")
+    print(f"\nRatio position {last} / position {first}: one step "
+          f"{t[last]['min'] / t[first]['min']:.2f}x, generate {around(last) / around(first):.2f}x "
+          f"(target <= 1.5x).\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""Fused vs reference Pattention vs a GELU MLP of the same shapes: time (eager and compiled) and
+activation memory.
+
+``benchmarks/pattention.py`` (issue 2) times the eager paths in wall time; this script adds what
+the fused path is for: single-thread CPU time (robust on a shared machine, see common.py), the
+same comparison under ``torch.compile`` (inductor fuses the Θ passes of the fused Function), the
+bytes autograd keeps for the backward, and the peak resident memory of one forward + backward
+(measured in a fresh subprocess per variant).
+
+    python benchmarks/fused.py --cpu-time                   # d=384, n=1536, 8×256 tokens
+    python benchmarks/fused.py --cpu-time --shapes 384x384 768x3072 --no-compile
+
+Targets (issue 8): fwd+bwd time / MLP <= 1.03x in fp32 and bf16; activation memory <= MLP's.
+Prints a markdown section for benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import add_clock_args, apply_clock_args, autocast, interleaved, machine
+
+from tokenformer.fused import fused_pattention
+from tokenformer.pattention import theta
+
+VARIANTS = ("mlp", "reference", "fused")
+
+
+def forward_fn(variant: str):
+    """``f(x, k, v)`` for one variant; the MLP is ``GELU(x·Kᵀ)·V`` (K as W_in, V as W_outᵀ)."""
+    def mlp(x, k, v):
+        return F.gelu(x @ k.t()) @ v
+
+    def reference(x, k, v):
+        return theta(x @ k.t(), "l2_norm_gelu", k.shape[0] ** 0.5) @ v
+
+    def fused(x, k, v):
+        return fused_pattention(x, k, v, "l2_norm_gelu", k.shape[0] ** 0.5)
+
+    return {"mlp": mlp, "reference": reference, "fused": fused}[variant]
+
+
+def tensors(tokens: int, d: int, n: int):
+    torch.manual_seed(0)
+    x = torch.randn(tokens, d, requires_grad=True)
+    k = (torch.randn(n, d) * 0.02).requires_grad_()
+    v = (torch.randn(n, d) * 0.02).requires_grad_()
+    return x, k, v, torch.randn(tokens, d)
+
+
+def step(fn, x, k, v, grad, precision: str) -> None:
+    with autocast(precision):
+        y = fn(x, k, v)
+    y.backward(grad.to(y.dtype))
+    x.grad = k.grad = v.grad = None
+
+
+def saved_bytes(variant: str, tokens: int, d: int, n: int, precision: str) -> int:
+    """Bytes of the tensors autograd keeps for the backward, leaves (x, K, V) excluded."""
+    x, k, v, _ = tensors(tokens, d, n)
+    leaves = {t.untyped_storage().data_ptr() for t in (x, k, v)}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        if s.data_ptr() not in leaves:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast(precision):
+        forward_fn(variant)(x, k, v)
+    return sum(storages.values())
+
+
+def peak_rss_bytes(variant: str, tokens: int, d: int, n: int, precision: str) -> int:
+    """Peak RSS growth of one forward + backward, in a fresh process (Linux). Large blocks are
+    forced to mmap (MALLOC_MMAP_THRESHOLD_) so freed memory leaves the process; the kernel's
+    high-water mark is reset just before the step (/proc/self/clear_refs) and read after it."""
+    code = (
+        "import sys, json\n"
+        "def kb(key):\n"
+        "    with open('/proc/self/status') as f:\n"
+        "        return next(int(l.split()[1]) for l in f if l.startswith(key))\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "import fused as b\n"
+        f"fn = b.forward_fn({variant!r})\n"
+        f"b.step(fn, *b.tensors(8, 16, 32), {precision!r})\n"
+        f"x, k, v, g = b.tensors({tokens}, {d}, {n})\n"
+        "open('/proc/self/clear_refs', 'w').write('5')\n"
+        "before = kb('VmRSS')\n"
+        f"b.step(fn, x, k, v, g, {precision!r})\n"
+        "after = kb('VmHWM')\n"
+        "print(json.dumps((after - before) * 1024))\n")
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--shapes", nargs="+", default=["384x1536"], help="d×n pairs")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--no-compile", action="store_true")
+    add_clock_args(parser)
+    args = parser.parse_args(argv)
+    clock = apply_clock_args(args)
+    tokens = args.batch * args.seq
+
+    print("## Fused Pattention (issue 8)\n")
+    print(f"Command: `python benchmarks/fused.py {' '.join(sys.argv[1:])}`  ")
+    print(f"Machine: {machine()}; timing: {clock}  ")
+    print(f"Forward + backward (grads of x, K, V) of `Θ(x·Kᵀ)·V` with Θ = l2_norm_gelu vs "
+          f"`GELU(x·Kᵀ)·V`, {args.batch}×{args.seq} = {tokens} tokens; min (median) ms over "
+          f"{args.rounds} interleaved rounds; ratio of minima to the MLP of the same mode. "
+          f"Memory: bytes saved for backward (leaves excluded) and peak RSS growth of one step "
+          f"in a fresh process.\n")
+    print("| d | n | dtype | mode | variant | ms | / MLP | saved MB | peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape in args.shapes:
+        d, n = (int(s) for s in shape.lower().split("x"))
+        x, k, v, grad = tensors(tokens, d, n)
+        for precision in args.precisions:
+            modes = {"eager": {name: forward_fn(name) for name in VARIANTS}}
+            if not args.no_compile:
+                modes["compiled"] = {name: torch.compile(forward_fn(name))
+                                     for name in ("mlp", "fused")}
+            for mode, fns in modes.items():
+                data = (x, k, v, grad, precision)
+                t = interleaved({name: (lambda fn=fn, data=data: step(fn, *data))
+                                 for name, fn in fns.items()}, args.rounds)
+                for name in fns:
+                    memory = "| |"
+                    if mode == "eager":
+                        memory = (f"{saved_bytes(name, tokens, d, n, precision) / 2**20:.1f} | "
+                                  f"{peak_rss_bytes(name, tokens, d, n, precision) / 2**20:.1f} |")
+                    print(f"| {d} | {n} | {precision} | {mode} | {name} | "
+                          f"{1e3 * t[name]['min']:.1f} ({1e3 * t[name]['median']:.1f}) | "
+                          f"{t[name]['min'] / t['mlp']['min']:.3f}x | {memory}", flush=True)
+    print()
+
+
+if __name__ == "__main__":
+    main()
