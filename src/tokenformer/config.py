@@ -73,18 +73,7 @@ class TokenFormerConfig:
         if self.rotary_dim % 2:
             raise ConfigError(f"config: rotary dimension int(head_dim {self.head_dim} × rotary_pct "
                               f"{self.rotary_pct}) = {self.rotary_dim} is odd; it must be even")
-        if self.norm not in THETA_VARIANTS:
-            raise ConfigError(f"config: unknown Θ variant norm={self.norm!r}; "
-                              f"choose one of {', '.join(THETA_VARIANTS)}")
-        if self.block_norm not in BLOCK_NORMS:
-            raise ConfigError(f"config: block_norm must be one of {', '.join(BLOCK_NORMS)}, "
-                              f"got {self.block_norm!r}")
-        if self.theta_eps < 0:
-            raise ConfigError(f"config: theta_eps must be >= 0, got {self.theta_eps}")
-        for key in ("qkv_scale", "proj_scale", "ffn_scale"):
-            value = getattr(self, key)
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
-                raise ConfigError(f"config: {key} must be a positive number or null, got {value!r}")
+        check_block_fields(self)
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -184,6 +173,22 @@ class TokenFormerConfig:
         data = dict(PRESETS[name], name=name)
         data.update(overrides)
         return cls.from_dict(data)
+
+
+def check_block_fields(config: Any) -> None:
+    """Validate the Θ and block-norm fields shared by every TokenFormer config (LM and vision)."""
+    if config.norm not in THETA_VARIANTS:
+        raise ConfigError(f"config: unknown Θ variant norm={config.norm!r}; "
+                          f"choose one of {', '.join(THETA_VARIANTS)}")
+    if config.block_norm not in BLOCK_NORMS:
+        raise ConfigError(f"config: block_norm must be one of {', '.join(BLOCK_NORMS)}, "
+                          f"got {config.block_norm!r}")
+    if config.theta_eps < 0:
+        raise ConfigError(f"config: theta_eps must be >= 0, got {config.theta_eps}")
+    for key in ("qkv_scale", "proj_scale", "ffn_scale"):
+        value = getattr(config, key)
+        if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            raise ConfigError(f"config: {key} must be a positive number or null, got {value!r}")
 
 
 def _official(L: int, d: int, heads: int, qkv: int, proj: int, ffn: int, seq: int) -> dict:

@@ -35,17 +35,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .baselines import TransformerConfig
-from .config import BLOCK_NORMS, TokenFormerConfig, flops_per_token
+from .config import TokenFormerConfig, check_block_fields, flops_per_token
 from .errors import CheckpointError, ConfigError, DataError
-from .model import (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    Block,
-    LayerNorm,
-    TokenFormerLM,
-    load_state_dict_strict,
-)
-from .pattention import THETA_VARIANTS, Pattention
+from .model import CONFIG_NAME, Block, LayerNorm, TokenFormerLM
+from .pattention import Pattention
 
 POOLS = ("cls", "mean")
 
@@ -162,18 +155,7 @@ class TokenFormerViTConfig(VisionConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.norm not in THETA_VARIANTS:
-            raise ConfigError(f"config: unknown Θ variant norm={self.norm!r}; "
-                              f"choose one of {', '.join(THETA_VARIANTS)}")
-        if self.block_norm not in BLOCK_NORMS:
-            raise ConfigError(f"config: block_norm must be one of {', '.join(BLOCK_NORMS)}, "
-                              f"got {self.block_norm!r}")
-        if self.theta_eps < 0:
-            raise ConfigError(f"config: theta_eps must be >= 0, got {self.theta_eps}")
-        for key in ("qkv_scale", "proj_scale", "ffn_scale"):
-            value = getattr(self, key)
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
-                raise ConfigError(f"config: {key} must be a positive number or null, got {value!r}")
+        check_block_fields(self)
 
     value_init_std = TokenFormerConfig.value_init_std
     theta_scale = TokenFormerConfig.theta_scale
@@ -334,32 +316,9 @@ class _VisionTransformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     # ------------------------------------------------------------------ persistence
-    save = TokenFormerLM.save  # config.json + model.safetensors, each written atomically
-
-    @classmethod
-    def load(cls, directory: str | Path, map_location: str | torch.device = "cpu"
-             ) -> _VisionTransformer:
-        """Load a directory written by :meth:`save`."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        directory = Path(directory)
-        config_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
-        if not config_file.is_file() or not weights.is_file():
-            raise CheckpointError(f"{directory} is not a model directory "
-                                  f"(expected {CONFIG_NAME} and {WEIGHTS_NAME})")
-        try:
-            data = json.loads(config_file.read_text())
-        except ValueError as exc:
-            raise CheckpointError(f"{config_file} is malformed: {exc}") from None
-        config = cls.config_class.from_dict(data)
-        try:
-            state = load_file(str(weights), device=str(map_location))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise CheckpointError(f"{weights} is corrupt or truncated: {exc}") from None
-        model = cls(config)
-        load_state_dict_strict(model, state, source=str(weights))
-        return model
+    # config.json + model.safetensors, each written atomically; load uses cls.config_class.
+    save = TokenFormerLM.save
+    load = classmethod(TokenFormerLM.load.__func__)  # type: ignore[attr-defined]
 
     @classmethod
     def from_name(cls, name: str, **overrides: Any) -> _VisionTransformer:

@@ -244,6 +244,8 @@ def _train_command(a: argparse.Namespace) -> None:
     overrides = {k: v for k, v in (("steps", a.steps), ("batch_size", a.batch_size),
                                     ("lr", a.lr), ("seed", a.seed), ("threads", a.threads))
                  if v is not None}
+    if a.lr is not None:
+        overrides["min_lr"] = a.lr / 10  # the default recipe's ratio
     model_overrides = _parse_overrides(a.model_set)
     if a.data != "digits":
         from ..vision_data import ImageFolder
