@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -28,6 +30,15 @@ from tokenformer.cli import main
 from tokenformer.official import load_official
 
 NEOX_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/data/gpt-neox-20b-tokenizer.json"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread, and do not collapse on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_config(**overrides) -> TokenFormerConfig:
@@ -151,6 +162,22 @@ def test_pipeline_text_generation(core, hf_dir):
     out = generator("In the beginning", max_new_tokens=12, do_sample=False)
     expected = core.generate(torch.tensor([list(b"In the beginning")]), 12, eos_token_id=256)
     assert out[0]["generated_text"] == ByteTokenizer().decode(expected[0].tolist())
+
+
+def test_trust_remote_code_loads_without_importing_tokenformer_hf(core, hf_dir, tmp_path):
+    ids = torch.arange(0, 40, 3)[None]
+    with torch.no_grad():
+        torch.save(core(ids).logits, tmp_path / "ref.pt")
+    script = (  # a fresh interpreter: nothing registered, only the folder's auto_map
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(hf_dir)!r}, trust_remote_code=True)\n"
+        f"ref = torch.load({str(tmp_path / 'ref.pt')!r})\n"
+        f"sys.exit(0 if torch.equal(m(torch.tensor({ids.tolist()})).logits, ref) else 3)\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # --------------------------------------------------------------------------------- tokenizers

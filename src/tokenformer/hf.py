@@ -56,6 +56,11 @@ from .pattention import Pattention
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 EOS_TOKEN = "<|endoftext|>"
+REMOTE_MODULE = "modeling_tokenformer"
+REMOTE_CODE = (
+    '"""TokenFormer for transformers\' trust_remote_code=True: pip install "tokenformer[hf]"."""\n'
+    "from tokenformer.hf import TokenFormerForCausalLM, TokenFormerHFConfig\n\n"
+    '__all__ = ["TokenFormerForCausalLM", "TokenFormerHFConfig"]\n')
 _CORE_FIELDS = tuple(f.name for f in dataclasses.fields(TokenFormerConfig))
 
 
@@ -250,8 +255,13 @@ def save_hf(model: TokenFormerLM | TokenFormerForCausalLM, out_dir: str | Path,
         raise ConfigError(f"tokenizer has {len(tokenizer)} tokens but the model's vocabulary has "
                           f"{hf.config.padded_vocab_size} rows")
     out_dir = Path(out_dir)
+    # auto_map + a two-line modeling file: trust_remote_code=True loads the folder without a
+    # prior ``import tokenformer.hf`` (e.g. lm-eval's own CLI); the package must be installed.
+    hf.config.auto_map = {"AutoConfig": f"{REMOTE_MODULE}.TokenFormerHFConfig",
+                          "AutoModelForCausalLM": f"{REMOTE_MODULE}.TokenFormerForCausalLM"}
     with atomic_dir(out_dir, overwrite=overwrite) as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
+        (tmp / f"{REMOTE_MODULE}.py").write_text(REMOTE_CODE)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return out_dir
