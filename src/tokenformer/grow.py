@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import numbers
 import re
 from dataclasses import dataclass
 
@@ -92,8 +93,8 @@ def resolve_size(spec: int | str | None, current: int, what: str) -> int:
         return current
     if isinstance(spec, bool):
         raise GrowthError(f"{what}: expected a count or a multiplier like '2x', got {spec!r}")
-    if isinstance(spec, int):
-        new = spec
+    if isinstance(spec, numbers.Integral):  # int, numpy integers
+        new = int(spec)
     elif isinstance(spec, str) and spec.strip().isdigit():
         new = int(spec)
     elif isinstance(spec, str) and (match := _MULTIPLIER.match(spec)):
