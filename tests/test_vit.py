@@ -255,6 +255,7 @@ def test_image_folder_loads_and_converts_grayscale_to_rgb(folder):
     assert torch.equal(val[0][0], val[0][0])  # evaluation transform is deterministic
     batch = ds.batch_fn(3, seed=0)(0)
     assert batch["pixel_values"].shape == (3, 3, 8, 8) and batch["labels"].shape == (3,)
+    assert torch.equal(ds.batch_fn(3, seed=0)(0)["pixel_values"], batch["pixel_values"])
     gray = ImageFolder(folder, "val", image_size=8, num_channels=1)
     assert gray[0][0].shape == (1, 8, 8)  # RGB converted to grayscale
 
@@ -285,6 +286,16 @@ def test_image_folder_wrong_layouts(tmp_path, folder):
     (folder / "train" / "empty").mkdir()
     with pytest.raises(DataError, match="empty holds no images"):
         ImageFolder(folder, "train")
+
+
+def test_cli_trains_on_an_image_folder(folder, tmp_path, capsys):
+    code = main(["vision", "train", "--data", str(folder), "--set", "num_channels=3",
+                 "--set", "image_size=8", "--set", "patch_size=4", "--steps", "3",
+                 "--batch-size", "4", "--out", str(tmp_path / "run")])
+    assert code == 0 and "top-1" in capsys.readouterr().out
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["classes"] == ["cat", "dog"] and np.sum(results["confusion"]) == 4
+    assert load_vision_model(tmp_path / "run" / "final").config.num_classes == 2
 
 
 def test_cli_bad_folder_is_one_error_line(tmp_path, capsys):

@@ -114,18 +114,18 @@ class ImageFolder(torch.utils.data.Dataset):
     palette images are expanded, an alpha channel is dropped); ``num_channels=1``: grayscale
     (luma) — so folders that mix grayscale and colour images load without surprises. Training
     images get a random crop (35–100 % of the area) resized to ``image_size`` and a random
-    horizontal flip; evaluation images are resized so the shorter side is ``image_size / 0.875``
-    and centre-cropped. Pixels are normalised with the ImageNet mean/std (0.5/0.5 for grayscale).
+    horizontal flip (a pure function of (seed, step) in :meth:`batch_fn`); evaluation images
+    are resized so the shorter side is ``image_size / 0.875`` and centre-cropped. Pixels are
+    normalised with the ImageNet mean/std (0.5/0.5 for grayscale).
     """
 
     def __init__(self, root: str | Path, split: str = "train", image_size: int = 224,
-                 num_channels: int = 3, train: bool | None = None, seed: int = 0) -> None:
+                 num_channels: int = 3, train: bool | None = None) -> None:
         self.root = Path(root)
         self.split = split
         self.image_size = image_size
         self.num_channels = num_channels
         self.train = split == "train" if train is None else train
-        self.seed = seed
         if num_channels not in (1, 3):
             raise ConfigError(f"num_channels must be 1 or 3, got {num_channels}")
         self.classes = _class_folders(self.root, "train")
@@ -149,9 +149,10 @@ class ImageFolder(torch.utils.data.Dataset):
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """One image and its label; training crops are freshly random on every call (as in
+        torchvision) — :meth:`batch_fn` gives reproducible ones."""
         path, label = self.samples[index]
-        rng = np.random.default_rng((self.seed, index)) if self.train else None
-        return self.load(path, rng), label
+        return self.load(path, np.random.default_rng() if self.train else None), label
 
     def load(self, path: Path, rng: np.random.Generator | None = None) -> torch.Tensor:
         """Decode, convert, crop/resize and normalise one image to ``[C, size, size]``."""
@@ -192,9 +193,10 @@ class ImageFolder(torch.utils.data.Dataset):
         def make(step: int) -> dict[str, torch.Tensor]:
             g = torch.Generator().manual_seed(seed * 1_000_003 + step)
             idx = torch.randint(0, len(self), (batch_size,), generator=g).tolist()
-            items = [self[i] for i in idx]
-            return {"pixel_values": torch.stack([x for x, _ in items]),
-                    "labels": torch.tensor([y for _, y in items])}
+            images = [self.load(self.samples[i][0], np.random.default_rng((seed, step, j))
+                                if self.train else None) for j, i in enumerate(idx)]
+            return {"pixel_values": torch.stack(images),
+                    "labels": torch.tensor([self.samples[i][1] for i in idx])}
 
         return make
 

@@ -116,7 +116,7 @@ def open_vision_data(data: str, config: TokenFormerViTConfig | ViTConfig, batch_
 
         return VisionData(vd.batch_fn(train, batch_size, seed, max_shift), digits_eval,
                           train.classes, len(train))
-    kwargs = dict(image_size=config.image_size, num_channels=config.num_channels, seed=seed)
+    kwargs = dict(image_size=config.image_size, num_channels=config.num_channels)
     train_set = vd.ImageFolder(data, "train", **kwargs)
     val_set = vd.ImageFolder(data, "val", **kwargs)
     if len(train_set.classes) != config.num_classes:
