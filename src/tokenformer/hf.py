@@ -254,6 +254,8 @@ def save_hf(model: TokenFormerLM | TokenFormerForCausalLM, out_dir: str | Path,
     if tokenizer is not None and len(tokenizer) > hf.config.padded_vocab_size:
         raise ConfigError(f"tokenizer has {len(tokenizer)} tokens but the model's vocabulary has "
                           f"{hf.config.padded_vocab_size} rows")
+    if tokenizer is not None and tokenizer.pad_token_id is not None:
+        hf.generation_config.pad_token_id = tokenizer.pad_token_id  # <|padding|> for GPT-NeoX
     out_dir = Path(out_dir)
     # auto_map + a two-line modeling file: trust_remote_code=True loads the folder without a
     # prior ``import tokenformer.hf`` (e.g. lm-eval's own CLI); the package must be installed.
