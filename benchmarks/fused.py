@@ -106,6 +106,21 @@ def peak_rss_bytes(variant: str, tokens: int, d: int, n: int, precision: str) ->
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def profile_table(variant: str, tokens: int, d: int, n: int, precision: str, rows: int) -> str:
+    """torch.profiler table (self CPU time) of 5 forward + backward steps."""
+    from torch.profiler import profile
+
+    x, k, v, grad = tensors(tokens, d, n)
+    fn = forward_fn(variant)
+    for _ in range(2):
+        step(fn, x, k, v, grad, precision)
+    with profile() as prof:
+        for _ in range(5):
+            step(fn, x, k, v, grad, precision)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows,
+                                     max_name_column_width=32)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -114,10 +129,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="print torch.profiler tables of each eager variant instead")
     add_clock_args(parser)
     args = parser.parse_args(argv)
     clock = apply_clock_args(args)
     tokens = args.batch * args.seq
+    if args.profile:
+        for shape in args.shapes:
+            d, n = (int(s) for s in shape.lower().split("x"))
+            for precision in args.precisions:
+                for variant in VARIANTS:
+                    print(f"### {variant}, d={d}, n={n}, {precision}, {tokens} tokens, "
+                          f"5 steps ({clock})\n\n```")
+                    print(profile_table(variant, tokens, d, n, precision, rows=12) + "```\n")
+        return
 
     print("## Fused Pattention (issue 8)\n")
     print(f"Command: `python benchmarks/fused.py {' '.join(sys.argv[1:])}`  ")

@@ -157,6 +157,16 @@ def test_pattention_impl_switch():
         p.impl = "reference"
         y_ref = p(x)
     torch.testing.assert_close(y_auto, y_ref, rtol=1e-5, atol=1e-6)
+    # "auto" trains through the fused Function and infers through the reference ops.
+    def graph_has_fused(y: torch.Tensor) -> bool:
+        fn = y.grad_fn  # [B, T, d] outputs are a view of the Function's 2-D result
+        return any("PattentionFunction" in type(f).__name__ for f in (fn, *(
+            g for g, _ in fn.next_functions if g is not None)))
+
+    p.impl = "auto"
+    assert graph_has_fused(p(x))
+    p.impl = "reference"
+    assert not graph_has_fused(p(x))
     with pytest.raises(ConfigError, match="impl"):
         Pattention(4, 4, 4, impl="cuda")
     with pytest.raises(ConfigError, match="impl"):

@@ -30,6 +30,8 @@ Python control flow, so ``torch.compile`` traces the function (and inductor fuse
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -51,20 +53,22 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _wide((a * b).sum(dim=-1, keepdim=True))
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype autocast would run a matmul on ``x`` in (``x.dtype`` when autocast is off)."""
+def _no_autocast(x: torch.Tensor) -> tuple[torch.dtype, contextlib.AbstractContextManager]:
+    """The dtype autocast would run a matmul on ``x`` in, and a context that turns autocast off
+    (we cast once ourselves; autocast would re-cast every op). Without autocast: ``x.dtype`` and
+    a no-op context, because entering ``torch.autocast`` costs microseconds that add up when
+    decoding one token through dozens of Pattentions."""
     device = x.device.type
     if torch.is_autocast_enabled(device) and x.is_floating_point():
-        return torch.get_autocast_dtype(device)
-    return x.dtype
+        return torch.get_autocast_dtype(device), torch.autocast(device, enabled=False)
+    return x.dtype, contextlib.nullcontext()
 
 
 def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
              eps: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Y and what the backward needs: x, key, value in the compute dtype, saved scores, r, Θ."""
-    dtype = _compute_dtype(x)
-    # Inside autograd.Function.forward autocast would still re-cast every op; we cast once.
-    with torch.autocast(x.device.type, enabled=False):
+    dtype, no_autocast = _no_autocast(x)
+    with no_autocast:
         xc, kc, vc = x.to(dtype), key.to(dtype), value.to(dtype)
         s = torch.matmul(xc, kc.t())
         if norm == "l2_norm_gelu":
@@ -105,7 +109,7 @@ class PattentionFunction(torch.autograd.Function):
     def backward(ctx, grad_y: torch.Tensor):
         norm, scale, eps = ctx.norm, ctx.scale, ctx.eps
         xc, kc, vc, saved, r = ctx.saved_tensors[:5]
-        with torch.autocast(xc.device.type, enabled=False):
+        with _no_autocast(xc)[1]:
             gy = grad_y.to(xc.dtype)
             g = torch.matmul(gy, vc.t())  # dΘ
             c = None  # the per-row factor folded into the [L, d] side (None: already applied)

@@ -32,7 +32,9 @@ from .fused import fused_pattention
 THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
 # "fused": tokenformer.fused (one custom autograd Function, analytic backward, few passes over the
 # scores); "reference": theta() below under plain autograd, the ground truth the fused path is
-# tested against. "auto" picks fused (see docs/performance.md for the measurements behind it).
+# tested against. "auto": fused when autograd records the call (training: less time and half the
+# activation memory), reference otherwise (inference: at the few rows per call of decoding the
+# fused path's extra per-call overhead outweighs its one saved pass). docs/performance.md.
 PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference")
 
 
@@ -136,7 +138,9 @@ class Pattention(nn.Module):
         nn.init.normal_(self.value_param_tokens, std=self.value_init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.impl != "reference":
+        if self.impl == "fused" or (self.impl == "auto" and torch.is_grad_enabled() and (
+                x.requires_grad or self.key_param_tokens.requires_grad
+                or self.value_param_tokens.requires_grad)):
             return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm,
                                     self.scale, self.eps)
         scores = torch.matmul(x, self.key_param_tokens.t())
