@@ -8,7 +8,8 @@ Cases: FFN 3072 → 6144 tokens, Q/K/V and proj 768 → 1536 tokens, both, one e
 grow with the input model (what the trainer and the CLI use). Each time is the best of
 ``--repeats`` runs in a warm process: the one-off cost of the first
 growth in a process (torch imports its meta-device kernels, ~1-4 s) is printed separately.
-The max |Δlogit| on a 1×16 probe batch is printed for each case.
+The max |Δlogit| on a 1×16 probe batch is printed for each case, and, as the floor growth cannot
+beat, the time to write as many bytes of freshly allocated memory.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def main() -> None:
     grow(tiny, ffn="2x")
     print(f"first growth in a process (one-off imports): {time.perf_counter() - start:.2f} s")
 
+    # The floor: writing as many fresh bytes as the FFN 2x growth must (its grown tensors), and as
+    # a full copy of the grown model must (copy=True).
+    grown_ffn = 2 * model.config.num_layers * 2 * model.config.ffn_tokens * model.config.hidden_size
+    for label, numel in (("grown FFN tensors", grown_ffn),
+                         ("whole grown model", model.num_parameters() + grown_ffn // 2)):
+        seconds, _ = best_of(args.repeats, lambda n=numel: torch.empty(n).fill_(1.0))
+        print(f"floor: writing {numel * 4 / 1e6:,.0f} MB of fresh memory ({label}): {seconds}")
     print(f"\n| case (best of {args.repeats}) | grown parameters | copy=True | copy=False "
           f"| max abs Δlogit |")
     print("|---|---|---|---|---|")
