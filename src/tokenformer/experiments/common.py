@@ -356,14 +356,16 @@ def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "f
                 ylim: tuple[float, float] | None = None, dpi: int = 110) -> Path:
     """One curve per arm (mean over seeds, min–max band when several), events marked by dots.
 
-    ``groups`` maps arm to a group name: arms of a group share a colour family. ``hline`` draws
+    ``groups`` maps arm to a group name: arms of a group share a colour family; pass the groups
+    of every arm of the experiment so that an arm keeps its colour in every plot. ``hline`` draws
     a dashed reference level (value, label), e.g. a target loss. Written atomically as PNG.
     """
     from matplotlib.figure import Figure  # lazy: the ``plot`` extra
 
     fig = Figure(figsize=(10, 5.6), layout="constrained")
     ax = fig.add_subplot()
-    palette = _palette(list(curves), groups or {})
+    groups = groups or {}
+    palette = _palette(list(dict.fromkeys([*groups, *curves])), groups)
     for name, runs in curves.items():
         mean = mean_curve(runs)
         xs, ys = mean.column(x), mean.column(y)

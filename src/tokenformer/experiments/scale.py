@@ -512,13 +512,20 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
                      + "; ".join(f"{c['a']} {_diff(c)} → {c['verdict']}" for c in matched) + ".")
     parts = []
     for name, rows in summary["transient"].items():
-        r = rows[0]
-        if name.startswith("grow-") and name.endswith("carry-wsd") and r["before"] is not None \
-                and r["after"].get("0") is not None:
-            parts.append(f"{name.split('-')[1]} {r['before']:.3f} → {r['after']['0']:.3f}")
+        if not (name.startswith("grow-") and name.endswith("carry-wsd")):
+            continue
+        growths = []
+        for r in rows:
+            after = [v for v in r["after"].values() if v is not None]
+            if r["before"] is not None and r["after"].get("0") is not None:
+                growths.append(f"{r['growth']} {r['before']:.3f} → {r['after']['0']:.3f} → "
+                               f"{max(after):.3f}")
+        if growths:
+            parts.append(f"{name.split('-')[1]}: " + ", ".join(growths))
     if parts:
-        lines.append("**Right at the first growth** (validation loss just before → right after): "
-                     + ", ".join(parts) + ".")
+        window = max(results["preset"]["dense"])
+        lines.append(f"**Around each growth** (validation loss just before → right after → "
+                     f"highest in the next {window} steps): " + "; ".join(parts) + ".")
     recipe = deciding_first([c for c in comps if c["question"].startswith("exact vs")])
     if recipe:
         lines.append("**Exact vs the paper's and the released code's recipes** (final loss): "
@@ -566,17 +573,23 @@ def make_plots(results: dict[str, Any], out: str | Path) -> list[str]:
         hline = None
         if summary["target"] is not None and y == "loss":
             hline = (summary["target"], f"target: final loss of {summary['reference']}")
-        finals = [c.final.loss for runs in data.values() for c in runs]
-        # the first evaluations sit near ln(vocab): clip them so the end of training is legible
+        # The first evaluations sit near ln(vocab): clip them so that the end of training is
+        # legible, but keep every point from the first growth on (the transients) in view.
         ylim = None
-        if y == "loss" and finals:
+        runs_ = [c for runs in data.values() for c in runs]
+        if y == "loss" and runs_:
+            finals = [c.final.loss for c in runs_]
             lo, hi = min(finals), max(finals)
-            ylim = (lo - 0.05 * max(hi - lo, 0.1), hi + 0.8 * max(hi - lo, 0.1))
+            first_growth = min((e.step for c in runs_ for e in c.events), default=None)
+            late = [p.loss for c in runs_ for p in c.points
+                    if first_growth is not None and p.step >= first_growth]
+            span = max(hi - lo, 0.1)
+            ylim = (lo - 0.05 * span, max([hi + 0.8 * span, *late]) + 0.05 * span)
         title = {"headline.png": "Deciding arms: validation loss vs cumulative training FLOPs",
                  "transient.png": "Grown arms and the small model trained longer, by step"}.get(
             file, f"{y} vs {x}, every arm")
         plot_curves(data, Path(out) / file, x=x, y=y, logx=logx, title=title, hline=hline,
-                    ylim=ylim, groups={n: arms[n]["group"] for n in names})
+                    ylim=ylim, groups={n: a["group"] for n, a in arms.items()})
         written.append(file)
     return written
 
