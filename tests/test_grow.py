@@ -574,3 +574,25 @@ def test_cli_grows_a_training_checkpoint(tmp_path, capsys) -> None:
     assert not resumed.state[new_key]["exp_avg"][24:].any()
     assert float(resumed.state[new_key]["step"]) == 2
     assert (out / "rng.pt").is_file()
+
+
+def test_cli_grows_an_official_checkpoint(tmp_path, capsys) -> None:
+    """A released-layout pytorch_model.bin (here a tiny one) grows like 354M → 757M: qkv and proj
+    768 → 1792, ffn 3072 → 7168 is ×7/3, scaled down to 12 → 28 and 48 → 112 tokens."""
+    from tokenformer.official import load_official, save_official
+
+    model = make(qkv_tokens=12, proj_tokens=12, ffn_tokens=48)
+    source = tmp_path / "official"
+    source.mkdir()
+    save_official(model, source / "pytorch_model.bin")
+    (source / "config.json").write_text(json.dumps({"num_attention_heads": 4, "seq_length": 32,
+                                                    "norm_activation_type": "l2_norm_gelu"}))
+    out = tmp_path / "grown"
+    assert main(["grow", str(source), "--qkv", "28", "--proj", "28", "--ffn", "112",
+                 "--out", str(out)]) == 0
+    assert "optimizer    none found" in capsys.readouterr().out
+    official = load_official(source)
+    grown = TokenFormerLM.load(out)
+    assert (grown.config.qkv_tokens, grown.config.ffn_tokens) == (28, 112)
+    assert grown.config.qkv_scale == math.sqrt(12) and grown.config.ffn_scale == math.sqrt(48)
+    assert relative_change(official, grown) <= 1e-5
