@@ -58,6 +58,7 @@ import math
 import numbers
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -190,25 +191,7 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
     new_layers = resolve_size(layers, old_layers, "layers")
     layer_source = _layer_plan(old_layers, new_layers, positions)
 
-    changes: dict[str, object] = {"num_layers": new_layers}
-    for kind, n_new in sizes.items():
-        n_old = getattr(config, f"{kind}_tokens")
-        if n_new == n_old:
-            continue
-        changes[f"{kind}_tokens"] = n_new
-        if strategy != "exact":
-            changes[f"{kind}_scale"] = None  # Θ's factor follows the new n
-            continue
-        if config.norm == "softmax" and n_new % n_old:
-            raise GrowthError(
-                f"exact growth with Θ=softmax needs a whole multiple of {kind} tokens "
-                f"({n_old} → {n_new} is not): exp(x·k) > 0 for every finite new key, so a new "
-                f"token always takes a share of the normalisation; the exact construction "
-                f"duplicates every old token instead")
-        scale = getattr(config, f"{kind}_scale")
-        changes[f"{kind}_scale"] = scale if scale is not None else default_scale(config.norm,
-                                                                                 n_old)
-    new_config = dataclasses.replace(config, **changes)
+    new_config = _grown_config(config, sizes, new_layers, strategy)
 
     # Built on the meta device (no init cost), then every tensor is assigned below.
     with torch.device("meta"):
@@ -267,6 +250,29 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
         param.requires_grad_(old_params[source[name]].requires_grad)
     new.train(model.training)
     return _Growth(new, source, inserted)
+
+
+def _grown_config(config: Any, sizes: dict[str, int], num_layers: int, strategy: str) -> Any:
+    """The grown model's config: new counts; Θ's factor held (exact) or following n (others)."""
+    changes: dict[str, object] = {"num_layers": num_layers}
+    for kind, n_new in sizes.items():
+        n_old = getattr(config, f"{kind}_tokens")
+        if n_new == n_old:
+            continue
+        changes[f"{kind}_tokens"] = n_new
+        if strategy != "exact":
+            changes[f"{kind}_scale"] = None  # Θ's factor follows the new n
+            continue
+        if config.norm == "softmax" and n_new % n_old:
+            raise GrowthError(
+                f"exact growth with Θ=softmax needs a whole multiple of {kind} tokens "
+                f"({n_old} → {n_new} is not): exp(x·k) > 0 for every finite new key, so a new "
+                f"token always takes a share of the normalisation; the exact construction "
+                f"duplicates every old token instead")
+        scale = getattr(config, f"{kind}_scale")
+        changes[f"{kind}_scale"] = scale if scale is not None else default_scale(config.norm,
+                                                                                 n_old)
+    return dataclasses.replace(config, **changes)
 
 
 def refuse_unsupported(requests: dict[str, object]) -> None:
