@@ -1,0 +1,247 @@
+"""``tokenformer ablate``: every study on both tasks at toy scale, the paper's claims and the
+verdict on hand-made results, divergence handling and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tokenformer.cli import main
+from tokenformer.errors import ConfigError, TokenFormerError
+from tokenformer.experiments import ablate
+from tokenformer.experiments.ablate import (
+    STUDIES,
+    AblationPreset,
+    run_ablation,
+    select_variants,
+    summarize,
+)
+from tokenformer.experiments.common import Curve, Point, have_matplotlib
+
+TOY = {
+    "lm": AblationPreset("toy", base="tiny", steps=2, batch_size=2, eval_every=0, seeds=1,
+                         seq_len=16, eval_batches=1, warmup_steps=1, lr=1e-3,
+                         model=dict(hidden_size=32, num_heads=2, qkv_tokens=8, proj_tokens=8,
+                                    ffn_tokens=32)),
+    "vision": AblationPreset("toy", base="vit-digits-tiny", steps=2, batch_size=16, eval_every=0,
+                             seeds=1, model=dict(hidden_size=32, num_heads=2, num_layers=1,
+                                                 qkv_tokens=8, proj_tokens=8, ffn_tokens=32)),
+}
+
+
+@pytest.fixture(scope="module")
+def toy_runs(tmp_path_factory):
+    """Both studies on both tasks, trained once for the module."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on a shared 2-core machine
+    root = tmp_path_factory.mktemp("ablate")
+    try:
+        yield {(study, task): (run_ablation(study, task, TOY[task], out=root / f"{study}-{task}",
+                                            progress=False, print_fn=lambda _: None),
+                               root / f"{study}-{task}")
+               for task in TOY for study in STUDIES}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("task", ["lm", "vision"])
+@pytest.mark.parametrize("study", ["theta", "norm"])
+def test_every_variant_trains_to_a_finite_metric(toy_runs, study, task):
+    results, out = toy_runs[study, task]
+    variants = STUDIES[study].variants
+    assert list(results["variants"]) == list(variants)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["summary"]["variants"].keys() == set(variants)
+    metric = {"lm": "bpb", "vision": "accuracy"}[task]
+    for v in variants:
+        entry = saved["summary"]["variants"][v]
+        assert entry["metric"]["n"] == TOY[task].seeds
+        values = entry["per_seed"].values()
+        assert all(math.isfinite(x) for x in values)
+        if task == "vision":  # a fraction of the 360 test images
+            assert all(0 <= x <= 1 and round(x * 360) == pytest.approx(x * 360) for x in values)
+        else:  # an untrained byte model is near log2(257) bits; it cannot be far below 0
+            assert all(0 < x < 12 for x in values)
+        # the variant really was trained: the saved model's config carries it
+        config = json.loads((out / "runs" / f"{v}-seed0" / "final" / "config.json").read_text())
+        assert config[STUDIES[study].key] == v
+        runs = saved["variants"][v]["runs"]
+        assert [p["step"] for p in runs["0"]["points"]] == [TOY[task].steps]
+        assert metric in results["summary"]["metric"]
+    report = (out / "report.md").read_text()
+    for v, top1 in STUDIES[study].paper.items():
+        assert f"| `{v}` |" in report and f"{top1:.1f}" in report
+    if have_matplotlib():
+        for png in ("final.png", "curves.png"):
+            assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    assert not (out / ablate.PARTIAL).exists()
+
+
+@pytest.mark.parametrize("task", ["lm", "vision"])
+def test_variants_share_init_and_data_order(toy_runs, task):
+    """The default of one study is the default of the other (same config): with the same seed,
+    init and batches, its curve must be identical, which is what makes the comparisons paired."""
+    def finals(study: str, variant: str) -> list[tuple]:  # wall-clock differs, of course
+        runs = toy_runs[study, task][0]["variants"][variant]["runs"]
+        return [(p["loss"], p["metrics"]) for s in sorted(runs) for p in runs[s]["points"]]
+
+    assert finals("theta", "l2_norm_gelu") == finals("norm", "none")
+    assert finals("theta", "softmax") != finals("theta", "l2_norm_gelu")  # Θ changes the model
+
+
+# --------------------------------------------------------------------- claims and the verdict
+def _results(study: str, task: str, finals: dict[str, list[float]]) -> dict:
+    """Hand-made results: one evaluation per seed with the given final metric."""
+    def curve(x: float) -> dict:
+        if task == "lm":
+            return Curve([Point(10, 100, 1.0, 1.0, x * math.log(2), x)]).to_dict()
+        return Curve([Point(10, 100, 1.0, 1.0, 0.5, math.nan, metrics={"accuracy": x})]).to_dict()
+
+    return {"study": study, "task": task,
+            "variants": {v: {"runs": {str(s): curve(x) for s, x in enumerate(xs)}}
+                         for v, xs in finals.items()}}
+
+
+def test_paper_claims_are_read_from_its_numbers():
+    assert ablate._claims(STUDIES["theta"]) == [
+        ("gelu_l1_norm", "softmax", "better"), ("l2_norm_gelu", "softmax", "better"),
+        ("l2_norm_gelu", "gelu_l1_norm", "better")]
+    # 82.5 / 82.5 / 82.6: every pair is within the paper's noise, i.e. a tie
+    assert {(a, b, k) for a, b, k in ablate._claims(STUDIES["norm"])} == {
+        ("none", "bias", "tie"), ("none", "both", "tie"), ("bias", "both", "tie")}
+
+
+def test_verdict_on_hand_made_accuracies():
+    # seeds agree: l2 > l1 > softmax by 2 and 1 points with 0.1-point noise → ordering holds
+    holds = summarize(_results("theta", "vision", {
+        "softmax": [0.90, 0.91, 0.92], "gelu_l1_norm": [0.91, 0.92, 0.93],
+        "l2_norm_gelu": [0.93, 0.94, 0.95], "gelu_l2_norm": [0.5, 0.6, 0.7]}))
+    assert [c["status"] for c in holds["claims"]] == ["agrees"] * 3
+    assert "ranking holds here" in holds["verdict"][4]
+    assert holds["verdict"][0].startswith("Ranking here (best first, mean over seeds): GELU + L2")
+    by = {c["a"]: c for c in holds["comparisons"]}  # each variant − the reference
+    assert by["softmax"]["mean"] == pytest.approx(-0.03)
+    assert by["softmax"]["spread"] == pytest.approx(0, abs=1e-12)
+    # GELU + L1 beats GELU + L2 on every seed → contradicts the paper
+    reversed_ = summarize(_results("theta", "vision", {
+        "gelu_l1_norm": [0.95, 0.96], "l2_norm_gelu": [0.93, 0.935]}))
+    assert [c["status"] for c in reversed_["claims"]] == ["contradicts"]
+    assert "does not hold" in reversed_["verdict"][2]
+    assert reversed_["verdict"][-1] == ("Resolved better than the default `l2_norm_gelu` here: "
+                                        "`gelu_l1_norm`.")
+    # one seed: nothing can be resolved
+    single = summarize(_results("theta", "vision", {"softmax": [0.9], "l2_norm_gelu": [0.95]}))
+    assert [c["status"] for c in single["claims"]] == ["not resolved"]
+    assert single["verdict"][-1].startswith("**Not resolved**: 0 of 1")
+
+
+def test_verdict_on_hand_made_bits_per_byte_lower_is_better():
+    # lower bpb is better: weight + bias ends clearly lower on both seeds → the tie differs
+    s = summarize(_results("norm", "lm", {"none": [2.0, 2.1], "both": [1.8, 1.9],
+                                          "bias": [2.0, 2.12]}))
+    status = {(c["a"], c["b"]): c["status"] for c in s["claims"]}
+    assert status == {("none", "bias"): "agrees", ("none", "both"): "differs",
+                      ("bias", "both"): "differs"}
+    both = next(c for c in s["comparisons"] if c["a"] == "both")
+    assert both["mean"] == pytest.approx(-0.2) and both["winner"] == "both"
+    assert s["verdict"][-2].startswith("**Unlike the paper**")
+    assert s["verdict"][-1] == "Resolved better than the default `none` here: `both`."
+
+
+# ------------------------------------------------------------------------------ divergence
+def test_a_diverged_run_is_recorded_with_the_worst_metric(tmp_path, monkeypatch):
+    import tokenformer.train as train_module
+
+    def diverging_train(cfg, **_):
+        from pathlib import Path
+
+        run = Path(cfg.out)
+        run.mkdir(parents=True)
+        records = [{"type": "train", "step": 1, "loss": 5.0, "tokens": 32, "flops": 1.0,
+                    "train_time": 0.1},
+                   {"type": "eval", "step": 1, "val_loss": 4.0, "val_bpb": 4 / math.log(2),
+                    "tokens": 32, "flops": 1.0, "train_time": 0.1},
+                   {"type": "train", "step": 2, "loss": math.nan, "tokens": 64, "flops": 2.0,
+                    "train_time": 0.2}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        raise TokenFormerError("the training loss became nan at step 2")
+
+    monkeypatch.setattr(train_module, "train", diverging_train)
+    curve = ablate.train_variant("lm", STUDIES["theta"], "softmax", TOY["lm"], 0, tmp_path / "r")
+    assert curve.info["diverged"] == 2
+    assert [p.step for p in curve.points] == [1, 2] and curve.final.bpb == math.inf
+
+    def failing_train(cfg, **_):  # any other error is not a divergence: it propagates
+        raise TokenFormerError("data directory is corrupt")
+
+    monkeypatch.setattr(train_module, "train", failing_train)
+    with pytest.raises(TokenFormerError, match="corrupt"):
+        ablate.train_variant("lm", STUDIES["theta"], "softmax", TOY["lm"], 0, tmp_path / "r")
+
+
+def test_rerender_counts_a_diverged_seed_as_the_worst(toy_runs, tmp_path):
+    results, out = toy_runs["theta", "lm"]
+    saved = json.loads((out / "results.json").read_text())
+    run = saved["variants"]["softmax"]["runs"]["0"]
+    last = dict(run["points"][-1], step=run["points"][-1]["step"] + 1, loss=None, bpb=None)
+    run["points"].append(last)  # what to_json makes of a diverged run's inf
+    run["info"]["diverged"] = last["step"]
+    (tmp_path / "results.json").write_text(json.dumps(saved))
+    again = ablate.rerender(tmp_path)
+    softmax = again["summary"]["variants"]["softmax"]
+    assert softmax["metric"]["mean"] == math.inf and softmax["diverged_seeds"] == [0]
+    assert again["summary"]["verdict"][0].endswith("exp + L1 (softmax × n) (inf).")
+    assert "diverged: seeds [0]" in (tmp_path / "report.md").read_text()
+    # the untouched variants keep their numbers
+    for v in ("gelu_l1_norm", "l2_norm_gelu"):
+        assert again["summary"]["variants"][v] == results["summary"]["variants"][v]
+    with pytest.raises(ConfigError, match="not an ablation output"):
+        ablate.rerender(tmp_path / "nowhere")
+
+
+# ------------------------------------------------------------------------------- bad input
+def test_variant_selection():
+    theta = STUDIES["theta"]
+    assert select_variants(theta, "l2_norm_gelu, softmax") == ["softmax", "l2_norm_gelu"]
+    with pytest.raises(ConfigError, match="unknown theta variant 'relu'"):
+        select_variants(theta, "softmax,relu")
+    with pytest.raises(ConfigError, match="unknown norm variant 'softmax'"):
+        select_variants(STUDIES["norm"], ["softmax"])  # a Θ name in the norm study
+    with pytest.raises(ConfigError, match="twice"):
+        select_variants(theta, "softmax,softmax")
+    with pytest.raises(ConfigError, match="no variant"):
+        select_variants(theta, " , ")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(study="attention", task="lm"), "unknown study 'attention'"),
+    (dict(study="theta", task="audio"), "unknown task 'audio'"),
+    (dict(study="theta", task="lm", preset="huge"), "unknown ablate preset 'huge'"),
+    (dict(study="theta", task="lm", seeds=0), "--seeds must be >= 1"),
+    (dict(study="theta", task="vision", data="some/dir"), "--data applies to --task lm"),
+    (dict(study="theta", task="lm", variants="gelu"), "unknown theta variant 'gelu'"),
+])
+def test_bad_arguments_fail_before_training(tmp_path, kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        run_ablation(out=tmp_path / "out", progress=False, print_fn=lambda _: None, **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["ablate", "--study", "bogus", "--task", "lm"], "invalid choice: 'bogus'"),
+    (["ablate", "--study", "theta", "--task", "lm", "--seeds", "0"], "must be > 0"),
+    (["ablate", "--study", "norm", "--task", "lm", "--variants", "none,l2_norm_gelu"],
+     "unknown norm variant 'l2_norm_gelu'"),
+    (["ablate", "--study", "theta"], "required: --task"),
+])
+def test_cli_bad_input_is_one_error_line(tmp_path, capsys, argv, needle):
+    try:
+        code = main([*argv, "--out", str(tmp_path / "out")])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0
+    assert len(err) == 1 and err[0].startswith("error:") and needle in err[0]
