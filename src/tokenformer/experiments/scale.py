@@ -669,8 +669,8 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
     if plots:
         lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots if p != "headline.png"] + [""]
     else:
-        lines += ["Plots skipped: matplotlib is not installed "
-                  "(`pip install 'tokenformer[plot]'`).", ""]
+        lines += ["No plots: matplotlib is not installed (`pip install 'tokenformer[plot]'`), "
+                  "or plots were not requested.", ""]
     lines += ["## Method", "",
               "- All arms are trained by the same trainer with the same data order per seed "
               "(batches are a pure function of seed and step; a grown arm's step counter runs on "
@@ -692,15 +692,15 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(results: dict[str, Any], out: str | Path) -> None:
-    """results.json, the plots and report.md, each written atomically."""
+def write_outputs(results: dict[str, Any], out: str | Path, plots: bool = True) -> None:
+    """results.json, the plots (unless ``plots`` is False) and report.md, each atomically."""
     from ..io import atomic_write_text
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", to_json(results))
-    plots = make_plots(results, out)
-    atomic_write_text(out / "report.md", report_markdown(results, plots))
+    names = make_plots(results, out) if plots else []
+    atomic_write_text(out / "report.md", report_markdown(results, names))
 
 
 def machine_summary() -> dict[str, Any]:
@@ -1064,7 +1064,8 @@ PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp
 def run_scale(preset: str | ScalePreset = "quick", *, seeds: int | None = None,
               data: str | Path | None = None, out: str | Path = "runs/scale",
               device: str = "cpu", dtype: str | None = None, progress: bool | None = None,
-              command: str | None = None, print_fn: Any = print) -> dict[str, Any]:
+              command: str | None = None, print_fn: Any = print, plots: bool = True
+              ) -> dict[str, Any]:
     """Run the experiment and write ``report.md``, ``results.json`` and the plots into ``out``.
 
     ``seeds``: seeds of the deciding arms (default: the preset's); the other arms run the first
@@ -1105,7 +1106,7 @@ def run_scale(preset: str | ScalePreset = "quick", *, seeds: int | None = None,
     results = assemble(p, plans, curves, command=command or f"run_scale({p.name!r})",
                        seeds=list(range(p.seeds)), device=dev.type, precision=precision,
                        data=data_info, wall_clock=time.perf_counter() - t0)
-    write_outputs(results, out)
+    write_outputs(results, out, plots)
     (out / PARTIAL).unlink(missing_ok=True)
     print_fn(f"scale: done in {results['wall_clock']:.0f} s; report: {out / 'report.md'}")
     for line in results["summary"]["verdict"]:
