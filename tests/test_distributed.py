@@ -77,3 +77,11 @@ def test_data_parallel_matches_single_process(strategy, single, dataset_dir, tmp
             assert torch.equal(a, b)
         assert any(not torch.equal(a, b) for a, b in zip(model.parameters(),
                                                          final.parameters(), strict=True))
+        # resume the sharded step-4 checkpoint under torchrun: step 5 again, bit for bit
+        shutil.rmtree(out / "final")
+        resumed = torchrun(["--resume", str(out), "--no-progress"])
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert [r["loss"] for r in read_metrics(out) if r["type"] == "train"] == losses
+        again = TokenFormerLM.load(out / "final")
+        for a, b in zip(final.parameters(), again.parameters(), strict=True):
+            assert torch.equal(a, b)

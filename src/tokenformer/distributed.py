@@ -99,8 +99,10 @@ def wrap_model(model: nn.Module, world: World, device: torch.device) -> nn.Modul
         ids = [device.index] if device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
     if world.strategy == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
+        if isinstance(model, FSDPModule):  # already sharded (a restored checkpoint)
+            return model
         for block in _blocks(model):
             fully_shard(block)
         fully_shard(model)

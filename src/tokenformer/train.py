@@ -802,6 +802,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         elif (run_dir / METRICS).exists() or (run_dir / RUN_CONFIG).exists():
             raise ConfigError(f"{run_dir} already holds a run; resume it with --resume "
                               f"{run_dir}, or choose another --out")
+        dist_.barrier(world)  # every rank has looked at run_dir before rank 0 writes into it
         eval_fn = lm_evaluator(dataset, cfg.seq_len, max(1, cfg.batch_size // world.world_size),
                                cfg.eval_batches, device)
         torch.manual_seed(cfg.seed)
