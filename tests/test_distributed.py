@@ -36,13 +36,16 @@ def common(dataset_dir: Path) -> list[str]:
             "--checkpoint-interval", "2", "--samples", "0", "--threads", "1", "--no-progress"]
 
 
-@pytest.fixture(scope="module")
-def single(dataset_dir, tmp_path_factory) -> list[float]:
-    out = tmp_path_factory.mktemp("single") / "run"
+# DDP also grows the model mid-run (random new tokens: every rank must draw the same ones).
+GROWTH = {"ddp": ["3:qkv=2x,ffn=2x,layers=3,strategy=paper"], "fsdp": []}
+
+
+def single(dataset_dir: Path, out: Path, grow_at: list[str]) -> list[dict]:
+    """The reference: one process, the same global batch, in this process."""
     cfg = load_config("tiny", {"data": str(dataset_dir), "out": str(out), "steps": STEPS,
                                "batch_size": 8, "eval_interval": 0, "eval_batches": 1,
-                               "samples": 0, "threads": 1})
-    return train(cfg, progress=False, print_fn=lambda s: None).losses
+                               "samples": 0, "threads": 1, "grow_at": grow_at})
+    return train(cfg, progress=False, print_fn=lambda s: None).records
 
 
 def torchrun(args: list[str]) -> subprocess.CompletedProcess:
@@ -55,16 +58,24 @@ def torchrun(args: list[str]) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_data_parallel_matches_single_process(strategy, single, dataset_dir, tmp_path):
+def test_data_parallel_matches_single_process(strategy, dataset_dir, tmp_path):
     out = tmp_path / strategy
+    grow = [a for spec in GROWTH[strategy] for a in ("--grow-at", spec)]
     # grad_accum 2 on each rank also exercises the skipped gradient syncs
     result = torchrun([*common(dataset_dir), "--out", str(out), "--strategy", strategy,
-                       "--grad-accum", "2"])
+                       "--grad-accum", "2", *grow])
     errors = [line for line in result.stderr.splitlines() if "rror" in line and "W" != line[:1]]
     assert result.returncode == 0, "\n".join(errors[-20:]) or result.stderr[-3000:]
-    losses = [r["loss"] for r in read_metrics(out) if r["type"] == "train"]
+    reference = single(dataset_dir, tmp_path / "single", GROWTH[strategy])
+    records = read_metrics(out)
+    losses = [r["loss"] for r in records if r["type"] == "train"]
     assert len(losses) == STEPS
-    assert losses == pytest.approx(single, abs=1e-5)
+    assert losses == pytest.approx([r["loss"] for r in reference if r["type"] == "train"],
+                                   abs=1e-5)
+    # evaluations (including those around the growth) do not depend on the world size
+    evals = [r.get("val_loss") or r["after"]["val_loss"] for r in records if r["type"] != "train"]
+    assert evals == pytest.approx([r.get("val_loss") or r["after"]["val_loss"]
+                                   for r in reference if r["type"] != "train"], abs=1e-5)
     final = TokenFormerLM.load(out / "final")  # FSDP's final checkpoint is consolidated too
     if strategy == "fsdp":
         assert (out / "final" / "sharded").is_dir()

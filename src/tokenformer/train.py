@@ -803,8 +803,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
             raise ConfigError(f"{run_dir} already holds a run; resume it with --resume "
                               f"{run_dir}, or choose another --out")
         dist_.barrier(world)  # every rank has looked at run_dir before rank 0 writes into it
-        eval_fn = lm_evaluator(dataset, cfg.seq_len, max(1, cfg.batch_size // world.world_size),
-                               cfg.eval_batches, device)
+        # Every rank evaluates the same windows, so the metrics do not depend on the world size.
+        eval_fn = lm_evaluator(dataset, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device)
         torch.manual_seed(cfg.seed)
         model = initial if initial is not None else model_class(cfg.arch)(model_config)
         optimizer = _initial_optimizer(model, cfg) if initial is not None else None
