@@ -3,8 +3,8 @@
 Convention: each script in ``SCRIPTS`` prints its own markdown section (starting with a ``## ``
 heading) to stdout. This file writes a machine-info header, then each script's sections in the
 order below. Sections already in RESULTS.md whose heading no script produced in this run (numbers
-an engineer measured by hand, or a script that failed) are kept, after the new ones, so nothing
-is lost until its script joins the list.
+an engineer measured by hand, or a script that failed) are kept; every section keeps its place in
+the file and new headings are appended, so nothing is lost until its script joins the list.
 
     python benchmarks/run_all.py                     # everything (long: tens of minutes)
     python benchmarks/run_all.py --only fused decode # a subset, others' sections are kept
@@ -30,7 +30,7 @@ RESULTS = HERE / "RESULTS.md"
 
 # name -> (script, arguments). --cpu-time: single-thread CPU time, robust on a shared machine.
 SCRIPTS: dict[str, tuple[str, list[str]]] = {
-    "pattention": ("pattention.py", []),
+    "pattention": ("pattention.py", ["--threads", "1", "--clock", "cpu", "--reps", "7"]),
     "fused": ("fused.py", ["--cpu-time"]),
     "compile": ("compile.py", ["--cpu-time"]),
     "decode": ("decode.py", ["--cpu-time"]),
@@ -104,12 +104,14 @@ def main(argv: list[str] | None = None) -> int:
 
     # Read as late as possible: others append their hand-measured sections while this runs.
     old = split_sections(RESULTS.read_text()) if RESULTS.exists() else {}
-    kept = {h: s for h, s in old.items() if h not in new}
+    kept = [h for h in old if h not in new]
+    # Sections keep their place in the file; headings new to it go at the end.
+    body = [new.get(h, old[h]) for h in old] + [s for h, s in new.items() if h not in old]
     parts = ["# Benchmark results\n",
              "Written by `python benchmarks/run_all.py`; each section names the command that "
              "produced it. Sections no script in run_all produces yet were measured by hand and "
              "are kept as they were.\n",
-             machine_info() + "\n", *new.values(), *kept.values()]
+             machine_info() + "\n", *body]
     atomic_write_text(RESULTS, "\n".join(parts))
     print(f"[run_all] wrote {RESULTS} ({len(new)} new, {len(kept)} kept section(s))")
     for f in failed:
