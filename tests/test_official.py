@@ -121,10 +121,10 @@ def reference_logits(c: Official, state: dict[str, torch.Tensor], ids: torch.Ten
     return h @ w["sequential.0.word_embeddings.weight"].T
 
 
-def assert_logits_match(logits: torch.Tensor, reference: torch.Tensor) -> None:
+def assert_logits_match(logits: torch.Tensor, reference: torch.Tensor, tol: float = 1e-5) -> None:
     assert logits.dtype == torch.float32 and logits.shape == reference.shape
     relative = (logits.double() - reference).abs().max() / reference.abs().max()
-    assert relative <= 1e-5, f"max relative error {relative:.3g}"
+    assert relative <= tol, f"max relative error {relative:.3g}"
 
 
 # ------------------------------------------------------------------------------------ the tests
@@ -161,7 +161,9 @@ def test_from_official_matches_reference(tmp_path: Path, name: str) -> None:
     ids = torch.randint(0, c.rows, (3, 23), generator=torch.Generator().manual_seed(1))
     reference = reference_logits(c, state, ids)
     with torch.no_grad():
-        assert_logits_match(model(ids).logits, reference)
+        # exp() without max-subtraction (the official "softmax") amplifies fp32 rounding, which
+        # varies with the thread count's matmul kernels: measured up to 1.3e-5 there.
+        assert_logits_match(model(ids).logits, reference, 5e-5 if name == "softmax" else 1e-5)
         # In float64 the only differences left are the order of floating-point operations.
         exact = model.double()(ids).logits
     assert (exact - reference).abs().max() / reference.abs().max() < 1e-12
