@@ -480,8 +480,12 @@ def make_plots(results: dict[str, Any], out: str | Path) -> list[str]:
     if finals:  # the first evaluations are far off: keep the end of training legible
         lo, hi = min(finals), max(finals)
         pad = max(hi - lo, 0.02)
-        ylim = (lo - 0.3 * pad, hi + 3 * pad) if task.lower_is_better else (
-            lo - 3 * pad, min(1.0, hi + 0.3 * pad) if task.percent else hi + 0.3 * pad)
+        if task.lower_is_better:
+            ylim = (lo - 0.3 * pad, hi + 3 * pad)
+        else:
+            ylim = (lo - 3 * pad, hi + 0.3 * pad)
+            if task.percent:  # a fraction: stay within [0, 1]
+                ylim = (max(0.0, ylim[0]), min(1.0, ylim[1]))
     plot_curves(curves, Path(out) / "curves.png", x="step", y=task.metric, logx=False,
                 labels=study.labels, ylim=ylim,
                 title=f"{study.title}: {task.label} during training (mean over seeds, band: "
@@ -507,7 +511,8 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
     lines = [
         f"# Ablation: {study.title} ({results['task']})", "",
         f"Command: `{results['command']}`  ",
-        f"Preset `{p['name']}`: model `{p['base']}` {p['model'] or ''} varying `{study.key}`, "
+        f"Preset `{p['name']}`: model `{p['base']}`"
+        + "".join(f" {k}={v}" for k, v in p["model"].items()) + f", varying `{study.key}`, "
         f"{p['steps']} steps × batch {p['batch_size']}"
         + (f" × {p['seq_len']} tokens" if results["task"] == "lm" else " images")
         + f", seeds {results['seeds']}.  ",
