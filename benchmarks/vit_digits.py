@@ -5,7 +5,8 @@ cores. Trains through the trainer's loop (``tokenformer vision train`` does the 
 parameter-matched standard ViT with the same recipe for comparison.
 
     python benchmarks/vit_digits.py                      # vit-digits-tiny, then its matched ViT
-    python benchmarks/vit_digits.py --threads 1 --seeds 0 1 2 --no-baseline
+    python benchmarks/vit_digits.py --seeds 0 1 2 3 --no-baseline
+    python benchmarks/vit_digits.py --threads 0            # torch's default thread count
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="vit-digits-tiny")
     parser.add_argument("--steps", type=int, default=DIGITS_TRAIN["steps"])
-    parser.add_argument("--threads", type=int, default=0, help="0: torch's default")
+    parser.add_argument("--threads", type=int, default=DIGITS_TRAIN["threads"],
+                        help="torch threads (0: torch's default)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--no-baseline", action="store_true")
     args = parser.parse_args()

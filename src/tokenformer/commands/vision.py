@@ -21,9 +21,11 @@ from torch import nn
 from ..errors import ConfigError
 from ..vit import TokenFormerViTConfig, ViTConfig, build_vision_model, load_vision_model
 
-# Digits defaults: the recipe benchmarks/vit_digits.py measures (docs/vision.md).
+# Digits defaults: the recipe benchmarks/vit_digits.py measures (docs/vision.md). One thread:
+# matmuls this small gain nothing from a second one, and on a busy machine a second thread spins
+# (measured: 600 steps took 812 s with two threads against ~110 s with one, at load average ~12).
 DIGITS_TRAIN = dict(steps=600, batch_size=128, lr=3e-3, min_lr=3e-4, warmup_steps=30,
-                    weight_decay=0.05, beta2=0.98, eval_interval=0)
+                    weight_decay=0.05, beta2=0.98, eval_interval=0, threads=1)
 EVAL_BATCH = 256
 
 
@@ -149,13 +151,14 @@ def train_vision(preset: str = "vit-digits-tiny", data: str = "digits", *,
     """Train a vision model with the trainer's loop; report top-1 and a confusion matrix.
 
     ``train_overrides`` are :class:`tokenformer.train.TrainConfig` fields (steps, batch_size, lr,
-    seed, threads, ...); digits runs default to ``DIGITS_TRAIN``. With ``out``, the run directory
-    holds the trainer's ``metrics.jsonl`` and ``final/`` checkpoint (loadable with
-    ``load_vision_model``), ``confusion.png`` and ``results.json``.
+    seed, threads, ...); digits runs default to ``DIGITS_TRAIN``, folders to TrainConfig's.
+    With ``out``, the run directory holds the trainer's ``metrics.jsonl`` and ``final/``
+    checkpoint (loadable with ``load_vision_model``), ``confusion.png`` and ``results.json``.
     """
     from ..train import TrainConfig
 
-    cfg = TrainConfig.from_dict({**DIGITS_TRAIN, **train_overrides})
+    cfg = TrainConfig.from_dict({**(DIGITS_TRAIN if data == "digits" else {}),
+                                 **train_overrides})
     threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -296,7 +299,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--batch-size", type=int)
     q.add_argument("--lr", type=float)
     q.add_argument("--seed", type=int)
-    q.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    q.add_argument("--threads", type=int, help="torch threads (default 1; 0: torch's choice)")
     q.add_argument("--max-shift", type=int, default=1, help="digits: random shift in pixels")
     q.add_argument("--set", dest="model_set", action="append", default=[], metavar="KEY=VALUE",
                    help="model config override, e.g. --set pool=mean --set image_size=64")
