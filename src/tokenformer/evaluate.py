@@ -22,7 +22,6 @@ This module does not import transformers; :func:`run_tasks` imports lm-eval and
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from .config import TokenFormerConfig
 from .errors import ConfigError, DataError
 from .model import TokenFormerLM, load_model
-from .tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from .tokenizer import Tokenizer, resolve_tokenizer
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"
 OFFLINE_TASKS = ("kjv_lastword", "kjv_choice")
@@ -43,49 +42,6 @@ PAPER_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge
 
 
 # ------------------------------------------------------------------------------ model & tokenizer
-def is_hf_folder(spec: str | Path) -> bool:
-    """True for a folder written by ``save_pretrained`` (``config.json`` names the model type)."""
-    config = Path(spec) / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        return json.loads(config.read_text()).get("model_type") == "tokenformer"
-    except (json.JSONDecodeError, AttributeError):
-        return False
-
-
-def load_eval_model(spec: str | Path) -> TokenFormerLM:
-    """A preset, our model folder, an official checkpoint, or a Hugging Face folder (the last
-    needs the ``hf`` extra)."""
-    if is_hf_folder(spec):
-        from .hf import load_core
-
-        return load_core(spec)
-    return load_model(spec)
-
-
-def resolve_tokenizer(spec: str | Path, config: TokenFormerConfig,
-                      tokenizer: str | Path | None = None) -> Tokenizer:
-    """``tokenizer`` if given, else the one saved beside the model, else bytes for a 257-token
-    vocabulary; checked against the model's vocabulary."""
-    if tokenizer is not None:
-        tok = load_tokenizer(tokenizer)
-    else:
-        path = Path(spec)
-        folder = path if path.is_dir() else path.parent
-        if (folder / "tokenizer.json").is_file() or (folder / "tokenizer_bytes.json").is_file():
-            tok = load_tokenizer(folder)
-        elif config.vocab_size == ByteTokenizer.vocab_size:
-            tok = ByteTokenizer()
-        else:
-            raise ConfigError(f"no tokenizer found beside {spec}; pass --tokenizer "
-                              f"(a tokenizer.json, or 'bytes')")
-    if tok.vocab_size > config.padded_vocab_size:
-        raise ConfigError(f"tokenizer has {tok.vocab_size} tokens but the model's vocabulary has "
-                          f"{config.padded_vocab_size} rows")
-    return tok
-
-
 # ------------------------------------------------------------------------------------- windows
 def sliding_windows(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
     """``(begin, end, n_scored)`` for each window over ``n_tokens`` tokens: the window holds
@@ -216,7 +172,7 @@ def evaluate_data(model_spec: str | Path, data: str | Path, *, tokenizer: str | 
     data = Path(data)
     if not data.exists():
         raise DataError(f"data not found: {data}")
-    model = load_eval_model(model_spec).to(device)
+    model = load_model(model_spec).to(device)
     if data.is_dir():
         tokens: Any = data
         if tokenizer is not None:

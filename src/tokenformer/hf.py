@@ -284,22 +284,12 @@ def load_hf(path: str | Path, **kwargs: Any) -> TokenFormerForCausalLM:
     return model.eval()
 
 
-def load_core(spec: str | Path) -> TokenFormerLM:
-    """Any model we can read as the core model: a Hugging Face folder, our own folder, an
-    official checkpoint, or a preset name."""
-    from .evaluate import is_hf_folder
-
-    if is_hf_folder(spec):
-        return load_hf(spec).model
-    return load_model(spec)
-
-
 def load_for_transformers(spec: str | Path, tokenizer: str | Path | None = None
                           ) -> tuple[TokenFormerForCausalLM, PreTrainedTokenizerFast]:
     """Model and tokenizer objects for transformers/lm-eval from any model spec."""
-    from .evaluate import resolve_tokenizer
+    from .tokenizer import resolve_tokenizer
 
-    model = TokenFormerForCausalLM.from_core(load_core(spec)).eval()
+    model = TokenFormerForCausalLM.from_core(load_model(spec)).eval()
     tok = resolve_tokenizer(spec, model.config.to_core(), tokenizer)
     return model, to_hf_tokenizer(tok, model.config.max_seq_len)
 
@@ -326,6 +316,6 @@ def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | P
 
 def convert_to_official(model_dir: str | Path, out_path: str | Path) -> Path:
     """An HF folder (or our own folder) → the official ``pytorch_model.bin`` key layout."""
-    model = load_core(model_dir)
+    model = load_model(model_dir)
     save_official(model, out_path)
     return Path(out_path)

@@ -413,7 +413,9 @@ def check_state_dict(expected: dict[str, torch.Tensor], state: dict[str, torch.T
 
 
 def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
-    """A preset name (random init, seeded by the caller), our model directory, or an official
+    """The one loader behind every command: a preset name (random init, seeded by the caller);
+    a model directory of ours (any ``arch``: TokenFormer or a Transformer baseline); a Hugging
+    Face folder written by :mod:`tokenformer.hf` (needs the ``hf`` extra); or an official
     checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file)."""
     from .config import PRESETS
 
@@ -423,4 +425,16 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path} (nor a preset name; presets: "
                               f"{', '.join(PRESETS)})")
-    return TokenFormerLM.from_pretrained(path, **official_kwargs)
+    if path.is_dir() and (path / WEIGHTS_NAME).is_file():
+        try:
+            model_type = json.loads((path / CONFIG_NAME).read_text()).get("model_type")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            model_type = None
+        if model_type == "tokenformer":
+            from .hf import load_hf
+
+            return load_hf(path).model
+        from .baselines import load_model_dir
+
+        return load_model_dir(path)
+    return TokenFormerLM.from_official(path, **official_kwargs)

@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from .errors import ConfigError
 
@@ -149,3 +149,27 @@ def parse_bpe_spec(spec: str) -> int | None:
         return int(spec[len(BPE_PREFIX):])
     except ValueError:
         raise ConfigError(f"expected bpe:VOCAB with an integer VOCAB, got {spec!r}") from None
+
+
+def resolve_tokenizer(model_spec: str | Path, config: Any,
+                      tokenizer: str | Path | None = None) -> Tokenizer:
+    """The tokenizer for a model: ``tokenizer`` if given, else the one saved beside the model
+    (its directory, or the directory of a checkpoint file), else bytes for a 257-token
+    vocabulary; checked against the model's vocabulary (``config.padded_vocab_size``)."""
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    else:
+        path = Path(model_spec)
+        folder = path if path.is_dir() else path.parent
+        if path.exists() and ((folder / TOKENIZER_FILE).is_file()
+                              or (folder / BYTES_MARKER).is_file()):
+            tok = load_tokenizer(folder)
+        elif config.vocab_size == ByteTokenizer.vocab_size:
+            tok = ByteTokenizer()
+        else:
+            raise ConfigError(f"no tokenizer found beside {model_spec}; pass --tokenizer "
+                              f"(a tokenizer.json, or 'bytes')")
+    if tok.vocab_size > config.padded_vocab_size:
+        raise ConfigError(f"tokenizer has {tok.vocab_size} tokens but the model's vocabulary has "
+                          f"{config.padded_vocab_size} rows")
+    return tok

@@ -60,24 +60,11 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
                   tokenizer: str | None = None, device: str = "cpu") -> str:
     """Load a model (a preset gives a randomly initialised one) and continue ``prompt``."""
     from ..model import load_model
-    from ..tokenizer import ByteTokenizer, load_tokenizer
+    from ..tokenizer import resolve_tokenizer
 
     torch.manual_seed(seed)
     model = load_model(spec).to(device).eval()
-    if tokenizer is not None:
-        tok = load_tokenizer(tokenizer)
-    elif Path(spec).is_dir():
-        tok = load_tokenizer(spec) if _has_tokenizer(Path(spec)) else None
-    else:
-        tok = None
-    if tok is None:
-        if model.config.vocab_size != ByteTokenizer.vocab_size:
-            raise ConfigError(f"no tokenizer found beside {spec}; pass --tokenizer "
-                              f"(a tokenizer.json, or 'bytes')")
-        tok = ByteTokenizer()
-    if tok.vocab_size > model.config.padded_vocab_size:
-        raise ConfigError(f"tokenizer has {tok.vocab_size} tokens but the model's vocabulary "
-                          f"has {model.config.padded_vocab_size} rows")
+    tok = resolve_tokenizer(spec, model.config, tokenizer)
     ids = tok.encode(prompt)
     if not ids:
         raise ConfigError("the prompt is empty")
@@ -86,12 +73,6 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
                          do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k,
                          top_p=top_p, eos_token_id=tok.eos_token_id, generator=generator)
     return tok.decode(out[0].tolist())
-
-
-def _has_tokenizer(path: Path) -> bool:
-    from ..tokenizer import BYTES_MARKER, TOKENIZER_FILE
-
-    return (path / TOKENIZER_FILE).is_file() or (path / BYTES_MARKER).is_file()
 
 
 def _positive(kind: type):
