@@ -224,7 +224,7 @@ def vision_info(preset: str, arch: str = "tokenformer") -> str:
         blocks,
         f"parameters   {c.num_parameters():,} total = {c.num_layers} × "
         f"{c.block_parameters():,} (blocks) + {c.stem_parameters():,} (patch embedding, "
-        f"positions, class token, final norm, head)",
+        f"positions{', class token' if c.pool == 'cls' else ''}, final norm, head)",
         f"FLOPs        {c.training_flops_per_image():.4g} per training image "
         f"({c.training_flops_per_image() / 3:.4g} forward)",
     ])
