@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -78,6 +79,10 @@ def test_every_variant_trains_to_a_finite_metric(toy_runs, study, task):
         for png in ("final.png", "curves.png"):
             assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert not (out / ablate.PARTIAL).exists()
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("report.md", "results.json"):  # written atomically, readable like open()'s
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 @pytest.mark.parametrize("task", ["lm", "vision"])
