@@ -16,3 +16,15 @@ def shared_dir() -> Path:
         if candidate.is_dir():
             return candidate
     pytest.skip("../shared (test data beside the repository) is not available")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models gain nothing from a second thread, and a busy machine makes two threads spin.
+    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -30,13 +30,7 @@ from tokenformer.vit import (
 PIL = pytest.importorskip("PIL.Image")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from a second thread, and a busy machine makes two threads spin."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_config(**kw) -> TokenFormerViTConfig:
