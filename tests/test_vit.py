@@ -27,7 +27,8 @@ from tokenformer.vit import (
     patchify,
 )
 
-PIL = pytest.importorskip("PIL.Image")
+PIL = pytest.importorskip("PIL.Image")  # the `vision` extra
+pytest.importorskip("sklearn")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
