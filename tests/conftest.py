@@ -18,10 +18,10 @@ def shared_dir() -> Path:
     pytest.skip("../shared (test data beside the repository) is not available")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def one_thread():
-    """Tiny models gain nothing from a second thread, and a busy machine makes two threads spin.
-    Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    """Every test runs torch on one thread: tiny models gain nothing from a second one, a busy
+    machine makes two threads spin, and results do not depend on the core count."""
     import torch
 
     threads = torch.get_num_threads()

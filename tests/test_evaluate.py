@@ -24,13 +24,6 @@ from tokenformer.evaluate import evaluate_text, sliding_windows
 TEXT = "In the beginning was the Word — ünïcödé, and tabs\tand lines.\n"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and do not collapse on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -31,13 +31,6 @@ KINDS = {"qkv": ("attention.query", "attention.key", "attention.value"),
          "proj": ("attention.proj",), "ffn": ("mlp",)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matmuls gain nothing from a second thread, and lose a lot to it on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny(norm: str = "l2_norm_gelu", **overrides) -> TokenFormerConfig:

@@ -32,13 +32,6 @@ from tokenformer.official import load_official
 NEOX_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/data/gpt-neox-20b-tokenizer.json"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and do not collapse on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def tiny_config(**overrides) -> TokenFormerConfig:

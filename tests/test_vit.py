@@ -31,7 +31,6 @@ PIL = pytest.importorskip("PIL.Image")  # the `vision` extra
 pytest.importorskip("sklearn")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_config(**kw) -> TokenFormerViTConfig:
