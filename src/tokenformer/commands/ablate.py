@@ -13,8 +13,7 @@ def ablate(args: argparse.Namespace) -> int:
 
     from ..experiments.ablate import run_ablation
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
     command = ("tokenformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ablate"]
                else None)
     run_ablation(args.study, args.task, args.preset, seeds=args.seeds, variants=args.variants,
@@ -54,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="--task lm: a prepared dataset directory (default: the embedded corpus)")
     p.add_argument("--out", default=None,
                    help="output directory (default: runs/ablate-STUDY-TASK-PRESET)")
-    p.add_argument("--threads", type=_positive(int), default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=_positive(int), default=1,
+                   help="torch CPU threads (default 1: the small models gain little from a "
+                        "second thread, and on a busy machine it spins; run studies side by "
+                        "side instead)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=ablate)

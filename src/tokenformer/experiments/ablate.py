@@ -128,9 +128,9 @@ class AblationPreset:
             raise ConfigError(f"ablate: eval_every must be >= 0, got {self.eval_every}")
 
 
-# Sized on a 2-core CPU, where one training step of either model costs ~0.07 s of one core:
-# "full" is 4 variants × 3 seeds × 400 steps per (study, task), all four ≈ 25 core-minutes
-# (≈ 13 min with the four runs spread over both cores); "quick" ≈ 1–2 min per (study, task).
+# Sized on a 2-core CPU (docs/ablations.md): "full" is 4 variants × 3 seeds × 400 steps per
+# (study, task); all four took ≈ 12 core-minutes (≈ 4 per LM study, ≈ 2 per vision study), i.e.
+# ~6–7 min on a quiet 2-core machine. "quick" is 2 seeds × 120 steps.
 _LM = dict(base="tiny", lr=2e-3, warmup_steps=20, seq_len=128, batch_size=16)
 _VISION = dict(base="vit-digits-tiny", batch_size=64)
 PRESETS: dict[str, dict[str, AblationPreset]] = {
