@@ -97,6 +97,23 @@ def test_variants_share_init_and_data_order(toy_runs, task):
     assert finals("theta", "softmax") != finals("theta", "l2_norm_gelu")  # Θ changes the model
 
 
+def test_lm_study_on_a_prepared_directory(tmp_path):
+    """--data: the user's own corpus instead of the embedded one (here: a 4-letter alphabet)."""
+    from tokenformer.data import prepare
+
+    (tmp_path / "corpus.txt").write_text("abcd dcba " * 3000)
+    prepare([tmp_path / "corpus.txt"], "bytes", tmp_path / "data", progress=False)
+    results = run_ablation("theta", "lm", TOY["lm"], variants="softmax,l2_norm_gelu",
+                           data=tmp_path / "data", out=tmp_path / "out", progress=False,
+                           print_fn=lambda _: None)
+    assert list(results["variants"]) == ["softmax", "l2_norm_gelu"]
+    assert str(tmp_path / "data") in results["data"]
+    with pytest.raises(TokenFormerError):
+        run_ablation("theta", "lm", TOY["lm"], data=tmp_path / "missing", out=tmp_path / "o2",
+                     progress=False, print_fn=lambda _: None)
+    assert not (tmp_path / "o2").exists()
+
+
 # --------------------------------------------------------------------- claims and the verdict
 def _results(study: str, task: str, finals: dict[str, list[float]]) -> dict:
     """Hand-made results: one evaluation per seed with the given final metric."""
