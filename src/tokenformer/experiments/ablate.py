@@ -250,10 +250,14 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
 
 # ------------------------------------------------------------------------------------ summary
 def _curve(data: dict[str, Any]) -> Curve:
-    """A saved curve; results.json stores a diverged run's infinite loss as null."""
-    points = [{**p, **{k: math.inf for k in ("loss", "bpb") if p[k] is None}}
-              for p in data["points"]]
-    return Curve.from_dict({**data, "points": points})
+    """A saved curve. results.json stores non-finite numbers as null: a null loss is a diverged
+    run's inf (its bpb too); otherwise a null bpb is the NaN of a task without one (vision)."""
+    def point(p: dict[str, Any]) -> dict[str, Any]:
+        diverged = p["loss"] is None
+        return {**p, "loss": math.inf if diverged else p["loss"],
+                "bpb": (math.inf if diverged else math.nan) if p["bpb"] is None else p["bpb"]}
+
+    return Curve.from_dict({**data, "points": [point(p) for p in data["points"]]})
 
 
 def final_values(results: dict[str, Any], variant: str, column: str) -> dict[int, float]:
