@@ -8,7 +8,6 @@ import math
 import os
 
 import pytest
-import torch
 
 from tokenformer.cli import main
 from tokenformer.errors import ConfigError, TokenFormerError
@@ -35,17 +34,12 @@ TOY = {
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
-    """Both studies on both tasks, trained once for the module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models on a shared 2-core machine
+    """Both studies on both tasks, trained once for the module (on one thread: conftest)."""
     root = tmp_path_factory.mktemp("ablate")
-    try:
-        yield {(study, task): (run_ablation(study, task, TOY[task], out=root / f"{study}-{task}",
-                                            progress=False, print_fn=lambda _: None),
-                               root / f"{study}-{task}")
-               for task in TOY for study in STUDIES}
-    finally:
-        torch.set_num_threads(threads)
+    return {(study, task): (run_ablation(study, task, TOY[task], out=root / f"{study}-{task}",
+                                         progress=False, print_fn=lambda _: None),
+                            root / f"{study}-{task}")
+            for task in TOY for study in STUDIES}
 
 
 @pytest.mark.parametrize("task", ["lm", "vision"])
