@@ -1093,8 +1093,12 @@ def run_scale(preset: str | ScalePreset = "quick", *, seeds: int | None = None,
                  "train_tokens": int(dataset.meta["train_tokens"]),
                  "val_tokens": int(dataset.meta["val_tokens"]),
                  "bytes_per_token": dataset.bytes_per_token("val")}
+    import torch
+
+    # the thread count changes reduction orders, and so the numbers: never mix runs across it
     settings = {"preset": dataclasses.asdict(p), "data": data_info, "device": dev.type,
-                "precision": precision, "version": __version__}
+                "precision": precision, "version": __version__,
+                "threads": torch.get_num_threads()}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     n_total = estimate_jobs(plans, p)
