@@ -12,9 +12,25 @@ import importlib
 import os
 import pkgutil
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from . import __version__, commands
 from .errors import TokenFormerError
+
+
+def positive(kind: type) -> Callable[[str], Any]:
+    """argparse ``type=`` for a number > 0 of ``kind`` (int or float)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into e.g. `head`, which closed early: not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .model import _positive
+from ..cli import positive
 
 
 def ablate(args: argparse.Namespace) -> int:
@@ -43,17 +43,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", choices=tuple(PRESETS["lm"]), default="quick",
                    help="quick: a few minutes on 2 CPU cores (default); full: the documented "
                         "run (3 seeds)")
-    p.add_argument("--seeds", type=_positive(int), default=None,
+    p.add_argument("--seeds", type=positive(int), default=None,
                    help="number of seeds (default: the preset's)")
     p.add_argument("--variants", default=None,
                    help=f"comma-separated subset of the study's variants ({variants})")
-    p.add_argument("--steps", type=_positive(int), default=None,
+    p.add_argument("--steps", type=positive(int), default=None,
                    help="training steps per run (default: the preset's)")
     p.add_argument("--data", default=None,
                    help="--task lm: a prepared dataset directory (default: the embedded corpus)")
     p.add_argument("--out", default=None,
                    help="output directory (default: runs/ablate-STUDY-TASK-PRESET)")
-    p.add_argument("--threads", type=_positive(int), default=1,
+    p.add_argument("--threads", type=positive(int), default=1,
                    help="torch CPU threads (default 1: the small models gain little from a "
                         "second thread, and on a busy machine it spins; run studies side by "
                         "side instead)")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..cli import positive
 from ..errors import ConfigError
-from .model import _positive
 
 
 def run(args: argparse.Namespace) -> None:
@@ -36,13 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "kjv_choice (offline) or lambada_openai,hellaswag (download)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.json or 'bytes' (default: the one saved with the model)")
-    p.add_argument("--seq-len", type=_positive(int), default=None,
+    p.add_argument("--seq-len", type=positive(int), default=None,
                    help="window length (default: the model's context)")
-    p.add_argument("--stride", type=_positive(int), default=None,
+    p.add_argument("--stride", type=positive(int), default=None,
                    help="tokens scored per window after the first, <= seq-len - 1 (default: "
                         "seq-len - 1); each token sees >= seq-len - stride tokens of context")
-    p.add_argument("--batch-size", type=_positive(int), default=8)
-    p.add_argument("--limit", type=_positive(int), default=None,
+    p.add_argument("--batch-size", type=positive(int), default=8)
+    p.add_argument("--limit", type=positive(int), default=None,
                    help="lm-eval: at most this many examples per task")
     p.add_argument("--num-fewshot", type=int, default=None, help="lm-eval: few-shot examples")
     p.add_argument("--device", default="cpu")

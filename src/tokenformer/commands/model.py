@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from ..cli import positive
 from ..config import PRESETS, TokenFormerConfig, flops_per_token
 from ..errors import ConfigError
 
@@ -75,33 +76,20 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
     return tok.decode(out[0].tolist())
 
 
-def _positive(kind: type):
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="parameters and FLOPs per token of a preset or checkpoint")
     p.add_argument("model", help="preset name, config file (.json/.yaml), model directory or "
                    "official checkpoint")
-    p.add_argument("--seq-len", type=_positive(int), default=None,
+    p.add_argument("--seq-len", type=positive(int), default=None,
                    help="context length for the attention FLOPs (default: the model's)")
     p.set_defaults(func=lambda a: print(info(a.model, a.seq_len)))
 
     p = sub.add_parser("generate", help="generate text from a checkpoint (or a random preset)")
     p.add_argument("model", help="model directory, official checkpoint, or preset name")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=_positive(int), default=64)
+    p.add_argument("--max-new-tokens", type=positive(int), default=64)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=_positive(int), default=None)
+    p.add_argument("--top-k", type=positive(int), default=None)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.json path or 'bytes'")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..cli import positive
 from ..errors import ConfigError
-from .model import _positive
 
 
 def scale(args: argparse.Namespace) -> int:
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", choices=("quick", "full"), default="quick",
                    help="quick: few arms, one seed, <= 15 min on 2 CPU cores (default); full: "
                         "every arm, 3 seeds for the deciding arms, <= 2 h")
-    p.add_argument("--seeds", type=_positive(int), default=None,
+    p.add_argument("--seeds", type=positive(int), default=None,
                    help="seeds of the deciding arms (default: the preset's)")
     p.add_argument("--data", default=None,
                    help="prepared dataset directory (default: the embedded corpus, bytes)")
@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "listed by --plan --preset full)")
     p.add_argument("--steps", default=None,
                    help="steps per chain stage, e.g. 200,100,100 (default: the preset's)")
-    p.add_argument("--threads", type=_positive(int), default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=positive(int), default=None, help="torch CPU threads")
     p.add_argument("--plan", action="store_true",
                    help="print the arms, their steps and FLOPs and a time estimate; train nothing")
     p.add_argument("--measure", action="store_true",
