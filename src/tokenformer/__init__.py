@@ -3,7 +3,7 @@
 from .config import PRESETS, TokenFormerConfig, flops_per_token
 from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError
 from .grow import grow, grow_with_optimizer
-from .model import CausalLMOutput, KVCache, TokenFormerLM
+from .model import CausalLMOutput, KVCache, TokenFormerLM, load_model
 from .pattention import THETA_VARIANTS, Pattention, theta
 from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer
 from .vit import TokenFormerViT, TokenFormerViTConfig
@@ -15,5 +15,5 @@ __all__ = [
     "ConfigError", "DataError", "GrowthError", "HFTokenizer", "KVCache", "Pattention",
     "TokenFormerConfig", "TokenFormerError", "TokenFormerLM", "TokenFormerViT",
     "TokenFormerViTConfig", "flops_per_token",
-    "grow", "grow_with_optimizer", "load_tokenizer", "theta",
+    "grow", "grow_with_optimizer", "load_model", "load_tokenizer", "theta",
 ]
