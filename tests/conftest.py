@@ -28,3 +28,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def dataset_dir(tmp_path_factory) -> Path:
+    """A small byte-level prepared dataset: the first 200 kB of the embedded corpus."""
+    from tokenformer.data import kjv_text, prepare
+
+    root = tmp_path_factory.mktemp("data")
+    (root / "text.txt").write_text(kjv_text()[:200_000])
+    prepare(root / "text.txt", "bytes", root / "ds", val_fraction=0.1, progress=False)
+    return root / "ds"

@@ -20,14 +20,6 @@ from tokenformer.train import load_config, train
 STEPS = 5
 
 
-@pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory) -> Path:
-    from tokenformer.data import kjv_text, prepare
-
-    root = tmp_path_factory.mktemp("data")
-    (root / "text.txt").write_text(kjv_text()[:100_000])
-    prepare(root / "text.txt", "bytes", root / "ds", val_fraction=0.1, progress=False)
-    return root / "ds"
 
 
 def common(dataset_dir: Path) -> list[str]:

@@ -33,15 +33,6 @@ from tokenformer.train import (
 FAST = {"threads": 1, "samples": 0, "eval_batches": 2}
 
 
-@pytest.fixture(scope="module")
-def dataset_dir(tmp_path_factory) -> Path:
-    """A small byte-level dataset from the embedded corpus (the first 200 kB)."""
-    from tokenformer.data import kjv_text, prepare
-
-    root = tmp_path_factory.mktemp("data")
-    (root / "text.txt").write_text(kjv_text()[:200_000])
-    prepare(root / "text.txt", "bytes", root / "ds", val_fraction=0.1, progress=False)
-    return root / "ds"
 
 
 def cfg_for(dataset_dir: Path, out: Path, **overrides) -> TrainConfig:
