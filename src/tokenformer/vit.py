@@ -38,7 +38,6 @@ from .baselines import TransformerConfig
 from .config import TokenFormerConfig, check_block_fields, flops_per_token
 from .errors import CheckpointError, ConfigError, DataError
 from .model import CONFIG_NAME, Block, LayerNorm, TokenFormerLM
-from .pattention import Pattention
 
 POOLS = ("cls", "mean")
 
@@ -339,18 +338,13 @@ class TokenFormerViT(_VisionTransformer):
     config: TokenFormerViTConfig
     config_class = TokenFormerViTConfig
 
-    def __init__(self, config: TokenFormerViTConfig) -> None:
-        super().__init__(config)
-
     def _make_block(self, config: TokenFormerViTConfig, layer_idx: int) -> nn.Module:
         return Block(config, layer_idx)  # type: ignore[arg-type]  # duck-typed block config
 
     def _run_block(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return block(x, _no_rotary, None, None, None)
 
-    def pattentions(self) -> dict[str, Pattention]:
-        """Every Pattention by qualified name (what growth and inspection iterate over)."""
-        return {name: m for name, m in self.named_modules() if isinstance(m, Pattention)}
+    pattentions = TokenFormerLM.pattentions  # every Pattention by qualified name
 
 
 class ViTBlock(nn.Module):
@@ -382,9 +376,6 @@ class ViT(_VisionTransformer):
 
     config: ViTConfig
     config_class = ViTConfig
-
-    def __init__(self, config: ViTConfig) -> None:
-        super().__init__(config)
 
     def _make_block(self, config: ViTConfig, layer_idx: int) -> nn.Module:
         return ViTBlock(config)
