@@ -4,8 +4,8 @@ activation memory.
 ``benchmarks/pattention.py`` (issue 2) times the eager paths in wall time; this script adds what
 the fused path is for: single-thread CPU time (robust on a shared machine, see common.py), the
 same comparison under ``torch.compile`` (inductor fuses the Θ passes of the fused Function), the
-bytes autograd keeps for the backward, and the peak resident memory of one forward + backward
-(measured in a fresh subprocess per variant).
+bytes autograd keeps for the backward, and the peak tensor memory of one forward + backward (from
+the profiler's allocation events: exact, unlike the resident set size).
 
     python benchmarks/fused.py --cpu-time                   # d=384, n=1536, 8×256 tokens
     python benchmarks/fused.py --cpu-time --shapes 384x384 768x3072 --no-compile
@@ -17,9 +17,6 @@ Prints a markdown section for benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +28,7 @@ from common import add_clock_args, apply_clock_args, autocast, interleaved, mach
 
 from tokenformer.fused import fused_pattention
 from tokenformer.pattention import theta
+from tokenformer.profiling import peak_allocated_bytes
 
 VARIANTS = ("mlp", "reference", "fused")
 
@@ -81,29 +79,13 @@ def saved_bytes(variant: str, tokens: int, d: int, n: int, precision: str) -> in
     return sum(storages.values())
 
 
-def peak_rss_bytes(variant: str, tokens: int, d: int, n: int, precision: str) -> int:
-    """Peak RSS growth of one forward + backward, in a fresh process (Linux). Large blocks are
-    forced to mmap (MALLOC_MMAP_THRESHOLD_) so freed memory leaves the process; the kernel's
-    high-water mark is reset just before the step (/proc/self/clear_refs) and read after it."""
-    code = (
-        "import sys, json\n"
-        "def kb(key):\n"
-        "    with open('/proc/self/status') as f:\n"
-        "        return next(int(l.split()[1]) for l in f if l.startswith(key))\n"
-        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
-        "import fused as b\n"
-        f"fn = b.forward_fn({variant!r})\n"
-        f"b.step(fn, *b.tensors(8, 16, 32), {precision!r})\n"
-        f"x, k, v, g = b.tensors({tokens}, {d}, {n})\n"
-        "open('/proc/self/clear_refs', 'w').write('5')\n"
-        "before = kb('VmRSS')\n"
-        f"b.step(fn, x, k, v, g, {precision!r})\n"
-        "after = kb('VmHWM')\n"
-        "print(json.dumps((after - before) * 1024))\n")
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def peak_bytes(variant: str, tokens: int, d: int, n: int, precision: str) -> int:
+    """Peak tensor memory one forward + backward adds (profiler allocation events; the leaves
+    x, K, V exist before and are not counted, their float32 gradients are)."""
+    x, k, v, grad = tensors(tokens, d, n)
+    fn = forward_fn(variant)
+    step(fn, x, k, v, grad, precision)  # warm-up: lazy initialisation outside the measurement
+    return peak_allocated_bytes(lambda: step(fn, x, k, v, grad, precision))
 
 
 def profile_table(variant: str, tokens: int, d: int, n: int, precision: str, rows: int) -> str:
@@ -151,8 +133,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Forward + backward (grads of x, K, V) of `Θ(x·Kᵀ)·V` with Θ = l2_norm_gelu vs "
           f"`GELU(x·Kᵀ)·V`, {args.batch}×{args.seq} = {tokens} tokens; min (median) ms over "
           f"{args.rounds} interleaved rounds; ratio of minima to the MLP of the same mode. "
-          f"Memory: bytes saved for backward (leaves excluded) and peak RSS growth of one step "
-          f"in a fresh process.\n")
+          f"Memory: bytes saved for backward (leaves excluded) and the peak tensor memory one "
+          f"step adds (profiler allocation events).\n")
     print("| d | n | dtype | mode | variant | ms | / MLP | saved MB | peak MB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for shape in args.shapes:
@@ -171,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                     memory = "| |"
                     if mode == "eager":
                         memory = (f"{saved_bytes(name, tokens, d, n, precision) / 2**20:.1f} | "
-                                  f"{peak_rss_bytes(name, tokens, d, n, precision) / 2**20:.1f} |")
+                                  f"{peak_bytes(name, tokens, d, n, precision) / 2**20:.1f} |")
                     print(f"| {d} | {n} | {precision} | {mode} | {name} | "
                           f"{1e3 * t[name]['min']:.1f} ({1e3 * t[name]['median']:.1f}) | "
                           f"{t[name]['min'] / t['mlp']['min']:.3f}x | {memory}", flush=True)

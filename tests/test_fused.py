@@ -196,3 +196,33 @@ def test_tiny_lm_fused_equals_reference(norm):
     for name, grad in truth[1].items():
         err, err_ref = norm_rel(fused[1][name], grad), norm_rel(ref[1][name], grad)
         assert err <= 1e-5 + 4 * err_ref, (name, err, err_ref)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_peak_memory_not_above_gelu_mlp(precision):
+    """Issue 8: the peak tensor memory of a forward + backward of the default Θ's fused path is
+    no more than that of ``GELU(x·Kᵀ)·V`` of the same shapes (up to the few float32 numbers per
+    row that hold the norms), with float32 leaves under bf16 autocast too."""
+    from tokenformer.profiling import peak_allocated_bytes
+
+    L, d, n = 512, 64, 768
+    torch.manual_seed(0)
+    x = torch.randn(L, d, requires_grad=True)
+    k = (torch.randn(n, d) * 0.05).requires_grad_()
+    v = (torch.randn(n, d) * 0.05).requires_grad_()
+    gy = torch.randn(L, d)
+
+    def step(fn):
+        def run():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                y = fn()
+            y.backward(gy.to(y.dtype))
+            x.grad = k.grad = v.grad = None
+        return run
+
+    mlp = peak_allocated_bytes(step(lambda: torch.nn.functional.gelu(x @ k.t()) @ v))
+    fused = peak_allocated_bytes(step(lambda: fused_pattention(x, k, v, "l2_norm_gelu",
+                                                               math.sqrt(n))))
+    scores_bytes = L * n * (4 if precision == "fp32" else 2)
+    assert mlp > 3 * scores_bytes  # sanity: the measurement sees the [L, n] tensors
+    assert fused <= mlp + 4 * L * 4, (fused, mlp)

@@ -90,6 +90,12 @@ def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
     return y, (xc, kc, vc, saved, r, theta)
 
 
+def _k(r: torch.Tensor, scale: float, eps: float) -> torch.Tensor:
+    """k = (r + eps) / (s²·r) per row; a zero row (r = 0, only finite when eps > 0) has u = 0 and
+    gets the reference's subgradient 0 for the norm."""
+    return torch.where(r > 0, (r + eps) / (scale * scale * r), 0.0)
+
+
 class PattentionFunction(torch.autograd.Function):
     """``Y = Θ(X·Kᵀ)·V`` for 2-D ``X`` with a memory-saving analytic backward (module docstring)."""
 
@@ -111,32 +117,32 @@ class PattentionFunction(torch.autograd.Function):
         xc, kc, vc, saved, r = ctx.saved_tensors[:5]
         with _no_autocast(xc)[1]:
             gy = grad_y.to(xc.dtype)
-            g = torch.matmul(gy, vc.t())  # dΘ
             c = None  # the per-row factor folded into the [L, d] side (None: already applied)
-            # k = (r + eps) / (s²·r); a zero row (r = 0, only finite when eps > 0) has u = 0 and
-            # gets the reference's subgradient 0 for the norm.
-            k = torch.where(r > 0, (r + eps) / (scale * scale * r), 0.0)
             # The order keeps at most three [L, n] tensors alive (a GELU MLP's backward peaks at
-            # about as many): dV first, so that a recomputed Θ can be dropped or reused.
+            # as many): dV before dΘ, so that a recomputed Θ is used and turned into a buffer
+            # before dΘ is allocated.
             if norm == "l2_norm_gelu":
                 u = saved
                 buffer = F.gelu(u)  # Θ, recomputed
                 grad_v = torch.matmul(buffer.transpose(-1, -2), gy)
+                g = torch.matmul(gy, vc.t())  # dΘ
                 du = _gelu_backward_(g, u, grad_input=g)  # dΘ is not needed again
                 dot = _wide(torch.mul(du, u, out=buffer).sum(dim=-1, keepdim=True))
                 del buffer
-                m = du.addcmul_(u, (-k * dot).to(u.dtype))
+                m = du.addcmul_(u, (-_k(r, scale, eps) * dot).to(u.dtype))
                 c = scale / (r + eps)
             elif norm == "softmax":
                 theta = saved
                 grad_v = torch.matmul(theta.transpose(-1, -2), gy)
+                g = torch.matmul(gy, vc.t())
                 m = g.sub_((_row_dot(theta, g) / scale).to(g.dtype)).mul_(theta)
             else:
                 s, theta = saved, ctx.saved_tensors[5]
                 grad_v = torch.matmul(theta.transpose(-1, -2), gy)
+                g = torch.matmul(gy, vc.t())
                 dot = _row_dot(theta, g)
                 if norm == "gelu_l2_norm":
-                    g = g.addcmul_(theta, (-k * dot).to(g.dtype))
+                    g = g.addcmul_(theta, (-_k(r, scale, eps) * dot).to(g.dtype))
                 else:
                     g = g.addcmul_(torch.sign(theta), (-dot / scale).to(g.dtype))
                 m = _gelu_backward_(g, s, grad_input=g)
@@ -155,6 +161,12 @@ def fused_pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, no
     """``Θ(x·keyᵀ)·value`` for ``x`` of shape [..., d_in] through :class:`PattentionFunction`."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
+    dtype = _no_autocast(x2)[0]
+    # Cast to the compute dtype here, as autograd ops of their own, rather than inside the
+    # Function: the casts' backward (to the float32 leaves) then runs after the Function's
+    # backward has released its [L, n] tensors, instead of adding float32 gradients on top of
+    # them at the memory peak.
+    x2, key, value = x2.to(dtype), key.to(dtype), value.to(dtype)
     if torch.is_grad_enabled() and (x.requires_grad or key.requires_grad or value.requires_grad):
         y = PattentionFunction.apply(x2, key, value, norm, scale, eps)
     else:  # inference: skip the autograd.Function machinery (it matters when decoding 1 token)
