@@ -1,122 +1,150 @@
-"""Training throughput: matmul ceilings, then tokens/s and MFU of TokenFormer and of the
-FLOP-matched Transformer, fp32 and bf16, all through the real training loop (:func:`fit`).
+"""Training throughput: tokens/s and MFU of TokenFormer and of the FLOP-matched Transformer, fp32
+and bf16, through the real training loop (:func:`tokenformer.train.fit`: forward, backward,
+clipping, AdamW).
 
-    python benchmarks/train_throughput.py                # the demo size (preset small, 16 × 256)
-    python benchmarks/train_throughput.py --preset medium --steps 30
+The four (model, precision) pairs of a preset are timed side by side: after a warm-up, rounds of
+``--round-steps`` steps run round-robin (order rotated each round, see common.py) and the best
+round of each pair gives its rate, so drift on a shared machine hits every pair alike.
 
-Targets (issue 4): bf16 >= 2.5x fp32 tokens/s; TokenFormer's FLOP-normalised throughput (achieved
-FLOP/s) >= 0.9x the Transformer's.
+    python benchmarks/train_throughput.py --cpu-time                   # demo size and `large`
+    python benchmarks/train_throughput.py --cpu-time --presets small --rounds 3   # quicker
 
-On a machine shared with other jobs, wall-clock rates measure the contention. ``--clock cpu``
-(one thread) divides by the process's CPU time instead, which approximates the rate the same
-thread would reach on an idle core.
+Targets (issue 8): bf16 tokens/s >= 2.5x fp32 for TokenFormer; at the demo size (preset
+``small``, 16 × 256), TokenFormer / Transformer step-time ratio in bf16 <= 1.1x their FLOP
+ratio. Prints a markdown section for benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import add_clock_args, apply_clock_args, interleaved, machine
 
 from tokenformer.baselines import TransformerLM, matched_config
 from tokenformer.config import TokenFormerConfig, flops_per_token
 from tokenformer.model import TokenFormerLM
 from tokenformer.train import TrainConfig, fit
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+PRECISIONS = ("fp32", "bf16")
 
 
-def matmul_ceiling(dtype: torch.dtype, n: int, reps: int, clock: str) -> float:
-    """Best FLOP/s of an n×n @ n×n matmul (2n³ FLOPs) over ``reps`` runs."""
-    now = CLOCKS[clock]
+def matmul_ceiling(dtype: torch.dtype, n: int, rounds: int = 10) -> float:
+    """Best FLOP/s of an n×n @ n×n matmul (2n³ FLOPs)."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(reps):
-        t = now()
-        a @ b
-        best = min(best, now() - t)
+    best = interleaved({"mm": lambda: a @ b}, rounds)["mm"]["min"]
     return 2 * n**3 / best
 
 
-def train_rate(model: torch.nn.Module, precision: str, batch_size: int, seq_len: int,
-               steps: int, warmup: int, clock: str) -> float:
-    """Tokens/s of ``steps`` training steps (fwd + bwd + clip + AdamW, the real loop) after
-    ``warmup`` steps: the median step on the wall clock, or total CPU time."""
-    vocab = model.config.vocab_size
+class Trainer:
+    """One model at one precision, advanced ``round_steps`` steps of :func:`fit` per call."""
 
-    def batch_fn(step: int) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(step)
-        ids = torch.randint(0, vocab, (batch_size, seq_len), generator=g)
-        return {"input_ids": ids, "labels": ids}
+    def __init__(self, model: torch.nn.Module, precision: str, batch_size: int, seq_len: int,
+                 warmup: int, round_steps: int) -> None:
+        vocab = model.config.vocab_size
 
-    cfg = TrainConfig(steps=warmup + steps, batch_size=batch_size, seq_len=seq_len,
-                      precision=precision, warmup_steps=1, eval_interval=0)
-    warm = fit(model, batch_fn, dataclasses.replace(cfg, steps=warmup), progress=False)
-    t = time.process_time()
-    result = fit(warm.model, batch_fn, cfg, optimizer=warm.optimizer, start_step=warmup,
-                 progress=False)
-    if clock == "cpu":
-        return steps * batch_size * seq_len / (time.process_time() - t)
-    return statistics.median(r["tokens_per_s"] for r in result.records if r["type"] == "train")
+        def batch_fn(step: int) -> dict[str, torch.Tensor]:
+            g = torch.Generator().manual_seed(step)
+            ids = torch.randint(0, vocab, (batch_size, seq_len), generator=g)
+            return {"input_ids": ids, "labels": ids}
+
+        self.batch_fn, self.round_steps = batch_fn, round_steps
+        self.cfg = TrainConfig(steps=warmup, batch_size=batch_size, seq_len=seq_len,
+                               precision=precision, warmup_steps=1, eval_interval=0,
+                               schedule="constant")
+        result = fit(model, batch_fn, self.cfg, progress=False)
+        self.model, self.optimizer, self.step = result.model, result.optimizer, warmup
+
+    def __call__(self) -> None:
+        end = self.step + self.round_steps
+        fit(self.model, self.batch_fn, dataclasses.replace(self.cfg, steps=end),
+            optimizer=self.optimizer, start_step=self.step, progress=False)
+        self.step = end
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="small")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
-    parser.add_argument("--matmul-n", type=int, default=1024)
-    parser.add_argument("--clock", choices=CLOCKS, default="wall",
-                        help="cpu: divide by process CPU time (forces one thread)")
-    args = parser.parse_args()
-    if args.clock == "cpu":
-        args.threads = 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-    ceilings = {p: matmul_ceiling(d, args.matmul_n, 10, args.clock)
-                for p, d in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock")
-    print(f"matmul ceiling ({args.matmul_n}³): fp32 {ceilings['fp32'] / 1e9:.1f} GFLOP/s, "
-          f"bf16 {ceilings['bf16'] / 1e9:.1f} GFLOP/s "
-          f"({ceilings['bf16'] / ceilings['fp32']:.2f}x)")
-
-    tf_config = TokenFormerConfig.from_name(args.preset, max_seq_len=args.seq_len)
+def measure(preset: str, args: argparse.Namespace) -> dict:
+    tf_config = TokenFormerConfig.from_name(preset, max_seq_len=args.seq_len)
     configs = {"TokenFormer": tf_config, "Transformer": matched_config(tf_config, "transformer")}
-    print(f"\n{args.preset}: batch {args.batch_size} × {args.seq_len}; matched Transformer MLP "
-          f"width {configs['Transformer'].intermediate_size}")
-    print("| model | non-emb params | train FLOPs/token | precision | tokens/s | GFLOP/s | MFU |")
-    print("|---|---|---|---|---|---|---|")
-    achieved: dict[tuple[str, str], float] = {}
-    rates: dict[tuple[str, str], float] = {}
+    trainers, per_token, params = {}, {}, {}
     for name, config in configs.items():
-        per_token = flops_per_token(config, args.seq_len, training=True)["total"]
-        for precision in ("fp32", "bf16"):
+        per_token[name] = flops_per_token(config, args.seq_len, training=True)["total"]
+        params[name] = config.num_parameters(non_embedding=True)
+        for precision in PRECISIONS:
             torch.manual_seed(0)
             model = (TokenFormerLM if name == "TokenFormer" else TransformerLM)(config)
-            rate = train_rate(model, precision, args.batch_size, args.seq_len, args.steps,
-                              args.warmup, args.clock)
-            rates[name, precision] = rate
-            achieved[name, precision] = rate * per_token
-            print(f"| {name} | {config.num_parameters(non_embedding=True):,} | {per_token:.4g} | "
-                  f"{precision} | {rate:,.0f} | {rate * per_token / 1e9:.2f} | "
-                  f"{rate * per_token / ceilings[precision]:.1%} |")
+            trainers[name, precision] = Trainer(model, precision, args.batch_size, args.seq_len,
+                                                args.warmup, args.round_steps)
+    times = interleaved({f"{n}|{p}": t for (n, p), t in trainers.items()}, args.rounds, warmup=0)
+    tokens = args.round_steps * args.batch_size * args.seq_len
+    rates = {tuple(k.split("|")): tokens / v["min"] for k, v in times.items()}
+    return {"preset": preset, "rates": rates, "per_token": per_token, "params": params,
+            "mlp_width": configs["Transformer"].intermediate_size}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=["small", "large"])
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--round-steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--matmul-n", type=int, default=1024)
+    add_clock_args(parser)
+    args = parser.parse_args(argv)
+    clock = apply_clock_args(args)
+    ceilings = {"fp32": matmul_ceiling(torch.float32, args.matmul_n),
+                "bf16": matmul_ceiling(torch.bfloat16, args.matmul_n)}
+
+    print("## Training throughput (issues 4, 8)\n")
+    print(f"Command: `python benchmarks/train_throughput.py {' '.join(sys.argv[1:])}`  ")
+    print(f"Machine: {machine()}; timing: {clock}  ")
+    print(f"The training loop (`fit`: forward, backward, clipping, AdamW) on random batches of "
+          f"{args.batch_size} × {args.seq_len} byte tokens; TokenFormer and the Transformer "
+          f"matched to it in non-embedding parameters, each in fp32 and bf16 autocast, timed "
+          f"side by side: {args.rounds} interleaved rounds of {args.round_steps} steps after "
+          f"{args.warmup} warm-up steps, best round. FLOPs from `flops_per_token(..., "
+          f"training=True)`; MFU = achieved FLOP/s ÷ the {args.matmul_n}³ matmul rate of the "
+          f"same precision (fp32 {ceilings['fp32'] / 1e9:.1f}, bf16 "
+          f"{ceilings['bf16'] / 1e9:.1f} GFLOP/s, "
+          f"{ceilings['bf16'] / ceilings['fp32']:.2f}x).\n")
+    print("| preset | model | non-emb params | train FLOPs/token | precision | tokens/s | "
+          "GFLOP/s | MFU |")
+    print("|---|---|---|---|---|---|---|---|")
+    results = []
+    for preset in args.presets:
+        r = measure(preset, args)
+        results.append(r)
+        for (name, precision), rate in r["rates"].items():
+            achieved = rate * r["per_token"][name]
+            print(f"| {preset} | {name} | {r['params'][name]:,} | {r['per_token'][name]:.4g} | "
+                  f"{precision} | {rate:,.0f} | {achieved / 1e9:.2f} | "
+                  f"{achieved / ceilings[precision]:.1%} |", flush=True)
     print()
-    for name in configs:
-        print(f"{name}: bf16 / fp32 tokens/s = "
-              f"{rates[name, 'bf16'] / rates[name, 'fp32']:.2f}x (target >= 2.5x)")
-    for precision in ("fp32", "bf16"):
-        ratio = achieved["TokenFormer", precision] / achieved["Transformer", precision]
-        print(f"{precision}: TokenFormer / Transformer FLOP-normalised throughput = "
-              f"{ratio:.2f}x (target >= 0.9x)")
+    for r in results:
+        rates, per_token = r["rates"], r["per_token"]
+        speedup = rates["TokenFormer", "bf16"] / rates["TokenFormer", "fp32"]
+        line = [f"`{r['preset']}` (matched Transformer MLP width {r['mlp_width']}): "
+                f"bf16 / fp32 tokens/s TokenFormer {speedup:.2f}x "
+                f"({'met' if speedup >= 2.5 else 'not met'}: target >= 2.5x), Transformer "
+                f"{rates['Transformer', 'bf16'] / rates['Transformer', 'fp32']:.2f}x"]
+        flop_ratio = per_token["TokenFormer"] / per_token["Transformer"]
+        for precision in PRECISIONS:
+            time_ratio = rates["Transformer", precision] / rates["TokenFormer", precision]
+            verdict = ""
+            if precision == "bf16" and r["preset"] == "small":
+                verdict = f" ({'met' if time_ratio <= 1.1 * flop_ratio else 'not met'}: " \
+                          f"target <= 1.1x at the demo size)"
+            line.append(f"{precision} step-time ratio TokenFormer / Transformer {time_ratio:.3f} "
+                        f"= {time_ratio / flop_ratio:.3f}x the FLOP ratio {flop_ratio:.3f}"
+                        f"{verdict}")
+        print("* " + "; ".join(line) + ".")
+    print()
 
 
 if __name__ == "__main__":
