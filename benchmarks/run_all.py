@@ -8,7 +8,7 @@ the file and new headings are appended, so nothing is lost until its script join
 
     python benchmarks/run_all.py                     # everything (long: tens of minutes)
     python benchmarks/run_all.py --only fused decode # a subset, others' sections are kept
-    python benchmarks/run_all.py --list
+    python benchmarks/run_all.py --list              # the names and the command each one runs
 
 To add a benchmark: make it print one ``## <area>`` section and add a line to ``SCRIPTS``.
 """
@@ -29,14 +29,25 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 
 # name -> (script, arguments). --cpu-time: single-thread CPU time, robust on a shared machine.
+# data_pipeline, hf_eval, grow and vit_digits time the wall clock (grow adds process CPU time):
+# run them on a quiet machine.
 SCRIPTS: dict[str, tuple[str, list[str]]] = {
     "pattention": ("pattention.py", ["--threads", "1", "--clock", "cpu", "--reps", "7"]),
     "fused": ("fused.py", ["--cpu-time"]),
     "compile": ("compile.py", ["--cpu-time"]),
     "decode": ("decode.py", ["--cpu-time"]),
+    "data_pipeline": ("data_pipeline.py", []),
+    "hf_eval": ("hf_eval.py", ["--tokens", "16384", "--new-tokens", "96", "--repeats", "2",
+                               "--threads", "1"]),
+    "grow": ("grow.py", ["--repeats", "5"]),
+    "vit_digits": ("vit_digits.py", ["--seeds", "0", "1", "2", "3"]),
 }
 
 HEADING = re.compile(r"^## .*$", re.MULTILINE)
+
+
+def command(script: str, extra: list[str]) -> str:
+    return " ".join(["python", f"benchmarks/{script}", *extra])
 
 
 def split_sections(text: str) -> dict[str, str]:
@@ -78,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, (script, extra) in SCRIPTS.items():
-            print(f"{name}: python benchmarks/{script} {' '.join(extra)}")
+            print(f"{name}: {command(script, extra)}")
         return 0
 
     new: dict[str, str] = {}
     failed = []
     for name in args.only or list(SCRIPTS):
         script, extra = SCRIPTS[name]
-        print(f"[run_all] {name}: python benchmarks/{script} {' '.join(extra)}", flush=True)
+        print(f"[run_all] {name}: {command(script, extra)}", flush=True)
         start = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, str(HERE / script), *extra],
