@@ -36,6 +36,7 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
     "fused": ("fused.py", ["--cpu-time"]),
     "compile": ("compile.py", ["--cpu-time"]),
     "decode": ("decode.py", ["--cpu-time"]),
+    "train_throughput": ("train_throughput.py", ["--cpu-time"]),
     "data_pipeline": ("data_pipeline.py", []),
     "hf_eval": ("hf_eval.py", ["--tokens", "16384", "--new-tokens", "96", "--repeats", "2",
                                "--threads", "1"]),
