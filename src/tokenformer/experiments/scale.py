@@ -606,8 +606,7 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         f"Data: {results['data']['name']} ({results['data']['train_tokens']:,} training tokens, "
         f"{results['data']['bytes_per_token']:.3f} bytes/token). "
         f"Batch {preset['batch_size']} × {preset['seq_len']} tokens.  ",
-        f"Machine: {results['machine']['summary']}. Wall-clock of the whole run: "
-        f"{results['wall_clock']:.0f} s.", "",
+        f"Machine: {results['machine']['summary']}. {_wall_clock_phrase(results)}", "",
         "## Verdict", "", *[f"- {line}" for line in s["verdict"]], "",
     ]
     if "headline.png" in plots:
@@ -1105,11 +1104,13 @@ def run_scale(preset: str | ScalePreset = "quick", *, seeds: int | None = None,
     print_fn(f"scale: preset {p.name}, {len(plans)} arms, {n_total} runs, seeds "
              f"{list(range(p.seeds))}, {dev.type} {precision} → {out}")
     t0 = time.perf_counter()
+    resumed = (out / PARTIAL).is_file()
     curves = run_arms(arms, list(range(p.seeds)), partial=out / PARTIAL, settings=settings,
                       progress=progress)
     results = assemble(p, plans, curves, command=command or f"run_scale({p.name!r})",
                        seeds=list(range(p.seeds)), device=dev.type, precision=precision,
                        data=data_info, wall_clock=time.perf_counter() - t0)
+    results["resumed"] = resumed
     write_outputs(results, out, plots)
     (out / PARTIAL).unlink(missing_ok=True)
     print_fn(f"scale: done in {results['wall_clock']:.0f} s; report: {out / 'report.md'}")
@@ -1119,6 +1120,15 @@ def run_scale(preset: str | ScalePreset = "quick", *, seeds: int | None = None,
 
 
 PARTIAL = ".partial.json"
+
+
+def _wall_clock_phrase(results: dict[str, Any]) -> str:
+    if results.get("resumed"):
+        # The runs loaded from .partial.json were timed by an earlier invocation; their
+        # training time is in the arms' wall column, not in this number.
+        return (f"Wall-clock of this invocation: {results['wall_clock']:.0f} s (it resumed an "
+                f"interrupted run; earlier invocations are not included).")
+    return f"Wall-clock of the whole run: {results['wall_clock']:.0f} s."
 
 
 def estimate_jobs(plans: Sequence[ArmPlan], preset: ScalePreset) -> int:
