@@ -293,6 +293,7 @@ def test_toy_experiment_end_to_end(toy_data, tmp_path, one_thread):
                     "## Paired comparisons", "## Right after growth", "## Method"):
         assert heading in report
     assert "beat training the small model longer" in report
+    assert "Wall-clock of the whole run" in report and not results["resumed"]
     for name in names:
         assert f"| {name} " in report
     saved = json.loads((tmp_path / "a" / "results.json").read_text())
