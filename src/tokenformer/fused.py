@@ -114,7 +114,7 @@ class PattentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         norm, scale, eps = ctx.norm, ctx.scale, ctx.eps
-        xc, kc, vc, saved, r = ctx.saved_tensors[:5]
+        xc, kc, vc, saved, r, *rest = ctx.saved_tensors
         with _no_autocast(xc)[1]:
             gy = grad_y.to(xc.dtype)
             c = None  # the per-row factor folded into the [L, d] side (None: already applied)
@@ -137,7 +137,7 @@ class PattentionFunction(torch.autograd.Function):
                 g = torch.matmul(gy, vc.t())
                 m = g.sub_((_row_dot(theta, g) / scale).to(g.dtype)).mul_(theta)
             else:
-                s, theta = saved, ctx.saved_tensors[5]
+                s, theta = saved, rest[0]
                 grad_v = torch.matmul(theta.transpose(-1, -2), gy)
                 g = torch.matmul(gy, vc.t())
                 dot = _row_dot(theta, g)
@@ -161,14 +161,16 @@ def fused_pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, no
     """``Θ(x·keyᵀ)·value`` for ``x`` of shape [..., d_in] through :class:`PattentionFunction`."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    dtype = _no_autocast(x2)[0]
+    dtype, no_autocast = _no_autocast(x2)
     # Cast to the compute dtype here, as autograd ops of their own, rather than inside the
     # Function: the casts' backward (to the float32 leaves) then runs after the Function's
     # backward has released its [L, n] tensors, instead of adding float32 gradients on top of
-    # them at the memory peak.
+    # them at the memory peak. Autocast is turned off once, here, for everything inside.
     x2, key, value = x2.to(dtype), key.to(dtype), value.to(dtype)
-    if torch.is_grad_enabled() and (x.requires_grad or key.requires_grad or value.requires_grad):
-        y = PattentionFunction.apply(x2, key, value, norm, scale, eps)
-    else:  # inference: skip the autograd.Function machinery (it matters when decoding 1 token)
-        y = _forward(x2, key, value, norm, scale, eps)[0]
+    with no_autocast:
+        if torch.is_grad_enabled() and (x2.requires_grad or key.requires_grad
+                                        or value.requires_grad):
+            y = PattentionFunction.apply(x2, key, value, norm, scale, eps)
+        else:  # inference: skip the autograd.Function machinery (it matters when decoding)
+            y = _forward(x2, key, value, norm, scale, eps)[0]
     return y.view(*shape[:-1], y.shape[-1])
