@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tokenformer import GrowthError, TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
+from tokenformer.errors import ConfigError
 from tokenformer.grow import (
     default_positions,
     grow,
@@ -25,6 +26,7 @@ from tokenformer.grow import (
     resolve_size,
 )
 from tokenformer.pattention import THETA_VARIANTS
+from tokenformer.train import TrainConfig
 
 GROWABLE_EXACTLY = THETA_VARIANTS  # softmax too, for whole multiples (see test below)
 KINDS = {"qkv": ("attention.query", "attention.key", "attention.value"),
@@ -414,6 +416,40 @@ def test_optimizer_state_carried_over() -> None:
             assert not state[key][n:].any()
     _, fresh = grow_with_optimizer(model, optimizer, ffn="2x", reset_optimizer=True)
     assert len(fresh.state) == 0 and [g["weight_decay"] for g in fresh.param_groups] == [0.1, 0]
+
+
+def test_new_row_second_moments_from_the_old_rows_mean() -> None:
+    """``new_row_moments="mean"``: new rows of a grown tensor start with exp_avg_sq = the old
+    rows' per-column mean (hand-computed here), exp_avg zero; old rows, inserted blocks and the
+    function are untouched; the trainer's ``growth_optimizer="carry-mean"`` selects it."""
+    model, optimizer, _ = _trained()
+    grown, new_opt = grow_with_optimizer(model, optimizer, ffn="2x", layers=3, positions=[2],
+                                         generator=gen(), new_row_moments="mean")
+    old_params = dict(model.named_parameters())
+    seen = 0
+    for name, param in grown.named_parameters():
+        state = new_opt.state[param]
+        if name.startswith("layers.2."):  # an inserted block: nothing to take a mean of
+            assert not state["exp_avg_sq"].any()
+            continue
+        old = optimizer.state[old_params[name]]
+        n = old_params[name].shape[0]
+        assert torch.equal(state["exp_avg_sq"][:n], old["exp_avg_sq"])
+        assert torch.equal(state["exp_avg"][:n], old["exp_avg"]) and not state["exp_avg"][n:].any()
+        if param.shape[0] > n:
+            seen += 1
+            rows = old["exp_avg_sq"].double()
+            expected = sum(rows[i] for i in range(n)) / n
+            for row in state["exp_avg_sq"][n:].double():
+                torch.testing.assert_close(row, expected, rtol=1e-6, atol=0)
+            assert (state["exp_avg_sq"][n:] > 0).all()
+    assert seen == 2 * 2  # mlp key and value tokens of the two old blocks
+    assert max_logit_change(model, grown)[0] < 1e-5
+    with pytest.raises(GrowthError, match="new_row_moments"):
+        grow_with_optimizer(model, optimizer, ffn="2x", new_row_moments="old")
+    TrainConfig(growth_optimizer="carry-mean").validate()
+    with pytest.raises(ConfigError, match="growth_optimizer"):
+        TrainConfig(growth_optimizer="carry-zero").validate()
 
 
 def test_carried_optimizer_steps_old_rows_exactly_like_the_ungrown_model() -> None:

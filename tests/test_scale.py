@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tokenformer.baselines import TransformerConfig, TransformerLM
 from tokenformer.config import flops_per_token
+from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import (
     Arm,
     Curve,
@@ -351,3 +352,31 @@ def test_cli_plan_and_errors(toy_data, capsys):
     assert "error: --steps expects comma-separated integers" in capsys.readouterr().err
     assert main(["scale", "--plan", "--arms", "grow-nothing", "--data", str(toy_data)]) == 2
     assert "unknown arm(s) grow-nothing" in capsys.readouterr().err
+
+
+def test_new_row_moments_reach_the_grown_arms(toy_data, tmp_path, one_thread, capsys):
+    """``--new-row-moments mean`` changes the carried arms' training after growth (and only
+    after it), keeps exact growth function-preserving, and is refused with a bad value."""
+    from tokenformer.cli import main
+
+    runs = {}
+    for moments in ("zero", "mean"):
+        preset = dataclasses.replace(TOY, arms=("grow-exact-carry-wsd",), seeds=1,
+                                     new_row_moments=moments)
+        results = run_scale(preset, data=toy_data, out=tmp_path / moments, progress=False,
+                            print_fn=lambda *_: None, plots=False)
+        runs[moments] = results["arms"]["grow-exact-carry-wsd"]["runs"]["0"]["points"]
+    first_growth = TOY.stage_steps[0]
+    before = {m: [p["loss"] for p in points if p["step"] <= first_growth and p["stage"] == 0]
+              for m, points in runs.items()}
+    assert before["zero"] == before["mean"] and before["zero"]
+    assert runs["zero"][-1]["loss"] != runs["mean"][-1]["loss"]
+    for stage in (1, 2):  # +0 after each growth: the loss just before it, in both variants
+        for points in runs.values():
+            at = [p for p in points if p["step"] == sum(TOY.stage_steps[:stage])]
+            assert at[-1]["loss"] == pytest.approx(at[0]["loss"], abs=1e-4)
+    with pytest.raises(SystemExit) as exc:  # argparse rejects the value: one line, exit 2
+        main(["scale", "--plan", "--new-row-moments", "old", "--data", str(toy_data)])
+    assert exc.value.code == 2 and "--new-row-moments" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="new_row_moments"):
+        get_preset("quick", new_row_moments="old")

@@ -159,9 +159,12 @@ def grow(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | No
                  unsupported=unsupported).model
 
 
+NEW_ROW_MOMENTS: tuple[str, ...] = ("zero", "mean")
+
+
 def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                        reset_optimizer: bool = False, **grow_kwargs: object
-                        ) -> tuple[nn.Module, torch.optim.Optimizer]:
+                        reset_optimizer: bool = False, new_row_moments: str = "zero",
+                        **grow_kwargs: object) -> tuple[nn.Module, torch.optim.Optimizer]:
     """:func:`grow` plus an optimizer of the same class over the grown model's parameters.
 
     Param groups and their hyper-parameters are kept, each new parameter joining the group of the
@@ -171,10 +174,20 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
     and the step count of the block before it. ``reset_optimizer=True`` gives fresh state (what
     the released code does). With ``copy=False`` state that does not grow is shared with
     ``optimizer``, which must then be discarded.
+
+    ``new_row_moments="mean"`` starts the second moment (``exp_avg_sq``) of every new row at the
+    mean over the old rows of the same tensor (per column) instead of zero; the first moment
+    stays zero. With a zero second moment Adam's first steps on a new row are ≈ ±(0.45–1.1)·lr
+    per element whatever the gradient's size (β₂ = 0.95); with the old rows' scale they are as
+    small as the gradient is relative to what the old rows see (docs/results.md, verdict 5).
     """
+    if new_row_moments not in NEW_ROW_MOMENTS:
+        raise GrowthError(f"new_row_moments must be one of {', '.join(NEW_ROW_MOMENTS)}, "
+                          f"got {new_row_moments!r}")
     growth = _grow(model, **grow_kwargs)  # type: ignore[arg-type]
     copy = bool(grow_kwargs.get("copy", True))
-    return growth.model, _carry_optimizer(model, optimizer, growth, reset_optimizer, copy)
+    return growth.model, _carry_optimizer(model, optimizer, growth, reset_optimizer, copy,
+                                          new_row_moments)
 
 
 def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strategy="exact",
@@ -392,7 +405,8 @@ def _new_block_tokens(new: Pattention, like: Pattention, branch_output: bool,
 
 # --------------------------------------------------------------------------------- optimizer
 def _carry_optimizer(old_model: nn.Module, optimizer: torch.optim.Optimizer, growth: _Growth,
-                     reset: bool, copy: bool = True) -> torch.optim.Optimizer:
+                     reset: bool, copy: bool = True, new_row_moments: str = "zero"
+                     ) -> torch.optim.Optimizer:
     old_names = {id(p): n for n, p in old_model.named_parameters()}
     group_of: dict[str, int] = {}
     for g, group in enumerate(optimizer.param_groups):
@@ -429,6 +443,10 @@ def _carry_optimizer(old_model: nn.Module, optimizer: torch.optim.Optimizer, gro
             if torch.is_tensor(value) and value.shape == old_param.shape:
                 state[key] = (torch.zeros_like(names_param, dtype=value.dtype) if is_new
                               else _with_rows(value, names_param.shape[0], copy))
+                grown_rows = (not is_new and value.dim() >= 1
+                              and names_param.shape[0] > value.shape[0])
+                if new_row_moments == "mean" and key == "exp_avg_sq" and grown_rows:
+                    state[key][value.shape[0]:] = value.mean(dim=0, keepdim=True)
             else:
                 state[key] = value.clone() if torch.is_tensor(value) else value
         new_opt.state[names_param] = state

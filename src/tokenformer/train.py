@@ -78,7 +78,9 @@ class TrainConfig:
     # growth inside the run: "STEP:qkv=..,proj=..,ffn=..,layers=..,strategy=.."
     grow_at: list[str] = field(default_factory=list)
     growth_lr: str = "continue"  # continue: one schedule; restart: warmup + decay per stage
-    growth_optimizer: str = "carry"  # carry the AdamW moments over, or reset them
+    # carry the AdamW moments over (new rows zero), the same with new rows' second moments at
+    # the old rows' mean (carry-mean, grow.grow_with_optimizer), or reset them
+    growth_optimizer: str = "carry"
     # execution
     device: str = "auto"
     precision: str = "fp32"  # fp32 | bf16 (autocast)
@@ -118,7 +120,7 @@ class TrainConfig:
         choice("arch", ARCHS)
         choice("schedule", SCHEDULES)
         choice("growth_lr", ("continue", "restart"))
-        choice("growth_optimizer", ("carry", "reset"))
+        choice("growth_optimizer", ("carry", "carry-mean", "reset"))
         choice("precision", ("fp32", "bf16"))
         choice("strategy", dist_.STRATEGIES)
         for key in ("seq_len", "batch_size", "grad_accum", "steps", "eval_batches",
@@ -641,6 +643,8 @@ def _grow(model: nn.Module, optimizer: torch.optim.Optimizer, event: GrowthEvent
     generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + event.step)
     model, optimizer = grow_with_optimizer(model, optimizer,
                                            reset_optimizer=cfg.growth_optimizer == "reset",
+                                           new_row_moments="mean" if cfg.growth_optimizer
+                                           == "carry-mean" else "zero",
                                            generator=generator, **event.kwargs)
     model = model.to(device).train()
     module = _prepare(model, cfg, world, device)

@@ -98,6 +98,8 @@ class ScalePreset:
     arms: tuple[str, ...] | None = None  # None: every arm
     deciding: tuple[str, ...] = ()  # arms that get ``seeds`` seeds; empty: the default set
     dtype: str = "bfloat16"
+    # AdamW second moments of new rows at growth, carried arms: "zero" or "mean" (of old rows)
+    new_row_moments: str = "zero"
 
     @property
     def tokens_per_step(self) -> int:
@@ -118,6 +120,9 @@ class ScalePreset:
         if self.stage_steps[-1] < self.decay_fraction * sum(self.stage_steps):
             raise ConfigError("scale: the wsd decay must start after the last growth "
                               "(decay_fraction × total steps > last stage's steps)")
+        if self.new_row_moments not in ("zero", "mean"):
+            raise ConfigError(f"scale: new_row_moments must be zero or mean, "
+                              f"got {self.new_row_moments!r}")
         if self.warmup_steps >= self.stage_steps[0]:
             raise ConfigError("scale: warmup_steps must be shorter than the first stage")
 
@@ -783,7 +788,8 @@ def _chain_config(ctx: _Context, plan_: ArmPlan, seed: int) -> Any:
     return _train_config(ctx, plan_, seed, ends, "wsd" if plan_.schedule == "wsd" else "cosine",
                          grow_at=grow_at, eval_after_growth=offsets,
                          growth_lr="continue" if plan_.schedule == "wsd" else "restart",
-                         growth_optimizer="carry" if plan_.carry else "reset")
+                         growth_optimizer=("reset" if not plan_.carry else "carry-mean"
+                                           if ctx.preset.new_row_moments == "mean" else "carry"))
 
 
 def _equivalent_config(ctx: _Context, plan_: ArmPlan, seed: int, chain: Any, end: int,
