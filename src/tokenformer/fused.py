@@ -66,28 +66,25 @@ def _no_autocast(x: torch.Tensor) -> tuple[torch.dtype, contextlib.AbstractConte
 
 def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
              eps: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Y and what the backward needs: x, key, value in the compute dtype, saved scores, r, Θ."""
-    dtype, no_autocast = _no_autocast(x)
-    with no_autocast:
-        xc, kc, vc = x.to(dtype), key.to(dtype), value.to(dtype)
-        s = torch.matmul(xc, kc.t())
-        if norm == "l2_norm_gelu":
-            r = _wide(torch.linalg.vector_norm(s, dim=-1, keepdim=True))
-            u = s.mul_((scale / (r + eps)).to(s.dtype))  # u = c·S in place of S
-            theta = F.gelu(u)
-            saved = u  # Θ = GELU(u) is one cheap pass: the backward recomputes it
-        elif norm == "softmax":
-            e = s.exp_()
-            r = _wide(e.sum(dim=-1, keepdim=True))
-            theta = saved = e.mul_((scale / (r + eps)).to(e.dtype))
-        else:  # gelu_l2_norm, gelu_l1_norm
-            theta = F.gelu(s)
-            r = _wide(torch.linalg.vector_norm(theta, ord=2 if norm == "gelu_l2_norm" else 1,
-                                               dim=-1, keepdim=True))
-            theta = theta.mul_((scale / (r + eps)).to(theta.dtype))
-            saved = s  # GELU'(S) needs S; Θ is kept too since it costs two passes to rebuild
-        y = torch.matmul(theta, vc)
-    return y, (xc, kc, vc, saved, r, theta)
+    """Y and what the backward needs: the saved scores, r, Θ. Runs with autocast off, on inputs
+    already in the compute dtype (:func:`fused_pattention` casts them)."""
+    s = torch.matmul(x, key.t())
+    if norm == "l2_norm_gelu":
+        r = _wide(torch.linalg.vector_norm(s, dim=-1, keepdim=True))
+        u = s.mul_((scale / (r + eps)).to(s.dtype))  # u = c·S in place of S
+        theta = F.gelu(u)
+        saved = u  # Θ = GELU(u) is one cheap pass: the backward recomputes it
+    elif norm == "softmax":
+        e = s.exp_()
+        r = _wide(e.sum(dim=-1, keepdim=True))
+        theta = saved = e.mul_((scale / (r + eps)).to(e.dtype))
+    else:  # gelu_l2_norm, gelu_l1_norm
+        theta = F.gelu(s)
+        r = _wide(torch.linalg.vector_norm(theta, ord=2 if norm == "gelu_l2_norm" else 1,
+                                           dim=-1, keepdim=True))
+        theta = theta.mul_((scale / (r + eps)).to(theta.dtype))
+        saved = s  # GELU'(S) needs S; Θ is kept too since it costs two passes to rebuild
+    return torch.matmul(theta, value), (saved, r, theta)
 
 
 def _k(r: torch.Tensor, scale: float, eps: float) -> torch.Tensor:
@@ -97,18 +94,19 @@ def _k(r: torch.Tensor, scale: float, eps: float) -> torch.Tensor:
 
 
 class PattentionFunction(torch.autograd.Function):
-    """``Y = Θ(X·Kᵀ)·V`` for 2-D ``X`` with a memory-saving analytic backward (module docstring)."""
+    """``Y = Θ(X·Kᵀ)·V`` for 2-D ``X`` with a memory-saving analytic backward (module docstring).
+    X, K and V share one dtype and autocast is off (:func:`fused_pattention` arranges both); the
+    backward may run under autocast (the trainer's ``loss.backward()`` does) and turns it off."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
                 scale: float, eps: float) -> torch.Tensor:
-        y, (xc, kc, vc, saved, r, theta) = _forward(x, key, value, norm, scale, eps)
+        y, (saved, r, theta) = _forward(x, key, value, norm, scale, eps)
         if norm in ("gelu_l2_norm", "gelu_l1_norm"):
-            ctx.save_for_backward(xc, kc, vc, saved, r, theta)
+            ctx.save_for_backward(x, key, value, saved, r, theta)
         else:
-            ctx.save_for_backward(xc, kc, vc, saved, r)
+            ctx.save_for_backward(x, key, value, saved, r)
         ctx.norm, ctx.scale, ctx.eps = norm, scale, eps
-        ctx.dtypes = (x.dtype, key.dtype, value.dtype)
         return y
 
     @staticmethod
@@ -152,8 +150,7 @@ class PattentionFunction(torch.autograd.Function):
             grad_x = torch.matmul(m, kc)
             if c is not None:
                 grad_x = grad_x.mul_(c.to(grad_x.dtype))
-        dx, dk, dv = ctx.dtypes
-        return grad_x.to(dx), grad_k.to(dk), grad_v.to(dv), None, None, None
+        return grad_x, grad_k, grad_v, None, None, None
 
 
 def fused_pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
