@@ -295,6 +295,8 @@ def test_toy_experiment_end_to_end(toy_data, tmp_path, one_thread):
         assert heading in report
     assert "beat training the small model longer" in report
     assert "Wall-clock of the whole run" in report and not results["resumed"]
+    resumed = report_markdown({**results, "resumed": True}, [])
+    assert "Wall-clock of this invocation" in resumed and "whole run" not in resumed
     for name in names:
         assert f"| {name} " in report
     saved = json.loads((tmp_path / "a" / "results.json").read_text())
@@ -374,7 +376,8 @@ def test_new_row_moments_reach_the_grown_arms(toy_data, tmp_path, one_thread, ca
     for stage in (1, 2):  # +0 after each growth: the loss just before it, in both variants
         for points in runs.values():
             at = [p for p in points if p["step"] == sum(TOY.stage_steps[:stage])]
-            assert at[-1]["loss"] == pytest.approx(at[0]["loss"], abs=1e-4)
+            assert [p["stage"] for p in at] == [stage - 1, stage]  # before, then +0
+            assert at[1]["loss"] == pytest.approx(at[0]["loss"], abs=1e-4)
     with pytest.raises(SystemExit) as exc:  # argparse rejects the value: one line, exit 2
         main(["scale", "--plan", "--new-row-moments", "old", "--data", str(toy_data)])
     assert exc.value.code == 2 and "--new-row-moments" in capsys.readouterr().err

@@ -443,9 +443,8 @@ def _carry_optimizer(old_model: nn.Module, optimizer: torch.optim.Optimizer, gro
             if torch.is_tensor(value) and value.shape == old_param.shape:
                 state[key] = (torch.zeros_like(names_param, dtype=value.dtype) if is_new
                               else _with_rows(value, names_param.shape[0], copy))
-                grown_rows = (not is_new and value.dim() >= 1
-                              and names_param.shape[0] > value.shape[0])
-                if new_row_moments == "mean" and key == "exp_avg_sq" and grown_rows:
+                if (new_row_moments == "mean" and key == "exp_avg_sq" and not is_new
+                        and names_param.shape[0] > value.shape[0]):
                     state[key][value.shape[0]:] = value.mean(dim=0, keepdim=True)
             else:
                 state[key] = value.clone() if torch.is_tensor(value) else value

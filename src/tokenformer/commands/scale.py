@@ -7,6 +7,7 @@ import sys
 
 from ..cli import positive
 from ..errors import ConfigError
+from ..grow import NEW_ROW_MOMENTS
 
 
 def scale(args: argparse.Namespace) -> int:
@@ -25,9 +26,8 @@ def scale(args: argparse.Namespace) -> int:
         except ValueError:
             raise ConfigError(f"--steps expects comma-separated integers, got {args.steps!r}"
                               ) from None
-    if args.new_row_moments != "zero":
-        overrides["new_row_moments"] = args.new_row_moments
-    preset = get_preset(args.preset, args.device, **overrides)
+    preset = get_preset(args.preset, args.device, new_row_moments=args.new_row_moments,
+                        **overrides)
     progress = False if args.no_progress else None
     if args.plan:
         print(describe_plan(preset, seeds=args.seeds, data=args.data, device=args.device,
@@ -65,7 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", default=None,
                    help="steps per chain stage, e.g. 200,100,100 (default: the preset's)")
     p.add_argument("--threads", type=positive(int), default=None, help="torch CPU threads")
-    p.add_argument("--new-row-moments", choices=("zero", "mean"), default="zero",
+    p.add_argument("--new-row-moments", choices=NEW_ROW_MOMENTS, default="zero",
                    help="grown TokenFormer arms that carry AdamW over: start the new rows' second "
                         "moments at zero (default) or at the old rows' mean")
     p.add_argument("--plan", action="store_true",

@@ -43,6 +43,7 @@ from typing import Any
 
 from ..config import TokenFormerConfig, flops_per_token
 from ..errors import ConfigError
+from ..grow import NEW_ROW_MOMENTS
 from .common import (
     Arm,
     Curve,
@@ -98,7 +99,7 @@ class ScalePreset:
     arms: tuple[str, ...] | None = None  # None: every arm
     deciding: tuple[str, ...] = ()  # arms that get ``seeds`` seeds; empty: the default set
     dtype: str = "bfloat16"
-    # AdamW second moments of new rows at growth, carried arms: "zero" or "mean" (of old rows)
+    # AdamW second moments of new rows at growth, carried arms: grow.NEW_ROW_MOMENTS
     new_row_moments: str = "zero"
 
     @property
@@ -120,9 +121,9 @@ class ScalePreset:
         if self.stage_steps[-1] < self.decay_fraction * sum(self.stage_steps):
             raise ConfigError("scale: the wsd decay must start after the last growth "
                               "(decay_fraction × total steps > last stage's steps)")
-        if self.new_row_moments not in ("zero", "mean"):
-            raise ConfigError(f"scale: new_row_moments must be zero or mean, "
-                              f"got {self.new_row_moments!r}")
+        if self.new_row_moments not in NEW_ROW_MOMENTS:
+            raise ConfigError(f"scale: new_row_moments must be one of "
+                              f"{', '.join(NEW_ROW_MOMENTS)}, got {self.new_row_moments!r}")
         if self.warmup_steps >= self.stage_steps[0]:
             raise ConfigError("scale: warmup_steps must be shorter than the first stage")
 
@@ -1115,8 +1116,7 @@ def run_scale(preset: str | ScalePreset = "quick", *, seeds: int | None = None,
                       progress=progress)
     results = assemble(p, plans, curves, command=command or f"run_scale({p.name!r})",
                        seeds=list(range(p.seeds)), device=dev.type, precision=precision,
-                       data=data_info, wall_clock=time.perf_counter() - t0)
-    results["resumed"] = resumed
+                       data=data_info, wall_clock=time.perf_counter() - t0, resumed=resumed)
     write_outputs(results, out, plots)
     (out / PARTIAL).unlink(missing_ok=True)
     print_fn(f"scale: done in {results['wall_clock']:.0f} s; report: {out / 'report.md'}")
@@ -1144,7 +1144,8 @@ def estimate_jobs(plans: Sequence[ArmPlan], preset: ScalePreset) -> int:
 
 def assemble(preset: ScalePreset, plans: Sequence[ArmPlan], curves: dict[str, dict[int, Curve]],
              *, command: str, seeds: list[int], device: str, precision: str,
-             data: dict[str, Any], wall_clock: float) -> dict[str, Any]:
+             data: dict[str, Any], wall_clock: float, resumed: bool = False
+             ) -> dict[str, Any]:
     """results.json: settings, every arm's plan and curves per seed, and the summary."""
     tps = preset.tokens_per_step
     results: dict[str, Any] = {
@@ -1157,6 +1158,7 @@ def assemble(preset: ScalePreset, plans: Sequence[ArmPlan], curves: dict[str, di
                           "runs": {str(s): c.to_dict() for s, c in sorted(curves[a.name].items())}}
                  for a in plans},
         "wall_clock": wall_clock,
+        "resumed": resumed,  # wall_clock then covers this invocation only
     }
     results["summary"] = summarize(results)
     return results
