@@ -17,6 +17,7 @@ import contextlib
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -73,3 +74,13 @@ def autocast(precision: str) -> contextlib.AbstractContextManager:
     if precision == "bf16":
         return torch.autocast("cpu", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def command_line() -> str:
+    """How this script was invoked, as a reader would retype it (for the section's Command:)."""
+    return " ".join(["python", f"benchmarks/{os.path.basename(sys.argv[0])}", *sys.argv[1:]])
+
+
+def log(message: str) -> None:
+    """Progress for the person watching: stderr, so stdout stays the RESULTS.md section."""
+    print(message, file=sys.stderr, flush=True)

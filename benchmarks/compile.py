@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_clock_args, apply_clock_args, autocast, interleaved, machine
+from common import add_clock_args, apply_clock_args, autocast, command_line, interleaved, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.pattention import set_pattention_impl
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     explain = torch._dynamo.explain(model)(ids, labels=ids)
     torch._dynamo.reset()
     print("## Compile (issue 8)\n")
-    print(f"Command: `python benchmarks/compile.py {' '.join(sys.argv[1:])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine()}; timing: {clock}  ")
     print(f"Training step (forward + loss, backward, AdamW) of preset `{args.preset}` "
           f"({model.num_parameters() / 1e6:.2f}M parameters) on {args.batch}×{args.seq} tokens; "

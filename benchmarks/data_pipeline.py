@@ -16,15 +16,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine
+from common import command_line, log, machine
 
 from tokenformer.data import default_dataset, kjv_text, unigram_entropy
 
 SHAPES = ((16, 256), (64, 256), (8, 1024))
 
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -74,7 +71,7 @@ def main() -> None:
                          + " M tokens/s)"))
 
     print("## data\n")
-    print(f"Command: `{' '.join(['python', 'benchmarks/data_pipeline.py', *sys.argv[1:]])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine_line}; timing: wall clock  ")
     print(f"Preparing the embedded corpus for each tokenizer from scratch into an empty cache, "
           f"reopening it from the cache, and drawing training batches the way the trainer does "

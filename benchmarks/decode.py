@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common
-from common import add_clock_args, apply_clock_args, interleaved, machine
+from common import add_clock_args, apply_clock_args, command_line, interleaved, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.model import KVCache
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         return min(statistics.median(gen[max(0, pos - 10): pos + 10]) for gen in runs)
 
     print("## Decoding (issue 8)\n")
-    print(f"Command: `python benchmarks/decode.py {' '.join(sys.argv[1:])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine()}; timing: {clock}  ")
     print(f"Preset `{args.preset}` (context raised to {context}), batch 1, fp32, KV cache. "
           f"Step: min (median) over {args.rounds} interleaved rounds. generate: median of the 20 "

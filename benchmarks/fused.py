@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_clock_args, apply_clock_args, autocast, interleaved, machine
+from common import add_clock_args, apply_clock_args, autocast, command_line, interleaved, machine
 
 from tokenformer.fused import fused_pattention
 from tokenformer.pattention import theta
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     print("## Fused Pattention (issue 8)\n")
-    print(f"Command: `python benchmarks/fused.py {' '.join(sys.argv[1:])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine()}; timing: {clock}  ")
     print(f"Forward + backward (grads of x, K, V) of `Θ(x·Kᵀ)·V` with Θ = l2_norm_gelu vs "
           f"`GELU(x·Kᵀ)·V`, {args.batch}×{args.seq} = {tokens} tokens; min (median) ms over "

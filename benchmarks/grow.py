@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine
+from common import command_line, log, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.grow import grow, grow_with_optimizer, max_logit_change
@@ -68,9 +68,6 @@ def best_of(repeats: int, fn) -> tuple[float, float, object]:
 def fmt(wall: float, cpu: float) -> str:
     return f"{wall:.2f} s ({cpu:.2f} s CPU)"
 
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -136,7 +133,7 @@ def main() -> None:
     log(rows[-1])
 
     print("## Growth (issue 3)\n")
-    print(f"Command: `{' '.join(['python', 'benchmarks/grow.py', *sys.argv[1:]])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine_line}; timing: wall clock, best of {args.repeats} "
           f"(CPU = this process's user + system time)  ")
     print(f"Growing `{args.preset}` ({model.num_parameters():,} parameters, random weights, "

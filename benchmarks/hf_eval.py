@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine
+from common import command_line, log, machine
 
 import tokenformer.hf as H
 from tokenformer import TokenFormerConfig, TokenFormerLM
@@ -42,9 +42,6 @@ def best_of(repeats: int, fn):
         times.append(time.perf_counter() - start)
     return min(times), out
 
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -108,7 +105,7 @@ def main() -> None:
                  f"result", f"{t_convert:.2f} s / {t_load:.2f} s"))
 
     print("## huggingface / evaluation\n")
-    print(f"Command: `{' '.join(['python', 'benchmarks/hf_eval.py', *sys.argv[1:]])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine_line}; timing: wall clock, best of {args.repeats} "
           f"(`convert official`: one run)  ")
     print(f"Scoring throughput of `evaluate_text` on the embedded corpus's validation bytes, "

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import command_line, machine
 
 from tokenformer import Pattention
 from tokenformer import pattention as pattention_module
@@ -81,17 +83,6 @@ def compare(tokens: int, d: int, n: int, bf16: bool, reps: int, warmup: int, imp
     return {"pattention_ms": 1e3 * p, "mlp_ms": 1e3 * m, "ratio": p / m}
 
 
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    load = " / ".join(f"{v:.1f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    return (f"{cpu}, {os.cpu_count()} logical cores, torch {torch.__version__} "
-            f"({torch.get_num_threads()} intra-op threads), Python {platform.python_version()}; "
-            f"load average at start {load}")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=8)
@@ -116,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
 
     tokens = args.batch * args.seq
     print("## Pattention vs MLP (issue 2)\n")
-    print(f"Command: `python {' '.join(['benchmarks/pattention.py', *sys.argv[1:]])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine()}  ")
     print(f"Forward + backward of `Pattention(d, d, n)` (Θ = l2_norm_gelu) vs "
           f"`GELU(x·Kᵀ)·V` on {args.batch}×{args.seq} = {tokens} tokens; median of "

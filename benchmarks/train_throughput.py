@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_clock_args, apply_clock_args, interleaved, machine
+from common import add_clock_args, apply_clock_args, command_line, interleaved, machine
 
 from tokenformer.baselines import TransformerLM, matched_config
 from tokenformer.config import TokenFormerConfig, flops_per_token
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                 "bf16": matmul_ceiling(torch.bfloat16, args.matmul_n)}
 
     print("## Training throughput (issues 4, 8)\n")
-    print(f"Command: `python benchmarks/train_throughput.py {' '.join(sys.argv[1:])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine()}; timing: {clock}  ")
     print(f"The training loop (`fit`: forward, backward, clipping, AdamW) on random batches of "
           f"{args.batch_size} × {args.seq_len} byte tokens; TokenFormer and the Transformer "

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine
+from common import command_line, log, machine
 
 from tokenformer.commands.vision import DIGITS_TRAIN, train_vision
 
@@ -36,9 +36,6 @@ def run(preset: str, arch: str, seed: int, threads: int, steps: int) -> tuple[fl
     wall = time.perf_counter() - t0  # everything: data loading, model, training, evaluation
     return result.evaluation.accuracy, wall, result.model.num_parameters()
 
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def load() -> str:
@@ -82,7 +79,7 @@ def main() -> None:
 
     threads = f"{args.threads} torch thread(s)" if args.threads else "torch's default threads"
     print("## Vision (issue 7)\n")
-    print(f"Command: `{' '.join(['python', 'benchmarks/vit_digits.py', *sys.argv[1:]])}`  ")
+    print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine_line}; training with {threads}; load average after the run "
           f"{load()}  ")
     print(f"Top-1 test accuracy on scikit-learn's digits (fixed split) of `{args.preset}` "
