@@ -37,6 +37,8 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
     "compile": ("compile.py", ["--cpu-time"]),
     "decode": ("decode.py", ["--cpu-time"]),
     "train_throughput": ("train_throughput.py", ["--cpu-time"]),
+    "theta_passes": ("theta_passes.py", ["--cpu-time"]),
+    "attention": ("attention.py", ["--cpu-time"]),
     "data_pipeline": ("data_pipeline.py", []),
     "hf_eval": ("hf_eval.py", ["--tokens", "16384", "--new-tokens", "96", "--repeats", "2",
                                "--threads", "1"]),
