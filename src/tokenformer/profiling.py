@@ -18,6 +18,8 @@ def peak_allocated_bytes(fn: Callable[[], object]) -> int:
     (memory that existed before the call is not counted)."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+    # The per-allocation events are only reachable through the profiler's kineto results (the
+    # public key_averages() sums them per op and loses their order); torch is pinned.
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     current = peak = 0
     for event in sorted(events, key=lambda e: e.start_ns()):
