@@ -15,6 +15,7 @@ Prints a markdown section for benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, autocast, command_line, interleaved, machine
 
-from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer import TokenFormerConfig, TokenFormerLM, kernels
 from tokenformer.pattention import set_pattention_impl
 
 
@@ -58,8 +59,16 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     compiled = torch.compile(model)
     tokens = args.batch * args.seq
+    # The same model with impl="kernel" (tokenformer.kernels), a copy with its own optimizer and
+    # compiled module, so that switching impls never invalidates a compiled graph.
+    with_kernel = kernels.available()
+    model_k = copy.deepcopy(model)
+    set_pattention_impl(model_k, "kernel")
+    opt_k = torch.optim.AdamW(model_k.parameters(), lr=1e-4)
+    compiled_k = torch.compile(model_k)
 
     explain = torch._dynamo.explain(model)(ids, labels=ids)
+    explain_k = torch._dynamo.explain(model_k)(ids, labels=ids) if with_kernel else None
     torch._dynamo.reset()
     print("## Compile (issue 8)\n")
     print(f"Command: `{command_line()}`  ")
@@ -67,15 +76,24 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Training step (forward + loss, backward, AdamW) of preset `{args.preset}` "
           f"({model.num_parameters() / 1e6:.2f}M parameters) on {args.batch}×{args.seq} tokens; "
           f"min (median) over {args.rounds} interleaved rounds. `torch._dynamo.explain`: "
-          f"{explain.graph_count} graph(s), {explain.graph_break_count} graph break(s).\n")
+          f"{explain.graph_count} graph(s), {explain.graph_break_count} graph break(s)"
+          + (f"; with impl=kernel {explain_k.graph_count} graph(s), "
+             f"{explain_k.graph_break_count} graph break(s)" if with_kernel else
+             f"; impl=kernel not timed: {kernels.unavailable_reason()}") + ".\n")
     print("| precision | eager reference ms | eager fused ms | compiled (fused) ms | "
-          "compiled / eager fused | compile time s | tokens/s (best) |")
-    print("|---|---|---|---|---|---|---|")
+          "compiled / eager fused | eager kernel ms | compiled (kernel) ms | "
+          "compiled / eager kernel | compile time s | tokens/s (best) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     best_rate = {}
     for precision in args.precisions:
         steps = {"reference": make_step(model, model, opt, ids, precision, "reference"),
                  "fused": make_step(model, model, opt, ids, precision, "fused"),
                  "compiled": make_step(model, compiled, opt, ids, precision, "fused")}
+        if with_kernel:
+            steps["kernel"] = make_step(model_k, model_k, opt_k, ids, precision, "kernel")
+            steps["compiled kernel"] = make_step(model_k, compiled_k, opt_k, ids, precision,
+                                                 "kernel")
+            steps["compiled kernel"]()
         start = time.perf_counter()
         steps["compiled"]()  # first call compiles (forward and backward graphs)
         compile_s = time.perf_counter() - start
@@ -86,9 +104,12 @@ def main(argv: list[str] | None = None) -> None:
         def cell(name: str, t=t) -> str:
             return f"{1e3 * t[name]['min']:.0f} ({1e3 * t[name]['median']:.0f})"
 
+        kernel_cells = (f"{cell('kernel')} | {cell('compiled kernel')} | "
+                        f"{t['compiled kernel']['min'] / t['kernel']['min']:.2f}x"
+                        if with_kernel else "| |")
         print(f"| {precision} | {cell('reference')} | {cell('fused')} | {cell('compiled')} | "
-              f"{t['compiled']['min'] / t['fused']['min']:.2f}x | {compile_s:.0f} | "
-              f"{best_rate[precision]:,.0f} |", flush=True)
+              f"{t['compiled']['min'] / t['fused']['min']:.2f}x | {kernel_cells} | "
+              f"{compile_s:.0f} | {best_rate[precision]:,.0f} |", flush=True)
     counters = torch._dynamo.utils.counters
     recompiles = sum(counters["recompiles"].values()) if "recompiles" in counters else 0
     print(f"\nRecompilations while timing: {recompiles} (one graph per precision is expected: "

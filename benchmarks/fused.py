@@ -26,11 +26,12 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, autocast, command_line, interleaved, machine
 
+from tokenformer import kernels
 from tokenformer.fused import fused_pattention
 from tokenformer.pattention import theta
 from tokenformer.profiling import peak_allocated_bytes
 
-VARIANTS = ("mlp", "reference", "fused")
+VARIANTS = ("mlp", "reference", "fused", "kernel")
 
 
 def forward_fn(variant: str):
@@ -44,7 +45,10 @@ def forward_fn(variant: str):
     def fused(x, k, v):
         return fused_pattention(x, k, v, "l2_norm_gelu", k.shape[0] ** 0.5)
 
-    return {"mlp": mlp, "reference": reference, "fused": fused}[variant]
+    def kernel(x, k, v):
+        return fused_pattention(x, k, v, "l2_norm_gelu", k.shape[0] ** 0.5, kernel=True)
+
+    return {"mlp": mlp, "reference": reference, "fused": fused, "kernel": kernel}[variant]
 
 
 def tensors(tokens: int, d: int, n: int):
@@ -130,6 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     print("## Fused Pattention (issue 8)\n")
     print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine()}; timing: {clock}  ")
+    kernel = (f"the C++ Θ kernel (tokenformer.kernels, {kernels.build_name()})"
+              if kernels.available() else
+              f"UNAVAILABLE, ran the fused path: {kernels.unavailable_reason()}")
+    print(f"Variant `kernel`: {kernel}  ")
     print(f"Forward + backward (grads of x, K, V) of `Θ(x·Kᵀ)·V` with Θ = l2_norm_gelu vs "
           f"`GELU(x·Kᵀ)·V`, {args.batch}×{args.seq} = {tokens} tokens; min (median) ms over "
           f"{args.rounds} interleaved rounds; ratio of minima to the MLP of the same mode. "
@@ -144,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
             modes = {"eager": {name: forward_fn(name) for name in VARIANTS}}
             if not args.no_compile:
                 modes["compiled"] = {name: torch.compile(forward_fn(name))
-                                     for name in ("mlp", "fused")}
+                                     for name in ("mlp", "fused", "kernel")}
             for mode, fns in modes.items():
                 data = (x, k, v, grad, precision)
                 t = interleaved({name: (lambda fn=fn, data=data: step(fn, *data))

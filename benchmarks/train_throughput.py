@@ -26,12 +26,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, command_line, interleaved, machine
 
+from tokenformer import kernels
 from tokenformer.baselines import TransformerLM, matched_config
 from tokenformer.config import TokenFormerConfig, flops_per_token
 from tokenformer.model import TokenFormerLM
 from tokenformer.train import TrainConfig, fit
 
 PRECISIONS = ("fp32", "bf16")
+KERNEL = "TokenFormer (kernel)"
 
 
 def matmul_ceiling(dtype: torch.dtype, n: int, rounds: int = 10) -> float:
@@ -45,7 +47,7 @@ class Trainer:
     """One model at one precision, advanced ``round_steps`` steps of :func:`fit` per call."""
 
     def __init__(self, model: torch.nn.Module, precision: str, batch_size: int, seq_len: int,
-                 warmup: int, round_steps: int) -> None:
+                 warmup: int, round_steps: int, impl: str = "auto") -> None:
         vocab = model.config.vocab_size
 
         def batch_fn(step: int) -> dict[str, torch.Tensor]:
@@ -56,7 +58,7 @@ class Trainer:
         self.batch_fn, self.round_steps = batch_fn, round_steps
         self.cfg = TrainConfig(steps=warmup, batch_size=batch_size, seq_len=seq_len,
                                precision=precision, warmup_steps=1, eval_interval=0,
-                               schedule="constant")
+                               schedule="constant", pattention_impl=impl)
         result = fit(model, batch_fn, self.cfg, progress=False)
         self.model, self.optimizer, self.step = result.model, result.optimizer, warmup
 
@@ -70,15 +72,18 @@ class Trainer:
 def measure(preset: str, args: argparse.Namespace) -> dict:
     tf_config = TokenFormerConfig.from_name(preset, max_seq_len=args.seq_len)
     configs = {"TokenFormer": tf_config, "Transformer": matched_config(tf_config, "transformer")}
+    if kernels.available():  # the same model with impl="kernel" (tokenformer.kernels)
+        configs = {"TokenFormer": tf_config, KERNEL: tf_config, **configs}
     trainers, per_token, params = {}, {}, {}
     for name, config in configs.items():
         per_token[name] = flops_per_token(config, args.seq_len, training=True)["total"]
         params[name] = config.num_parameters(non_embedding=True)
         for precision in PRECISIONS:
             torch.manual_seed(0)
-            model = (TokenFormerLM if name == "TokenFormer" else TransformerLM)(config)
+            model = (TransformerLM if name == "Transformer" else TokenFormerLM)(config)
             trainers[name, precision] = Trainer(model, precision, args.batch_size, args.seq_len,
-                                                args.warmup, args.round_steps)
+                                                args.warmup, args.round_steps,
+                                                impl="kernel" if name == KERNEL else "auto")
     times = interleaved({f"{n}|{p}": t for (n, p), t in trainers.items()}, args.rounds, warmup=0)
     tokens = args.round_steps * args.batch_size * args.seq_len
     rates = {tuple(k.split("|")): tokens / v["min"] for k, v in times.items()}
@@ -112,7 +117,11 @@ def main(argv: list[str] | None = None) -> None:
           f"training=True)`; MFU = achieved FLOP/s ÷ the {args.matmul_n}³ matmul rate of the "
           f"same precision (fp32 {ceilings['fp32'] / 1e9:.1f}, bf16 "
           f"{ceilings['bf16'] / 1e9:.1f} GFLOP/s, "
-          f"{ceilings['bf16'] / ceilings['fp32']:.2f}x).\n")
+          f"{ceilings['bf16'] / ceilings['fp32']:.2f}x). TokenFormer runs its default "
+          f"Pattention (`auto`: the PyTorch fused path in training); TokenFormer (kernel) the "
+          f"same model with `pattention_impl=kernel` ("
+          + ("the C++ Θ kernel" if kernels.available()
+             else f"not timed: {kernels.unavailable_reason()}") + ").\n")
     print("| preset | model | non-emb params | train FLOPs/token | precision | tokens/s | "
           "GFLOP/s | MFU |")
     print("|---|---|---|---|---|---|---|---|")
@@ -128,22 +137,23 @@ def main(argv: list[str] | None = None) -> None:
     print()
     for r in results:
         rates, per_token = r["rates"], r["per_token"]
-        speedup = rates["TokenFormer", "bf16"] / rates["TokenFormer", "fp32"]
-        line = [f"`{r['preset']}` (matched Transformer MLP width {r['mlp_width']}): "
-                f"bf16 / fp32 tokens/s TokenFormer {speedup:.2f}x "
-                f"({'met' if speedup >= 2.5 else 'not met'}: target >= 2.5x), Transformer "
-                f"{rates['Transformer', 'bf16'] / rates['Transformer', 'fp32']:.2f}x"]
-        flop_ratio = per_token["TokenFormer"] / per_token["Transformer"]
-        for precision in PRECISIONS:
-            time_ratio = rates["Transformer", precision] / rates["TokenFormer", precision]
-            verdict = ""
-            if precision == "bf16" and r["preset"] == "small":
-                verdict = f" ({'met' if time_ratio <= 1.1 * flop_ratio else 'not met'}: " \
-                          f"target <= 1.1x at the demo size)"
-            line.append(f"{precision} step-time ratio TokenFormer / Transformer {time_ratio:.3f} "
-                        f"= {time_ratio / flop_ratio:.3f}x the FLOP ratio {flop_ratio:.3f}"
-                        f"{verdict}")
-        print("* " + "; ".join(line) + ".")
+        for tf in [name for name in ("TokenFormer", KERNEL) if (name, "fp32") in rates]:
+            speedup = rates[tf, "bf16"] / rates[tf, "fp32"]
+            line = [f"`{r['preset']}`, {tf} (matched Transformer MLP width {r['mlp_width']}): "
+                    f"bf16 / fp32 tokens/s {speedup:.2f}x "
+                    f"({'met' if speedup >= 2.5 else 'not met'}: target >= 2.5x), Transformer "
+                    f"{rates['Transformer', 'bf16'] / rates['Transformer', 'fp32']:.2f}x"]
+            flop_ratio = per_token[tf] / per_token["Transformer"]
+            for precision in PRECISIONS:
+                time_ratio = rates["Transformer", precision] / rates[tf, precision]
+                verdict = ""
+                if precision == "bf16" and r["preset"] == "small":
+                    verdict = f" ({'met' if time_ratio <= 1.1 * flop_ratio else 'not met'}: " \
+                              f"target <= 1.1x at the demo size)"
+                line.append(f"{precision} step-time ratio {tf} / Transformer {time_ratio:.3f} "
+                            f"= {time_ratio / flop_ratio:.3f}x the FLOP ratio {flop_ratio:.3f}"
+                            f"{verdict}")
+            print("* " + "; ".join(line) + ".")
     print()
 
 

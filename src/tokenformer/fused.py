@@ -35,6 +35,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from . import kernels
+
 _gelu_backward_ = torch.ops.aten.gelu_backward.grad_input  # out= variant: may write into grad
 
 
@@ -65,10 +67,14 @@ def _no_autocast(x: torch.Tensor) -> tuple[torch.dtype, contextlib.AbstractConte
 
 
 def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
-             eps: float) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+             eps: float, kernel: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Y and what the backward needs: the saved scores, r, Θ. Runs with autocast off, on inputs
-    already in the compute dtype (:func:`fused_pattention` casts them)."""
+    already in the compute dtype (:func:`fused_pattention` casts them). ``kernel``: Θ from the
+    C++ kernel (:mod:`tokenformer.kernels`), which saves only S and r."""
     s = torch.matmul(x, key.t())
+    if kernel:
+        theta, r = kernels.theta_forward(s, scale, eps)
+        return torch.matmul(theta, value), (s, r, theta)
     if norm == "l2_norm_gelu":
         r = _wide(torch.linalg.vector_norm(s, dim=-1, keepdim=True))
         u = s.mul_((scale / (r + eps)).to(s.dtype))  # u = c·S in place of S
@@ -100,13 +106,13 @@ class PattentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
-                scale: float, eps: float) -> torch.Tensor:
-        y, (saved, r, theta) = _forward(x, key, value, norm, scale, eps)
-        if norm in ("gelu_l2_norm", "gelu_l1_norm"):
+                scale: float, eps: float, kernel: bool = False) -> torch.Tensor:
+        y, (saved, r, theta) = _forward(x, key, value, norm, scale, eps, kernel)
+        if norm in ("gelu_l2_norm", "gelu_l1_norm") and not kernel:
             ctx.save_for_backward(x, key, value, saved, r, theta)
         else:
             ctx.save_for_backward(x, key, value, saved, r)
-        ctx.norm, ctx.scale, ctx.eps = norm, scale, eps
+        ctx.norm, ctx.scale, ctx.eps, ctx.kernel = norm, scale, eps, kernel
         return y
 
     @staticmethod
@@ -119,7 +125,11 @@ class PattentionFunction(torch.autograd.Function):
             # The order keeps at most three [L, n] tensors alive (a GELU MLP's backward peaks at
             # as many): dV before dΘ, so that a recomputed Θ is used and turned into a buffer
             # before dΘ is allocated.
-            if norm == "l2_norm_gelu":
+            if ctx.kernel:  # one pass turns (dΘ, S) into (Θ, dS) in place
+                theta, m = kernels.theta_backward(torch.matmul(gy, vc.t()), saved, r, scale, eps)
+                grad_v = torch.matmul(theta.transpose(-1, -2), gy)
+                del theta
+            elif norm == "l2_norm_gelu":
                 u = saved
                 buffer = F.gelu(u)  # Θ, recomputed
                 grad_v = torch.matmul(buffer.transpose(-1, -2), gy)
@@ -150,12 +160,14 @@ class PattentionFunction(torch.autograd.Function):
             grad_x = torch.matmul(m, kc)
             if c is not None:
                 grad_x = grad_x.mul_(c.to(grad_x.dtype))
-        return grad_x, grad_k, grad_v, None, None, None
+        return grad_x, grad_k, grad_v, None, None, None, None
 
 
 def fused_pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
-                     scale: float, eps: float = 0.0) -> torch.Tensor:
-    """``Θ(x·keyᵀ)·value`` for ``x`` of shape [..., d_in] through :class:`PattentionFunction`."""
+                     scale: float, eps: float = 0.0, kernel: bool = False) -> torch.Tensor:
+    """``Θ(x·keyᵀ)·value`` for ``x`` of shape [..., d_in] through :class:`PattentionFunction`.
+    ``kernel=True``: Θ from the C++ CPU kernel where it applies (:func:`kernels.supports`:
+    ``l2_norm_gelu`` on the CPU in float32/bf16/fp16), the PyTorch passes elsewhere."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     dtype, no_autocast = _no_autocast(x2)
@@ -164,10 +176,11 @@ def fused_pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, no
     # backward has released its [L, n] tensors, instead of adding float32 gradients on top of
     # them at the memory peak. Autocast is turned off once, here, for everything inside.
     x2, key, value = x2.to(dtype), key.to(dtype), value.to(dtype)
+    kernel = kernel and kernels.supports(x2, norm)
     with no_autocast:
         if torch.is_grad_enabled() and (x2.requires_grad or key.requires_grad
                                         or value.requires_grad):
-            y = PattentionFunction.apply(x2, key, value, norm, scale, eps)
+            y = PattentionFunction.apply(x2, key, value, norm, scale, eps, kernel)
         else:  # inference: skip the autograd.Function machinery (it matters when decoding)
-            y = _forward(x2, key, value, norm, scale, eps)[0]
+            y = _forward(x2, key, value, norm, scale, eps, kernel)[0]
     return y.view(*shape[:-1], y.shape[-1])

@@ -34,8 +34,10 @@ THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm
 # scores); "reference": theta() below under plain autograd, the ground truth the fused path is
 # tested against. "auto": fused when autograd records the call (training: less time and half the
 # activation memory), reference otherwise (inference: at the few rows per call of decoding the
-# fused path's extra per-call overhead outweighs its one saved pass). docs/performance.md.
-PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference")
+# fused path's extra per-call overhead outweighs its one saved pass). "kernel": the fused path
+# with Θ from the C++ CPU kernel (tokenformer.kernels; built on first use, needs a compiler;
+# where it does not apply or cannot be built: "fused"). docs/performance.md.
+PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference", "kernel")
 
 
 def default_scale(norm: str, num_tokens: int) -> float:
@@ -138,6 +140,9 @@ class Pattention(nn.Module):
         nn.init.normal_(self.value_param_tokens, std=self.value_init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "kernel":
+            return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm,
+                                    self.scale, self.eps, kernel=True)
         if self.impl == "fused" or (self.impl == "auto" and torch.is_grad_enabled() and (
                 x.requires_grad or self.key_param_tokens.requires_grad
                 or self.value_param_tokens.requires_grad)):

@@ -39,6 +39,7 @@ from . import checkpoint as ckpt
 from . import distributed as dist_
 from .config import PRESETS, TokenFormerConfig, flops_per_token
 from .errors import CheckpointError, ConfigError, TokenFormerError
+from .pattention import PATTENTION_IMPLS, set_pattention_impl
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 RUN_CONFIG = "config.json"
@@ -85,6 +86,10 @@ class TrainConfig:
     device: str = "auto"
     precision: str = "fp32"  # fp32 | bf16 (autocast)
     compile: bool = False
+    # Pattention implementation (pattention.PATTENTION_IMPLS) set on every Pattention before
+    # training; "kernel" = the C++ Θ kernel, built on first use (tokenformer.kernels,
+    # docs/performance.md); "auto" leaves each module's own setting (by default auto)
+    pattention_impl: str = "auto"
     activation_checkpointing: bool = False
     strategy: str = "auto"  # single | ddp | fsdp; auto = ddp under torchrun
     threads: int = 0  # torch threads; 0 = torch's default
@@ -122,6 +127,7 @@ class TrainConfig:
         choice("growth_lr", ("continue", "restart"))
         choice("growth_optimizer", ("carry", "carry-mean", "reset"))
         choice("precision", ("fp32", "bf16"))
+        choice("pattention_impl", PATTENTION_IMPLS)
         choice("strategy", dist_.STRATEGIES)
         for key in ("seq_len", "batch_size", "grad_accum", "steps", "eval_batches",
                     "sample_tokens", "keep_last"):
@@ -435,7 +441,10 @@ def _checkpointed(forward: Callable, *args: Any, **kwargs: Any) -> Any:
 
 def _prepare(model: nn.Module, cfg: TrainConfig, world: dist_.World,
              device: torch.device) -> nn.Module:
-    """Activation checkpointing per block, DDP/FSDP, torch.compile: the module training calls."""
+    """Pattention impl, activation checkpointing per block, DDP/FSDP, torch.compile: the module
+    training calls."""
+    if cfg.pattention_impl != "auto":
+        set_pattention_impl(model, cfg.pattention_impl)
     if cfg.activation_checkpointing:
         for block in dist_._blocks(model):
             if not isinstance(block.forward, functools.partial):

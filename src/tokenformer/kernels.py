@@ -1,0 +1,144 @@
+"""A hand-written CPU kernel for Θ = ``l2_norm_gelu`` (``csrc/theta_cpu.cpp``), built on first use.
+
+PyTorch runs Θ as separate elementwise kernels, each a pass over the [L, n] scores; on a CPU those
+passes are memory-bound and cost a Pattention step 5–10 % over a GELU MLP of the same shapes
+(docs/performance.md). The kernel does the whole Θ — row norm, scale, GELU — in one pass per
+direction, a row at a time while the row sits in cache, so a Pattention step costs what the MLP's
+does. It is what ``impl="kernel"`` (:mod:`tokenformer.pattention`) uses.
+
+It is compiled from source with :func:`torch.utils.cpp_extension.load` the first time it is asked
+for (≈ 15 s; later processes reuse the build in torch's extension cache, ``TORCH_EXTENSIONS_DIR``),
+for the vector ISA torch itself uses on this CPU. That needs a C++ compiler and ninja, which is why
+it is opt-in: without them (or with ``TOKENFORMER_KERNELS=0`` in the environment) :func:`available`
+is False, the reason is in :func:`unavailable_reason`, and ``impl="kernel"`` runs the PyTorch
+``fused`` path after one warning.
+
+The two operators are registered as ``torch.ops.tokenformer_kernels.theta_forward`` /
+``theta_backward`` with fake (meta) implementations, so ``torch.compile`` traces through them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("csrc") / "theta_cpu.cpp"
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the kernel computes in float32
+
+# Compiler flags per vector ISA, the ones ATen builds its own kernels of that capability with.
+_ISA_FLAGS = {
+    "AVX512": ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw",
+               "-mavx512vl", "-mavx512dq", "-mfma"],
+    "AVX2": ["-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+}
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "ok": bool, "reason": str, "warned": bool
+
+
+def isa() -> str:
+    """The vector ISA the kernel is built for: torch's own CPU capability where it is one the
+    kernel has flags for, else DEFAULT (portable code the compiler vectorises as it can)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return capability if capability in _ISA_FLAGS else "DEFAULT"
+
+
+def _cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists ``flag`` (False where there is no such file)."""
+    try:
+        return flag in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+def build_name() -> str:
+    """The extension's name; it says the ISA it is compiled for (tokenformer_theta_avx512_bf16)."""
+    target = isa()
+    if target == "AVX512" and _cpu_has("avx512_bf16"):
+        target += "_BF16"
+    return f"tokenformer_theta_{target.lower()}"
+
+
+def _build() -> None:
+    from torch.utils.cpp_extension import load
+
+    if shutil.which("ninja") is None:  # the pip package's binary, when the venv is not activated
+        with contextlib.suppress(ImportError):
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    name = build_name()
+    flags = ["-O3", *_ISA_FLAGS.get(isa(), ["-DCPU_CAPABILITY=DEFAULT"])]
+    if name.endswith("_bf16"):  # native float32 → bf16 conversion (theta_cpu.cpp's store)
+        flags.append("-mavx512bf16")
+    load(name, [str(SOURCE)], extra_cflags=flags,
+         is_python_module=False, verbose=False)
+
+    # Shapes and dtypes of the outputs, for torch.compile's tracing with fake tensors.
+    @torch.library.register_fake("tokenformer_kernels::theta_forward")
+    def _(scores, scale, eps):
+        return torch.empty_like(scores), scores.new_empty(scores.shape[0], dtype=torch.float32)
+
+    @torch.library.register_fake("tokenformer_kernels::theta_backward")
+    def _(grad, scores, norms, scale, eps):
+        return None
+
+
+def available() -> bool:
+    """True once the kernel is built and loaded (builds it on the first call)."""
+    if "ok" in _state:  # lock-free once decided (torch.compile traces this call)
+        return bool(_state["ok"])
+    with _lock:
+        if "ok" not in _state:
+            if os.environ.get("TOKENFORMER_KERNELS", "1") == "0":
+                _state.update(ok=False, reason="disabled by TOKENFORMER_KERNELS=0")
+            else:
+                try:
+                    _build()
+                    _state.update(ok=True, reason="")
+                except Exception as e:  # no compiler, no ninja, unsupported platform, ...
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    _state.update(ok=False, reason=f"could not build {SOURCE.name}: {first}")
+        return bool(_state["ok"])
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False ('' when it is True)."""
+    available()
+    return str(_state["reason"])
+
+
+def supports(x: torch.Tensor, norm: str) -> bool:
+    """Whether the kernel computes Θ ``norm`` for scores of ``x``'s device and dtype; warns once
+    when it would but cannot be built."""
+    if norm != "l2_norm_gelu" or x.device.type != "cpu" or x.dtype not in DTYPES:
+        return False
+    if available():
+        return True
+    if not _state.get("warned"):
+        _state["warned"] = True
+        warnings.warn(f"Pattention impl 'kernel' falls back to 'fused': {unavailable_reason()}",
+                      RuntimeWarning, stacklevel=3)
+    return False
+
+
+def theta_forward(scores: torch.Tensor, scale: float, eps: float
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Θ of contiguous 2-D ``scores`` and the float32 row norms the backward needs."""
+    return torch.ops.tokenformer_kernels.theta_forward(scores, scale, eps)
+
+
+def theta_backward(grad: torch.Tensor, scores: torch.Tensor, norms: torch.Tensor, scale: float,
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Θ, dScores), computed in place of (``grad`` = dΘ, ``scores``) in one pass: no memory is
+    allocated. ``scores``' version counter is bumped, so autograd refuses (rather than silently
+    misusing) a second backward through a graph that saved them (``retain_graph=True``)."""
+    torch.ops.tokenformer_kernels.theta_backward(grad, scores, norms, scale, eps)
+    torch.autograd.graph.increment_version(scores)
+    return grad, scores

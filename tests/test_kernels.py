@@ -1,0 +1,192 @@
+"""The C++ Θ kernel (tokenformer.kernels, ``impl="kernel"``) against the float64 reference.
+
+The kernel computes in float32 whatever the storage dtype, with its own erf (the
+Abramowitz–Stegun form, |error| < 1.5e-7) and exponential: its results must match the float64
+truth to fp32 accuracy (no worse than 4x the fp32 reference path's own error), and under bf16
+autocast be within bf16 tolerance and no worse than the reference path's.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from test_fused import (
+    inputs,
+    max_rel,
+    norm_rel,
+    peak_memory_vs_mlp,
+    reference,
+    value_and_grads,
+)
+from tokenformer import TokenFormerConfig, TokenFormerLM, kernels
+from tokenformer.fused import fused_pattention
+from tokenformer.pattention import Pattention, set_pattention_impl
+
+
+def kernel_pattention(x, k, v, norm, scale, eps):
+    return fused_pattention(x, k, v, norm, scale, eps, kernel=True)
+
+
+def test_kernel_builds_where_a_compiler_exists():
+    """Where a C++ compiler is installed the kernel must build: otherwise every test below would
+    skip and a broken kernel would go unnoticed."""
+    if shutil.which("c++") is None or kernels.unavailable_reason().startswith("disabled"):
+        pytest.skip("no C++ compiler, or TOKENFORMER_KERNELS=0")
+    assert kernels.available(), kernels.unavailable_reason()
+
+
+needs_kernel = pytest.mark.skipif(not kernels.available(),
+                                  reason=f"Θ kernel unavailable: {kernels.unavailable_reason()}")
+
+
+@needs_kernel
+@settings(max_examples=25, deadline=None)
+@given(L=st.integers(1, 9), d=st.integers(2, 24), n=st.integers(1, 100), d_out=st.integers(1, 16),
+       scale_factor=st.sampled_from([1.0, 0.5, 1.7]), eps=st.sampled_from([0.0, 1e-3]),
+       seed=st.integers(0, 2**16))
+def test_kernel_matches_float64_reference(L, d, n, d_out, scale_factor, eps, seed):
+    """Forward and the gradients wrt X, K, V in fp32, for row lengths n that are and are not
+    multiples of the vector width (the masked tails), held scales and eps > 0."""
+    x, k, v, gy = inputs(seed, (L, d), n, d_out)
+    scale = math.sqrt(n) * scale_factor
+    truth = value_and_grads(reference, x, k, v, gy, "l2_norm_gelu", scale, eps)
+    f32 = (x.float(), k.float(), v.float(), gy)
+    ours = value_and_grads(kernel_pattention, *f32, "l2_norm_gelu", scale, eps)
+    ref32 = value_and_grads(reference, *f32, "l2_norm_gelu", scale, eps)
+    for name, a, r, b in zip(("y", "dx", "dk", "dv"), ours, ref32, truth, strict=True):
+        assert a.dtype == torch.float32 and a.shape == b.shape, name
+        err, err_ref = norm_rel(a, b), norm_rel(r, b)
+        assert err <= 2e-5 + 4 * err_ref, (name, err, err_ref)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_kernel_reduced_precision(dtype):
+    """Under bf16 / fp16 autocast the kernel reads and writes the low-precision scores and
+    computes in float32: within tolerance of the float64 truth, no worse than the reference."""
+    x, k, v, gy = inputs(2, (3, 40, 64), 96, 48)
+    scale = math.sqrt(96)
+    truth = value_and_grads(reference, x, k, v, gy, "l2_norm_gelu", scale, 0.0)
+    results = {}
+    for impl, fn in (("reference", reference), ("kernel", kernel_pattention)):
+        with torch.autocast("cpu", dtype=dtype):
+            results[impl] = value_and_grads(fn, x.float(), k.float(), v.float(), gy,
+                                            "l2_norm_gelu", scale, 0.0)
+    assert results["kernel"][0].dtype == dtype
+    for name, f, r, t in zip(("y", "dx", "dk", "dv"), results["kernel"], results["reference"],
+                             truth, strict=True):
+        err_f, err_r = max_rel(f, t), max_rel(r, t)
+        assert err_f < 3e-2, (name, err_f)
+        assert err_f <= 1.5 * err_r + 4e-3, (name, err_f, err_r)
+
+
+@needs_kernel
+def test_kernel_ops_directly():
+    """theta_forward gives Θ and the row norms; theta_backward turns (dΘ, S) into (Θ, dS) in place
+    and bumps S's version; an all-zero row with eps > 0 gives Θ = 0 and the reference's
+    subgradient."""
+    g = torch.Generator().manual_seed(4)
+    s64 = torch.randn(7, 45, dtype=torch.float64, generator=g)
+    s64[3] = 0
+    scale, eps = 5.0, 1e-2
+    s = s64.float()
+    theta, norms = kernels.theta_forward(s, scale, eps)
+    assert norms.dtype == torch.float32 and norms.shape == (7,)
+    torch.testing.assert_close(norms.double(), torch.linalg.vector_norm(s64, dim=-1))
+    s_ref = s64.clone().requires_grad_()
+    theta_ref = torch.nn.functional.gelu(
+        s_ref / (torch.linalg.vector_norm(s_ref, dim=-1, keepdim=True) + eps) * scale)
+    torch.testing.assert_close(theta.double(), theta_ref.detach(), rtol=1e-5, atol=1e-6)
+    assert (theta[3] == 0).all()
+    d_theta = torch.randn(7, 45, dtype=torch.float64, generator=g)
+    (grad_ref,) = torch.autograd.grad(theta_ref, s_ref, d_theta)
+    grad, version = d_theta.float(), s._version
+    theta_again, grad_s = kernels.theta_backward(grad, s, norms, scale, eps)
+    assert theta_again.data_ptr() == grad.data_ptr() and grad_s.data_ptr() == s.data_ptr()
+    assert s._version > version
+    torch.testing.assert_close(grad_s.double(), grad_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(theta_again, theta, rtol=0, atol=0)
+
+
+@needs_kernel
+def test_second_backward_through_a_kernel_graph_is_refused():
+    """The backward reuses the saved scores' memory: a retained graph cannot be replayed, and
+    autograd says so instead of returning wrong gradients."""
+    layer = Pattention(8, 8, 16, impl="kernel")
+    y = layer(torch.randn(5, 8)).sum()
+    y.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+@needs_kernel
+def test_kernel_impl_falls_back_where_it_does_not_apply():
+    """float64, and the other Θ variants, run the PyTorch fused path (exact in float64)."""
+    x, k, v, gy = inputs(5, (2, 4, 10), 12, 6)
+    for norm in ("l2_norm_gelu", "softmax"):
+        truth = value_and_grads(reference, x, k, v, gy, norm, 3.0, 0.0)
+        for a, b in zip(value_and_grads(kernel_pattention, x, k, v, gy, norm, 3.0, 0.0), truth,
+                        strict=True):
+            assert max_rel(a, b) < 1e-12
+
+
+def test_unavailable_kernel_warns_once_and_uses_fused(monkeypatch):
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "could not build: no c++"})
+    x, k, v, _ = inputs(6, (5, 8), 16, 4, dtype=torch.float32)
+    with pytest.warns(RuntimeWarning, match="falls back to 'fused': could not build"):
+        y = kernel_pattention(x, k, v, "l2_norm_gelu", 4.0, 0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        kernel_pattention(x, k, v, "l2_norm_gelu", 4.0, 0.0)
+    torch.testing.assert_close(y, fused_pattention(x, k, v, "l2_norm_gelu", 4.0), rtol=0, atol=0)
+
+
+@needs_kernel
+def test_tiny_lm_kernel_equals_reference_and_compiles():
+    """A whole tiny LM with impl="kernel": logits and every parameter gradient as close to the
+    float64 model's as the reference path's are; torch.compile traces it in one graph with the
+    same loss."""
+    torch.manual_seed(0)
+    config = TokenFormerConfig.from_name("tiny", theta_eps=1e-6, ffn_scale=5.0)
+    model = TokenFormerLM(config)
+    ids = torch.randint(0, config.vocab_size, (2, 24))
+
+    def run(impl: str, dtype: torch.dtype):
+        set_pattention_impl(model.to(dtype), impl)
+        model.zero_grad()
+        result = model(ids, labels=ids)
+        result.loss.backward()
+        return result.loss, {n: p.grad.double() for n, p in model.named_parameters()}
+
+    truth = run("reference", torch.float64)
+    ref, ours = run("reference", torch.float32), run("kernel", torch.float32)
+    assert abs(ours[0].item() - truth[0].item()) < 1e-5
+    for name, grad in truth[1].items():
+        err, err_ref = norm_rel(ours[1][name], grad), norm_rel(ref[1][name], grad)
+        assert err <= 1e-5 + 4 * err_ref, (name, err, err_ref)
+
+    explained = torch._dynamo.explain(model)(ids, labels=ids)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(model)
+    model.zero_grad()
+    loss = compiled(ids, labels=ids).loss
+    loss.backward()
+    assert abs(loss.item() - ours[0].item()) < 1e-5
+    for name, p in model.named_parameters():
+        assert norm_rel(p.grad, ours[1][name]) < 1e-4, name
+
+
+@needs_kernel
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_kernel_peak_memory_below_gelu_mlp(precision):
+    """Issue 8's memory target: the kernel path keeps S and the row norms and its backward
+    allocates nothing scores-sized, so its peak is below the MLP's."""
+    ours, mlp, scores_bytes = peak_memory_vs_mlp(precision, "kernel")
+    assert ours <= mlp - 0.25 * scores_bytes, (ours, mlp)
