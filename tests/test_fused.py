@@ -173,10 +173,15 @@ def test_pattention_impl_switch():
         set_pattention_impl(p, "fast")
 
 
-@pytest.mark.parametrize("norm", ["l2_norm_gelu", "softmax"])
-def test_tiny_lm_fused_equals_reference(norm):
-    """A whole tiny TokenFormerLM in fp32: fused and reference give the same logits, and parameter
-    gradients as close to the float64 model's as the reference path's are."""
+@pytest.mark.parametrize("norm, impl", [("l2_norm_gelu", "fused"), ("softmax", "fused"),
+                                        ("l2_norm_gelu", "kernel")])
+def test_tiny_lm_fused_equals_reference(norm, impl):
+    """A whole tiny TokenFormerLM in fp32: fused (or the C++ kernel) and reference give the same
+    logits, and parameter gradients as close to the float64 model's as the reference path's are."""
+    from tokenformer import kernels
+
+    if impl == "kernel" and not kernels.available():
+        pytest.skip(f"Θ kernel unavailable: {kernels.unavailable_reason()}")
     torch.manual_seed(0)
     config = TokenFormerConfig.from_name("tiny", norm=norm, theta_eps=1e-6, ffn_scale=5.0)
     model = TokenFormerLM(config)
@@ -190,7 +195,7 @@ def test_tiny_lm_fused_equals_reference(norm):
         return result.logits.double(), {n: p.grad.double() for n, p in model.named_parameters()}
 
     truth = run("reference", torch.float64)
-    ref, fused = run("reference", torch.float32), run("fused", torch.float32)
+    ref, fused = run("reference", torch.float32), run(impl, torch.float32)
     torch.testing.assert_close(fused[0], ref[0], rtol=1e-5, atol=1e-5)
     assert norm_rel(fused[0], truth[0]) < 1e-5
     for name, grad in truth[1].items():

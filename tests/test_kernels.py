@@ -149,38 +149,28 @@ def test_unavailable_kernel_warns_once_and_uses_fused(monkeypatch):
 
 
 @needs_kernel
-def test_tiny_lm_kernel_equals_reference_and_compiles():
-    """A whole tiny LM with impl="kernel": logits and every parameter gradient as close to the
-    float64 model's as the reference path's are; torch.compile traces it in one graph with the
-    same loss."""
+def test_tiny_lm_with_kernel_compiles_to_one_graph():
+    """torch.compile traces the kernel's operators (fake implementations) in one graph, and the
+    compiled model's loss and gradients are the eager model's. (Eager against the float64 model:
+    test_fused.py::test_tiny_lm_fused_equals_reference.)"""
     torch.manual_seed(0)
-    config = TokenFormerConfig.from_name("tiny", theta_eps=1e-6, ffn_scale=5.0)
+    config = TokenFormerConfig.from_name("tiny")
     model = TokenFormerLM(config)
+    set_pattention_impl(model, "kernel")
     ids = torch.randint(0, config.vocab_size, (2, 24))
-
-    def run(impl: str, dtype: torch.dtype):
-        set_pattention_impl(model.to(dtype), impl)
-        model.zero_grad()
-        result = model(ids, labels=ids)
-        result.loss.backward()
-        return result.loss, {n: p.grad.double() for n, p in model.named_parameters()}
-
-    truth = run("reference", torch.float64)
-    ref, ours = run("reference", torch.float32), run("kernel", torch.float32)
-    assert abs(ours[0].item() - truth[0].item()) < 1e-5
-    for name, grad in truth[1].items():
-        err, err_ref = norm_rel(ours[1][name], grad), norm_rel(ref[1][name], grad)
-        assert err <= 1e-5 + 4 * err_ref, (name, err, err_ref)
-
     explained = torch._dynamo.explain(model)(ids, labels=ids)
     assert explained.graph_break_count == 0, explained.break_reasons
-    compiled = torch.compile(model)
-    model.zero_grad()
-    loss = compiled(ids, labels=ids).loss
-    loss.backward()
-    assert abs(loss.item() - ours[0].item()) < 1e-5
-    for name, p in model.named_parameters():
-        assert norm_rel(p.grad, ours[1][name]) < 1e-4, name
+
+    def loss_and_grads(forward):
+        model.zero_grad()
+        loss = forward(ids, labels=ids).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    eager, compiled = loss_and_grads(model), loss_and_grads(torch.compile(model))
+    assert abs(eager[0] - compiled[0]) < 1e-5
+    for name, grad in eager[1].items():
+        assert norm_rel(compiled[1][name], grad) < 1e-4, name
 
 
 @needs_kernel
