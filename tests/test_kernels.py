@@ -48,12 +48,14 @@ needs_kernel = pytest.mark.skipif(not kernels.available(),
 
 @needs_kernel
 @settings(max_examples=25, deadline=None)
-@given(L=st.integers(1, 9), d=st.integers(2, 24), n=st.integers(1, 100), d_out=st.integers(1, 16),
+@given(L=st.integers(1, 9), d=st.integers(2, 24), n=st.integers(2, 100), d_out=st.integers(1, 16),
        scale_factor=st.sampled_from([1.0, 0.5, 1.7]), eps=st.sampled_from([0.0, 1e-3]),
        seed=st.integers(0, 2**16))
 def test_kernel_matches_float64_reference(L, d, n, d_out, scale_factor, eps, seed):
     """Forward and the gradients wrt X, K, V in fp32, for row lengths n that are and are not
-    multiples of the vector width (the masked tails), held scales and eps > 0."""
+    multiples of the vector width (the masked tails), held scales and eps > 0. (n = 1 makes the
+    normalised score constant: dX is then rounding noise around 0, which no relative comparison
+    can judge.)"""
     x, k, v, gy = inputs(seed, (L, d), n, d_out)
     scale = math.sqrt(n) * scale_factor
     truth = value_and_grads(reference, x, k, v, gy, "l2_norm_gelu", scale, eps)
