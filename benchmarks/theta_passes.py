@@ -19,6 +19,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, command_line, interleaved, machine
 
+from tokenformer import kernels
+
 
 def passes(L: int, d: int, n: int, dtype: torch.dtype) -> dict[str, object]:
     """The fused path's operations beyond the MLP's, and the MLP's own, as zero-argument calls."""
@@ -27,7 +29,7 @@ def passes(L: int, d: int, n: int, dtype: torch.dtype) -> dict[str, object]:
     x, k = torch.randn(L, d, generator=g, dtype=dtype), torch.randn(n, d, generator=g, dtype=dtype)
     row = torch.rand(L, 1, generator=g, dtype=dtype) + 0.5
     buffer = torch.empty_like(s)
-    return {
+    ops = {
         "matmul x·Kᵀ (one of the 6 an MLP step makes)": lambda: x @ k.t(),
         "GELU (MLP too)": lambda: F.gelu(s),
         "GELU backward (MLP too)": lambda: torch.ops.aten.gelu_backward(grad, s),
@@ -37,6 +39,15 @@ def passes(L: int, d: int, n: int, dtype: torch.dtype) -> dict[str, object]:
         "row dot (fused backward)": lambda: torch.mul(grad, s, out=buffer).sum(-1, keepdim=True),
         "addcmul correction (fused backward)": lambda: grad.addcmul_(s, row),
     }
+    if kernels.available():  # the C++ kernel's two passes replace all of the above but matmuls
+        scale = n ** 0.5
+        norms = kernels.theta_forward(s, scale, 0.0)[1]
+        s2, grad2 = s.clone(), grad.clone()  # the backward works in place: its own copies
+        ops["Θ kernel forward (norm, scale, GELU: one pass; kernel)"] = \
+            lambda: kernels.theta_forward(s, scale, 0.0)
+        ops["Θ kernel backward (Θ and dS in place: one pass; kernel)"] = \
+            lambda: torch.ops.tokenformer_kernels.theta_backward(grad2, s2, norms, scale, 0.0)
+    return ops
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,7 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Machine: {machine()}; timing: {clock}  ")
     print(f"Each operation alone on [{L}, {n}] scores (d = {d}), min over {args.rounds} "
           f"interleaved rounds, ms. The fused Pattention's extra passes over an MLP are the four "
-          f"marked 'fused'; 'floor' is their sum against a 6-matmul MLP step.\n")
+          f"marked 'fused'; 'floor' is their sum against a 6-matmul MLP step. The C++ kernel "
+          f"(impl='kernel') replaces GELU, its backward and all four by the two passes marked "
+          f"'kernel'.\n")
     print("| operation | fp32 ms | bf16 ms |")
     print("|---|---|---|")
     for name in results["fp32"]:
@@ -63,11 +76,16 @@ def main(argv: list[str] | None = None) -> None:
               f"{1e3 * results['bf16'][name]['min']:.2f} |")
     for p, r in results.items():
         extra = sum(v["min"] for name, v in r.items() if "fused" in name)
-        mlp = 6 * r[next(iter(r))]["min"] + sum(v["min"] for name, v in r.items()
-                                                 if "MLP too" in name)
+        gelu = sum(v["min"] for name, v in r.items() if "MLP too" in name)
+        mlp = 6 * r[next(iter(r))]["min"] + gelu
         print(f"\n{p}: extra passes {1e3 * extra:.2f} ms against an MLP step of ≈ "
               f"{1e3 * mlp:.1f} ms (6 matmuls + GELU and its backward): floor ≈ "
               f"{1 + extra / mlp:.3f}x for an eager implementation.", end="")
+        kernel = sum(v["min"] for name, v in r.items() if "kernel)" in name)
+        if kernel:
+            print(f" The kernel's two passes take {1e3 * kernel:.2f} ms where the MLP's GELU "
+                  f"and GELU backward take {1e3 * gelu:.2f}: ≈ "
+                  f"{1 + (kernel - gelu) / mlp:.3f}x.", end="")
     print("\n")
 
 

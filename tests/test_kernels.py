@@ -148,6 +148,8 @@ def test_unavailable_kernel_warns_once_and_uses_fused(monkeypatch):
         warnings.simplefilter("error")
         kernel_pattention(x, k, v, "l2_norm_gelu", 4.0, 0.0)
     torch.testing.assert_close(y, fused_pattention(x, k, v, "l2_norm_gelu", 4.0), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="unavailable: could not build"):
+        kernels.theta_forward(x @ k.t(), 4.0, 0.0)
 
 
 @needs_kernel

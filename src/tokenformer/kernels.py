@@ -128,9 +128,15 @@ def supports(x: torch.Tensor, norm: str) -> bool:
     return False
 
 
+def _require() -> None:
+    if not available():
+        raise RuntimeError(f"the Θ kernel is unavailable: {unavailable_reason()}")
+
+
 def theta_forward(scores: torch.Tensor, scale: float, eps: float
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Θ of contiguous 2-D ``scores`` and the float32 row norms the backward needs."""
+    _require()
     return torch.ops.tokenformer_kernels.theta_forward(scores, scale, eps)
 
 
@@ -139,6 +145,7 @@ def theta_backward(grad: torch.Tensor, scores: torch.Tensor, norms: torch.Tensor
     """(Θ, dScores), computed in place of (``grad`` = dΘ, ``scores``) in one pass: no memory is
     allocated. ``scores``' version counter is bumped, so autograd refuses (rather than silently
     misusing) a second backward through a graph that saved them (``retain_graph=True``)."""
+    _require()
     torch.ops.tokenformer_kernels.theta_backward(grad, scores, norms, scale, eps)
     torch.autograd.graph.increment_version(scores)
     return grad, scores
