@@ -236,6 +236,12 @@ def test_grad_accumulation_and_activation_checkpointing_match(tmp_path, dataset_
                  activation_checkpointing=True)
     assert train(ac, progress=False, print_fn=lambda s: None).losses == pytest.approx(
         ref, abs=1e-6)
+    # The C++ Θ kernel reuses the saved scores in its backward: recomputed under checkpointing.
+    kernel = cfg_for(dataset_dir, tmp_path / "k", steps=3, eval_interval=0,
+                     activation_checkpointing=True, pattention_impl="kernel")
+    result = train(kernel, progress=False, print_fn=lambda s: None)
+    assert all(m.impl == "kernel" for m in result.model.modules() if hasattr(m, "impl"))
+    assert result.losses == pytest.approx(ref, abs=1e-5)
     bf16 = cfg_for(dataset_dir, tmp_path / "d", steps=3, eval_interval=0, precision="bf16")
     got = train(bf16, progress=False, print_fn=lambda s: None).losses
     assert got == pytest.approx(ref, abs=0.05) and got != ref
