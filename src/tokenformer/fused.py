@@ -26,6 +26,10 @@ Under CPU/GPU autocast the matmuls run in the autocast dtype, exactly as for the
 computed from the low-precision scores with float32 norms and stored in the autocast dtype, which
 is what the next matmul consumes anyway. Everything is plain torch ops without data-dependent
 Python control flow, so ``torch.compile`` traces the function (and inductor fuses the passes).
+
+``kernel=True`` (``impl="kernel"``) keeps the matmuls and hands everything done to the [L, n]
+scores to the C++ kernel of :mod:`tokenformer.kernels` (l2_norm_gelu on the CPU): one pass per
+direction, and a backward that turns (dΘ, S) into (Θ, dS) in place instead of allocating.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -65,6 +66,16 @@ def build_name() -> str:
     return f"tokenformer_theta_{target.lower()}"
 
 
+def _is_built(name: str) -> bool:
+    """Whether torch's extension cache already holds a build of ``name`` (best effort)."""
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+
+        return any(Path(_get_build_directory(name, verbose=False)).glob("*.so"))
+    except Exception:
+        return False
+
+
 def _build() -> None:
     from torch.utils.cpp_extension import load
 
@@ -77,8 +88,10 @@ def _build() -> None:
     flags = ["-O3", *_ISA_FLAGS.get(isa(), ["-DCPU_CAPABILITY=DEFAULT"])]
     if name.endswith("_bf16"):  # native float32 → bf16 conversion (theta_cpu.cpp's store)
         flags.append("-mavx512bf16")
-    load(name, [str(SOURCE)], extra_cflags=flags,
-         is_python_module=False, verbose=False)
+    if not _is_built(name):
+        print(f"tokenformer: compiling the Θ kernel {name} (once per machine, ≈ 15 s)",
+              file=sys.stderr, flush=True)
+    load(name, [str(SOURCE)], extra_cflags=flags, is_python_module=False, verbose=False)
 
     # Shapes and dtypes of the outputs, for torch.compile's tracing with fake tensors.
     @torch.library.register_fake("tokenformer_kernels::theta_forward")
@@ -123,8 +136,8 @@ def supports(x: torch.Tensor, norm: str) -> bool:
         return True
     if not _state.get("warned"):
         _state["warned"] = True
-        warnings.warn(f"Pattention impl 'kernel' falls back to 'fused': {unavailable_reason()}",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(f"Pattention impl 'kernel' falls back to 'fused': {unavailable_reason()} "
+                      f"(TOKENFORMER_KERNELS=0 skips the attempt)", RuntimeWarning, stacklevel=3)
     return False
 
 
