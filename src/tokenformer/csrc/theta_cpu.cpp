@@ -1,9 +1,10 @@
 // Θ = l2_norm_gelu on the CPU in one memory pass per direction (tokenformer.kernels loads this).
 //
-// The scores S [L, n] are processed one row at a time: a row (a few KB) is widened to float32 in
-// a thread-local buffer, its norm and Θ (or its gradient) are computed there while it sits in
-// L1/L2, and the results are written once. An MLP's GELU does the same reads and writes, so the
-// Pattention step costs what the MLP's does plus in-cache arithmetic (docs/performance.md).
+// The scores S [L, n] are processed one row at a time, in float32 whatever their storage dtype: a
+// row (a few KB) is read from memory once, its norm and Θ (or its gradient) are computed while it
+// sits in L1/L2 (the second pass over it reads the cache, or a float32 row buffer), and the
+// results are written once. An MLP's GELU does about the same reads and writes, so the Pattention
+// step costs what the MLP's does plus in-cache arithmetic (docs/performance.md).
 //
 //   theta_forward(S, scale, eps)           -> (Θ, r)     r = ‖S_i‖₂ per row, float32 [L]
 //   theta_backward(G!, S!, r, scale, eps)  -> ()         G (= dΘ) becomes Θ and S becomes dS
