@@ -65,9 +65,8 @@ def machine() -> str:
     with contextlib.suppress(OSError, StopIteration):
         with open("/proc/cpuinfo") as f:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    load = " / ".join(f"{v:.1f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     return (f"{cpu}, {os.cpu_count()} logical cores, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads); load average {load}")
+            f"({torch.get_num_threads()} threads); load average {load_average()}")
 
 
 def autocast(precision: str) -> contextlib.AbstractContextManager:
@@ -76,9 +75,15 @@ def autocast(precision: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def command_line() -> str:
-    """How this script was invoked, as a reader would retype it (for the section's Command:)."""
-    return " ".join(["python", f"benchmarks/{os.path.basename(sys.argv[0])}", *sys.argv[1:]])
+def command_line(argv: list[str] | None = None) -> str:
+    """How a benchmark script is invoked, as a reader would retype it (for a section's Command:):
+    ``argv`` is [script, *arguments], by default this process's own."""
+    script, *rest = sys.argv if argv is None else argv
+    return " ".join(["python", f"benchmarks/{os.path.basename(script)}", *rest])
+
+
+def load_average() -> str:
+    return " / ".join(f"{v:.1f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
 
 
 def log(message: str) -> None:

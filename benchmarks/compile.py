@@ -62,10 +62,11 @@ def main(argv: list[str] | None = None) -> None:
     # The same model with impl="kernel" (tokenformer.kernels), a copy with its own optimizer and
     # compiled module, so that switching impls never invalidates a compiled graph.
     with_kernel = kernels.available()
-    model_k = copy.deepcopy(model)
-    set_pattention_impl(model_k, "kernel")
-    opt_k = torch.optim.AdamW(model_k.parameters(), lr=1e-4)
-    compiled_k = torch.compile(model_k)
+    if with_kernel:
+        model_k = copy.deepcopy(model)
+        set_pattention_impl(model_k, "kernel")
+        opt_k = torch.optim.AdamW(model_k.parameters(), lr=1e-4)
+        compiled_k = torch.compile(model_k)
 
     explain = torch._dynamo.explain(model)(ids, labels=ids)
     explain_k = torch._dynamo.explain(model_k)(ids, labels=ids) if with_kernel else None

@@ -23,7 +23,6 @@ from tokenformer.data import default_dataset, kjv_text, unigram_entropy
 SHAPES = ((16, 256), (64, 256), (8, 1024))
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizers", nargs="+", default=["bytes", "bpe:4096"])

@@ -69,7 +69,6 @@ def fmt(wall: float, cpu: float) -> str:
     return f"{wall:.2f} s ({cpu:.2f} s CPU)"
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tokenformer-150m")

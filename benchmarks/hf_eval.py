@@ -43,7 +43,6 @@ def best_of(repeats: int, fn):
     return min(times), out
 
 
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")

@@ -25,6 +25,9 @@ from pathlib import Path
 
 from tokenformer.io import atomic_write_text
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import command_line, machine
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 
@@ -49,10 +52,6 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
 HEADING = re.compile(r"^## .*$", re.MULTILINE)
 
 
-def command(script: str, extra: list[str]) -> str:
-    return " ".join(["python", f"benchmarks/{script}", *extra])
-
-
 def split_sections(text: str) -> dict[str, str]:
     """``{heading line: section text}`` for every ``## `` section of ``text``."""
     starts = [m.start() for m in HEADING.finditer(text)]
@@ -64,9 +63,6 @@ def split_sections(text: str) -> dict[str, str]:
 
 
 def machine_info() -> str:
-    sys.path.insert(0, str(HERE))
-    from common import machine
-
     lscpu = ""
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
@@ -92,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.list:
         for name, (script, extra) in SCRIPTS.items():
-            print(f"{name}: {command(script, extra)}")
+            print(f"{name}: {command_line([script, *extra])}")
         return 0
 
     new: dict[str, str] = {}
     failed = []
     for name in args.only or list(SCRIPTS):
         script, extra = SCRIPTS[name]
-        print(f"[run_all] {name}: {command(script, extra)}", flush=True)
+        print(f"[run_all] {name}: {command_line([script, *extra])}", flush=True)
         start = time.perf_counter()
         try:
             proc = subprocess.run([sys.executable, str(HERE / script), *extra],

@@ -46,7 +46,7 @@ def passes(L: int, d: int, n: int, dtype: torch.dtype) -> dict[str, object]:
         ops["Θ kernel forward (norm, scale, GELU: one pass; kernel)"] = \
             lambda: kernels.theta_forward(s, scale, 0.0)
         ops["Θ kernel backward (Θ and dS in place: one pass; kernel)"] = \
-            lambda: torch.ops.tokenformer_kernels.theta_backward(grad2, s2, norms, scale, 0.0)
+            lambda: kernels.theta_backward(grad2, s2, norms, scale, 0.0)
     return ops
 
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import command_line, log, machine
+from common import command_line, load_average, log, machine
 
 from tokenformer.commands.vision import DIGITS_TRAIN, train_vision
 
@@ -37,11 +37,6 @@ def run(preset: str, arch: str, seed: int, threads: int, steps: int) -> tuple[fl
     return result.evaluation.accuracy, wall, result.model.num_parameters()
 
 
-
-def load() -> str:
-    return " / ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="vit-digits-tiny")
@@ -53,7 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     machine_line = machine()  # load average before the run
     recipe = dict(DIGITS_TRAIN, steps=args.steps)
-    log(f"load average before: {load()} on {os.cpu_count()} CPUs; "
+    log(f"load average before: {load_average()} on {os.cpu_count()} CPUs; "
         f"threads {args.threads or 'default'}; recipe {recipe}")
     rows, verdicts = [], []
     for arch in ("tokenformer",) + (() if args.no_baseline else ("vit",)):
@@ -75,13 +70,13 @@ def main() -> None:
         rows.append(f"| {name} | {params:,} | "
                     + " | ".join(f"{100 * a:.2f} %" for a in accs)
                     + f" | {100 * statistics.mean(accs):.2f} % | {wall_cell} |")
-    log(f"load average after: {load()}")
+    log(f"load average after: {load_average()}")
 
     threads = f"{args.threads} torch thread(s)" if args.threads else "torch's default threads"
     print("## Vision (issue 7)\n")
     print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine_line}; training with {threads}; load average after the run "
-          f"{load()}  ")
+          f"{load_average()}  ")
     print(f"Top-1 test accuracy on scikit-learn's digits (fixed split) of `{args.preset}` "
           + ("" if args.no_baseline else "and of a parameter-matched standard ViT with the same "
              "recipe ")

@@ -20,8 +20,6 @@ from tokenformer.train import load_config, train
 STEPS = 5
 
 
-
-
 def common(dataset_dir: Path) -> list[str]:
     return ["--config", "tiny", "--data", str(dataset_dir), "--steps", str(STEPS),
             "--batch-size", "8", "--eval-interval", "0", "--eval-batches", "1",

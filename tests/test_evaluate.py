@@ -24,8 +24,6 @@ from tokenformer.evaluate import evaluate_text, sliding_windows
 TEXT = "In the beginning was the Word — ünïcödé, and tabs\tand lines.\n"
 
 
-
-
 @pytest.fixture(scope="module")
 def model() -> TokenFormerLM:
     torch.manual_seed(0)

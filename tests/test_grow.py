@@ -33,8 +33,6 @@ KINDS = {"qkv": ("attention.query", "attention.key", "attention.value"),
          "proj": ("attention.proj",), "ffn": ("mlp",)}
 
 
-
-
 def tiny(norm: str = "l2_norm_gelu", **overrides) -> TokenFormerConfig:
     fields = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, qkv_tokens=16,
                   proj_tokens=12, ffn_tokens=24, max_seq_len=32, norm=norm)

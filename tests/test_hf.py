@@ -32,8 +32,6 @@ from tokenformer.official import load_official
 NEOX_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/data/gpt-neox-20b-tokenizer.json"
 
 
-
-
 def tiny_config(**overrides) -> TokenFormerConfig:
     base = dict(vocab_size=257, hidden_size=32, num_layers=2, num_heads=2, qkv_tokens=16,
                 proj_tokens=16, ffn_tokens=48, max_seq_len=64, eos_token_id=256)

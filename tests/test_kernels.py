@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import math
 import shutil
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -184,3 +187,41 @@ def test_kernel_peak_memory_below_gelu_mlp(precision):
     allocates nothing scores-sized, so its peak is below the MLP's."""
     ours, mlp, scores_bytes = peak_memory_vs_mlp(precision, "kernel")
     assert ours <= mlp - 0.25 * scores_bytes, (ours, mlp)
+
+
+# Run in a child process: one process can load only one build of the tokenformer_kernels ops.
+_OTHER_ISA_CHECK = textwrap.dedent("""
+    import sys, torch
+    from unittest import mock
+    from tokenformer import kernels
+    from tokenformer.pattention import theta
+    with mock.patch.object(kernels, "isa", lambda: sys.argv[1]), \\
+            mock.patch.object(kernels, "_cpu_has", lambda flag: False):
+        assert kernels.build_name() == "tokenformer_theta_" + sys.argv[1].lower()
+        assert kernels.available(), kernels.unavailable_reason()
+    g = torch.Generator().manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        s64 = torch.randn(37, 101, dtype=torch.float64, generator=g).to(dtype).double()
+        d_theta = torch.randn(37, 101, dtype=torch.float64, generator=g)
+        s_ref = s64.clone().requires_grad_()
+        theta_ref = theta(s_ref, "l2_norm_gelu", 10.0)
+        (grad_ref,) = torch.autograd.grad(theta_ref, s_ref, d_theta)
+        out, norms = kernels.theta_forward(s64.to(dtype), 10.0, 0.0)
+        theta_again, grad = kernels.theta_backward(d_theta.to(dtype), s64.to(dtype), norms, 10.0,
+                                                   0.0)
+        for got, want in ((out, theta_ref), (grad, grad_ref), (theta_again, theta_ref)):
+            err = ((got.double() - want).abs().max() / want.abs().max()).item()
+            assert err < tol, (sys.argv[1], dtype, err)
+""")
+
+
+@needs_kernel
+@pytest.mark.parametrize("target", ["DEFAULT", "AVX2"])
+def test_other_isa_builds_match_the_reference(target):
+    """The portable build (what a CPU torch knows no vector ISA for gets) and the AVX2 build
+    compute the same Θ and gradient as the reference, masked tails included (n = 101)."""
+    if target == "AVX2" and kernels.isa() not in ("AVX2", "AVX512"):
+        pytest.skip("this CPU cannot run an AVX2 build")
+    proc = subprocess.run([sys.executable, "-c", _OTHER_ISA_CHECK, target], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]

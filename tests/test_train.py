@@ -33,8 +33,6 @@ from tokenformer.train import (
 FAST = {"threads": 1, "samples": 0, "eval_batches": 2}
 
 
-
-
 def cfg_for(dataset_dir: Path, out: Path, **overrides) -> TrainConfig:
     return load_config("tiny", {"data": str(dataset_dir), "out": str(out), **FAST, **overrides})
 

@@ -31,8 +31,6 @@ PIL = pytest.importorskip("PIL.Image")  # the `vision` extra
 pytest.importorskip("sklearn")
 
 
-
-
 def tiny_config(**kw) -> TokenFormerViTConfig:
     base = dict(image_size=8, patch_size=4, num_channels=3, num_classes=5, hidden_size=16,
                 num_layers=2, num_heads=2, qkv_tokens=6, proj_tokens=5, ffn_tokens=12)

@@ -112,7 +112,7 @@ class PattentionFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
                 scale: float, eps: float, kernel: bool = False) -> torch.Tensor:
         y, (saved, r, theta) = _forward(x, key, value, norm, scale, eps, kernel)
-        if norm in ("gelu_l2_norm", "gelu_l1_norm") and not kernel:
+        if norm in ("gelu_l2_norm", "gelu_l1_norm"):  # (kernel implies l2_norm_gelu)
             ctx.save_for_backward(x, key, value, saved, r, theta)
         else:
             ctx.save_for_backward(x, key, value, saved, r)

@@ -140,14 +140,12 @@ class Pattention(nn.Module):
         nn.init.normal_(self.value_param_tokens, std=self.value_init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.impl == "kernel":
+        if self.impl in ("fused", "kernel") or (
+                self.impl == "auto" and torch.is_grad_enabled()
+                and (x.requires_grad or self.key_param_tokens.requires_grad
+                     or self.value_param_tokens.requires_grad)):
             return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm,
-                                    self.scale, self.eps, kernel=True)
-        if self.impl == "fused" or (self.impl == "auto" and torch.is_grad_enabled() and (
-                x.requires_grad or self.key_param_tokens.requires_grad
-                or self.value_param_tokens.requires_grad)):
-            return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm,
-                                    self.scale, self.eps)
+                                    self.scale, self.eps, kernel=self.impl == "kernel")
         scores = torch.matmul(x, self.key_param_tokens.t())
         return torch.matmul(theta(scores, self.norm, self.scale, self.eps), self.value_param_tokens)
 

@@ -789,8 +789,15 @@ def _chain_config(ctx: _Context, plan_: ArmPlan, seed: int) -> Any:
     return _train_config(ctx, plan_, seed, ends, "wsd" if plan_.schedule == "wsd" else "cosine",
                          grow_at=grow_at, eval_after_growth=offsets,
                          growth_lr="continue" if plan_.schedule == "wsd" else "restart",
-                         growth_optimizer=("reset" if not plan_.carry else "carry-mean"
-                                           if ctx.preset.new_row_moments == "mean" else "carry"))
+                         growth_optimizer=_growth_optimizer(plan_.carry,
+                                                            ctx.preset.new_row_moments))
+
+
+def _growth_optimizer(carry: bool, new_row_moments: str) -> str:
+    """The trainer's ``growth_optimizer`` for an arm (TrainConfig: carry, carry-mean, reset)."""
+    if not carry:
+        return "reset"
+    return "carry-mean" if new_row_moments == "mean" else "carry"
 
 
 def _equivalent_config(ctx: _Context, plan_: ArmPlan, seed: int, chain: Any, end: int,
