@@ -870,7 +870,7 @@ def _initial_model(cfg: TrainConfig) -> nn.Module:
 
 def _initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer | None:
     """AdamW with the state saved beside ``init_from`` (e.g. carried over by growth), if any."""
-    if not (Path(cfg.init_from) / ckpt.OPTIMIZER_NAME).is_file():
+    if not ckpt.has_optimizer_state(cfg.init_from):
         return None
     optimizer = make_optimizer(model, cfg)
     state = ckpt.load_optimizer_state(cfg.init_from)
