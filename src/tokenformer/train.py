@@ -860,6 +860,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
 def _initial_model(cfg: TrainConfig) -> nn.Module:
     from .baselines import load_model_dir
 
+    if Path(cfg.init_from).is_dir():
+        ckpt.verify_checkpoint(cfg.init_from)  # when it has a manifest (ours since issue 14)
     model = load_model_dir(cfg.init_from)
     arch = getattr(model.config, "arch", "tokenformer")
     if arch != cfg.arch:

@@ -44,6 +44,8 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
         raise CheckpointError(f"output directory already exists: {out}")
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
+    if source.is_dir():
+        ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
     model = load_model(source)
     kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
                   positions=positions, generator=torch.Generator().manual_seed(seed),
