@@ -313,6 +313,8 @@ def test_tree_round_trip_is_exact(tmp_path):
     for key in ("step", "exp_avg", "v"):
         assert torch.equal(back["state"][0][key], tree["state"][0][key])
     assert torch.equal(back["state"][7]["shared"], base)
+    back["state"][0]["exp_avg"].add_(1)  # read back, views of one tensor no longer share memory
+    assert torch.equal(back["state"][7]["shared"], base)
     assert back["param_groups"] == tree["param_groups"]  # (0.9, 0.95) is still a tuple
     assert back["__tricky"] == tree["__tricky"] and back[(1, "x")] == [1, (2, 3)]
     (tmp_path / "t.safetensors").write_bytes(pickle.dumps({"a": 1}))

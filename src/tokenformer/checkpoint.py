@@ -61,22 +61,21 @@ def save_tree(path: str | Path, tree: Any) -> None:
     """Write nested dicts / lists / tuples of tensors and plain values (an optimizer state dict,
     RNG states) as one safetensors file: the tensors as tensors, the structure and every other
     value as JSON in its header. :func:`load_tree` reads it back exactly (tuples stay tuples,
-    integer keys stay integers); nothing is pickled."""
+    integer keys stay integers, no two values share memory); nothing is pickled."""
     tensors: dict[str, torch.Tensor] = {}
-    keys: dict[int, str] = {}  # id(tensor) -> key: one tensor referenced twice is stored once
     storages: set[int] = set()
 
     def encode(obj: Any) -> Any:
         if isinstance(obj, torch.Tensor):
-            if id(obj) not in keys:
-                t = obj.detach().cpu().contiguous()
-                ptr = t.untyped_storage().data_ptr()
-                if t.numel() and ptr in storages:  # safetensors refuses views of one storage
-                    t = t.clone()
-                storages.add(t.untyped_storage().data_ptr())
-                keys[id(obj)] = str(len(tensors))
-                tensors[keys[id(obj)]] = t
-            return {"__tensor__": keys[id(obj)]}
+            # Every reference is its own tensor when read back (an optimizer updates its state in
+            # place: two parameters must never share one); safetensors refuses shared storage.
+            t = obj.detach().cpu().contiguous()
+            if t.numel() and t.untyped_storage().data_ptr() in storages:
+                t = t.clone()
+            storages.add(t.untyped_storage().data_ptr())
+            key = str(len(tensors))
+            tensors[key] = t
+            return {"__tensor__": key}
         if isinstance(obj, tuple):
             return {"__tuple__": [encode(v) for v in obj]}
         if isinstance(obj, list):
