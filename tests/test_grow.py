@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenformer import GrowthError, TokenFormerConfig, TokenFormerLM
+from tokenformer.checkpoint import load_optimizer_state, verify_checkpoint
 from tokenformer.cli import main
 from tokenformer.errors import ConfigError
 from tokenformer.grow import (
@@ -513,6 +514,7 @@ def checkpoint(tmp_path):
     directory = tmp_path / "ckpt"
     model.save(directory)
     ByteTokenizer().save(directory)
+    # an earlier version's optimizer.pt: still read (weights_only); grow writes the new format
     torch.save(optimizer.state_dict(), directory / "optimizer.pt")
     return directory
 
@@ -530,7 +532,7 @@ def test_cli_grow(checkpoint, tmp_path, capsys) -> None:
         (48, 24, 3)
     assert relative_change(before, grown) <= 1e-5
     assert (out / "tokenizer_bytes.json").is_file()
-    state = torch.load(out / "optimizer.pt", weights_only=True)
+    state = load_optimizer_state(out)
     fresh = torch.optim.AdamW(grown.parameters(), lr=1e-3)
     fresh.load_state_dict(state)  # loads into the grown model's parameters
     mlp = grown.layers[0].mlp.key_param_tokens
@@ -592,7 +594,7 @@ def test_cli_grows_a_training_checkpoint(tmp_path, capsys) -> None:
     assert state["step"] == 2 and state["grown"][0]["ffn"] == "2x"
     grown = TokenFormerLM.load(out)
     resumed = torch.optim.AdamW(param_groups(grown, 0.1, state["param_groups"]), lr=1e-3)
-    resumed.load_state_dict(torch.load(out / "optimizer.pt", weights_only=True))
+    resumed.load_state_dict(load_optimizer_state(out))
     assert [g["weight_decay"] for g in resumed.param_groups] == [0.1, 0.0]
     old_key = model.layers[1].mlp.key_param_tokens
     new_key = dict(grown.named_parameters())[
@@ -600,7 +602,7 @@ def test_cli_grows_a_training_checkpoint(tmp_path, capsys) -> None:
     assert torch.equal(resumed.state[new_key]["exp_avg"][:24], optimizer.state[old_key]["exp_avg"])
     assert not resumed.state[new_key]["exp_avg"][24:].any()
     assert float(resumed.state[new_key]["step"]) == 2
-    assert (out / "rng.pt").is_file()
+    assert (out / "rng.safetensors").is_file() and verify_checkpoint(out)
 
 
 def test_cli_grows_an_official_checkpoint(tmp_path, capsys) -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tokenformer import TokenFormerConfig, TokenFormerLM, flops_per_token
-from tokenformer.checkpoint import read_metrics
+from tokenformer.checkpoint import load_optimizer_state, read_metrics, verify_checkpoint
 from tokenformer.cli import main as cli
 from tokenformer.errors import ConfigError
 from tokenformer.train import (
@@ -183,8 +183,9 @@ def test_train_end_to_end(tmp_path, dataset_dir):
     loaded = TokenFormerLM.load(final)
     for a, b in zip(loaded.parameters(), result.model.parameters(), strict=True):
         assert torch.equal(a, b)
-    state = torch.load(final / "optimizer.pt", weights_only=True)
+    state = load_optimizer_state(final)
     assert len(state["param_groups"]) == 2 and state["state"]
+    assert verify_checkpoint(final)
     assert json.loads((final / "trainer_state.json").read_text())["step"] == 12
     assert json.loads((out / "config.json").read_text())["steps"] == 12
     assert (final / "tokenizer_bytes.json").is_file()

@@ -79,7 +79,9 @@ def _read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
         candidates = [path / "pytorch_model.bin", path / "mp_rank_00_model_states.pt"]
         latest = path / "latest"
         if latest.is_file():
-            tag = latest.read_text().strip()
+            tag = latest.read_text(errors="replace").strip()
+            if not tag or tag in (".", "..") or "/" in tag or "\\" in tag:
+                raise CheckpointError(f"{latest} names {tag[:80]!r}, not a folder beside it")
             candidates.append(path / tag / "mp_rank_00_model_states.pt")
         candidates += sorted(path.glob("global_step*/mp_rank_00_model_states.pt"))[-1:]
         found = next((c for c in candidates if c.is_file()), None)

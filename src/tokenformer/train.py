@@ -860,6 +860,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
 def _initial_model(cfg: TrainConfig) -> nn.Module:
     from .baselines import load_model_dir
 
+    if Path(cfg.init_from).is_dir():
+        ckpt.verify_checkpoint(cfg.init_from)  # when it has a manifest (ours since issue 14)
     model = load_model_dir(cfg.init_from)
     arch = getattr(model.config, "arch", "tokenformer")
     if arch != cfg.arch:
@@ -870,7 +872,7 @@ def _initial_model(cfg: TrainConfig) -> nn.Module:
 
 def _initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer | None:
     """AdamW with the state saved beside ``init_from`` (e.g. carried over by growth), if any."""
-    if not (Path(cfg.init_from) / ckpt.OPTIMIZER_NAME).is_file():
+    if not ckpt.has_optimizer_state(cfg.init_from):
         return None
     optimizer = make_optimizer(model, cfg)
     state = ckpt.load_optimizer_state(cfg.init_from)

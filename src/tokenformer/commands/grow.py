@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
+from .. import checkpoint as ckpt
 from ..errors import CheckpointError
 from ..grow import STRATEGIES, grow_with_optimizer, max_logit_change, refuse_unsupported
 from ..grow import grow as grow_model
 
-# Training-checkpoint files (tokenformer.checkpoint): optimizer.pt is
-# torch.save(optimizer.state_dict()); trainer_state.json names each param group's parameters.
-OPTIMIZER_FILE = "optimizer.pt"
-TRAINER_STATE_FILE = "trainer_state.json"
-RNG_FILE = "rng.pt"
+# Training-checkpoint files (tokenformer.checkpoint); trainer_state.json names each param group's
+# parameters.
+OPTIMIZER_FILE = ckpt.OPTIMIZER_NAME
+TRAINER_STATE_FILE = ckpt.STATE_NAME
 
 
 def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
@@ -28,13 +28,14 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                     reset_optimizer: bool = False, **unsupported: Any) -> dict[str, Any]:
     """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
 
-    An ``optimizer.pt`` beside the weights is carried over (or reset with ``reset_optimizer``),
-    and the trainer's ``trainer_state.json`` (param-group names updated to the grown model, the
-    growth appended to ``grown``) and ``rng.pt`` come along, so training resumes from ``out``;
-    tokenizer files beside the input are copied. ``out`` is written atomically and must not
-    exist. Returns parameter counts before/after and the max |Δlogit| on a fixed probe batch.
+    The optimizer state beside the weights (``optimizer.safetensors``, or an earlier version's
+    ``optimizer.pt``) is carried over (or reset with ``reset_optimizer``), and the trainer's
+    ``trainer_state.json`` (param-group names updated to the grown model, the growth appended to
+    ``grown``) and RNG state come along, so training resumes from ``out``; tokenizer files beside
+    the input are copied. ``out`` is written atomically, with a manifest, and must not exist.
+    Returns parameter counts before/after and the max |Δlogit| on a fixed probe batch.
     """
-    from ..io import atomic_dir, atomic_write
+    from ..io import atomic_dir
     from ..model import load_model
 
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
@@ -43,13 +44,14 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
         raise CheckpointError(f"output directory already exists: {out}")
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
+    if source.is_dir():
+        ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
     model = load_model(source)
     kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
                   positions=positions, generator=torch.Generator().manual_seed(seed),
                   copy=False, progress=True, **unsupported)  # the input model is only read
-    optimizer_file = source / OPTIMIZER_FILE if source.is_dir() else None
     optimizer = None
-    if optimizer_file is not None and optimizer_file.is_file():
+    if source.is_dir() and ckpt.has_optimizer_state(source):
         optimizer = _optimizer_from_checkpoint(model, source)
         grown, optimizer = grow_with_optimizer(model, optimizer, reset_optimizer=reset_optimizer,
                                                **kwargs)
@@ -59,14 +61,14 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     with atomic_dir(out) as tmp:
         grown.save(tmp)
         if optimizer is not None:
-            state = optimizer.state_dict()
-            atomic_write(tmp / OPTIMIZER_FILE, lambda f: torch.save(state, f))
+            ckpt.save_optimizer_state(tmp, optimizer)
             _write_trainer_state(source, tmp, grown, optimizer, {
                 "from": str(source), "strategy": strategy, "qkv": qkv, "proj": proj,
                 "ffn": ffn, "layers": layers, "positions": positions, "seed": seed,
                 "reset_optimizer": reset_optimizer})
         for name in _tokenizer_files(source):
             shutil.copy2(source / name, tmp / name)
+        ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
             "max_abs_logit": largest, "optimizer": optimizer is not None,
@@ -86,8 +88,9 @@ def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
     state["param_groups"] = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     state["grown"] = [*state.get("grown", []), growth]
     atomic_write_text(out / TRAINER_STATE_FILE, json.dumps(state, indent=2) + "\n")
-    if (source / RNG_FILE).is_file():
-        shutil.copy2(source / RNG_FILE, out / RNG_FILE)
+    rng = ckpt.read_rng_state(source)  # re-written: an earlier version's rng.pt becomes ours
+    if rng is not None:
+        ckpt.save_tree(out / ckpt.RNG_NAME, rng)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -112,11 +115,7 @@ def _tokenizer_files(source: Path) -> list[str]:
 def _optimizer_from_checkpoint(model: torch.nn.Module, directory: Path) -> torch.optim.Optimizer:
     """An AdamW over ``model`` holding the saved state (Adam and AdamW share the state format, and
     every hyper-parameter, ``decoupled_weight_decay`` included, comes from the file)."""
-    from ..io import safe_torch_load
-
-    state = safe_torch_load(directory / OPTIMIZER_FILE)
-    if not isinstance(state, dict) or "param_groups" not in state or "state" not in state:
-        raise CheckpointError(f"{directory / OPTIMIZER_FILE} is not an optimizer state dict")
+    state = ckpt.load_optimizer_state(directory)
     params = dict(model.named_parameters())
     names = _group_names(state["param_groups"], directory, list(params))
     unknown = [n for group in names for n in group if n not in params]
