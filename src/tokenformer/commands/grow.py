@@ -34,20 +34,27 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     tokenizer files beside the input are copied. ``out`` is written atomically and must not
     exist. Returns parameter counts before/after and the max |Δlogit| on a fixed probe batch.
     """
+    from ..grow import check_memory, plan_growth
     from ..io import atomic_dir, atomic_write
     from ..model import load_model
+    from ..outputs import check_output, write_marker
 
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
-    if out.exists():
-        raise CheckpointError(f"output directory already exists: {out}")
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
+    check_output(out, [source], command="grow")
     model = load_model(source)
+    optimizer_file = source / OPTIMIZER_FILE if source.is_dir() else None
+    carried = optimizer_file is not None and optimizer_file.is_file() and not reset_optimizer
+    # Before any tensor is made: the grown weights, a working copy, and two moments if carried.
+    if hasattr(model.config, "qkv_tokens"):  # a TokenFormer: tokens can grow
+        check_memory(plan_growth(model.config, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
+                                 strategy=strategy, positions=positions),
+                     4 if carried else 2, "the grown model")
     kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
                   positions=positions, generator=torch.Generator().manual_seed(seed),
                   copy=False, progress=True, **unsupported)  # the input model is only read
-    optimizer_file = source / OPTIMIZER_FILE if source.is_dir() else None
     optimizer = None
     if optimizer_file is not None and optimizer_file.is_file():
         optimizer = _optimizer_from_checkpoint(model, source)
@@ -67,6 +74,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                 "reset_optimizer": reset_optimizer})
         for name in _tokenizer_files(source):
             shutil.copy2(source / name, tmp / name)
+        write_marker(tmp, "grow")
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
             "max_abs_logit": largest, "optimizer": optimizer is not None,
