@@ -280,15 +280,18 @@ def test_crash_before_the_first_checkpoint_resumes_from_step_0(capsys, tmp_path,
     assert losses(run_dir) == losses(reference)  # every step once, as uninterrupted
 
 
-def _signal_at(monkeypatch, step: int, *signals: int) -> None:
-    """Deliver ``signals`` to this process while step ``step`` is being computed."""
+def _signal_at(monkeypatch, step: int, *signals: int, pause: float = 0.0) -> None:
+    """Deliver ``signals`` to this process while step ``step`` is being computed, ``pause``
+    seconds apart."""
     import tokenformer.train as train_module
 
     lr_at = train_module.lr_at
 
     def patched(s, *args, **kwargs):
         if s == step:
-            for sig in signals:
+            for i, sig in enumerate(signals):
+                if i:
+                    time.sleep(pause)
                 signal.raise_signal(sig)
         return lr_at(s, *args, **kwargs)
 
@@ -320,12 +323,23 @@ def refused_code(capsys, code: int, *argv) -> str:
 
 
 def test_second_ctrl_c_stops_at_once(capsys, tmp_path, dataset_dir, monkeypatch):
+    from tokenformer.train import _StopOnSignal
+
     run_dir = tmp_path / "run"
-    _signal_at(monkeypatch, 2, signal.SIGINT, signal.SIGINT)
+    _signal_at(monkeypatch, 2, signal.SIGINT, signal.SIGINT, pause=_StopOnSignal.ECHO + 0.1)
     line = refused_code(capsys, 130, "train", *TRAIN, "--data", dataset_dir, "--out", run_dir)
     assert line == "error: interrupted"
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000002"]
     assert train_steps(run_dir) == [1, 2]  # step 3 never finished
+
+
+def test_an_echoed_signal_is_the_same_ctrl_c(capsys, tmp_path, dataset_dir, monkeypatch):
+    """torchrun forwards the terminal's Ctrl-C to workers that got it already: one request."""
+    run_dir = tmp_path / "run"
+    _signal_at(monkeypatch, 2, signal.SIGINT, signal.SIGINT)
+    line = refused_code(capsys, 130, "train", *TRAIN, "--data", dataset_dir, "--out", run_dir)
+    assert "SIGINT after step 3 of 6" in line
+    assert (run_dir / "checkpoints" / "step-000003" / "trainer_state.json").is_file()
 
 
 def test_sigint_in_a_subprocess_saves_and_resume_continues(tmp_path, dataset_dir):
@@ -541,3 +555,38 @@ def test_experiment_and_vision_folders(capsys, tmp_path):
     refused(capsys, "vision", "eval", out / "final", "--confusion-png", png,
             match="already exists")
     assert png.read_bytes() == b"mine"
+
+
+def test_ddp_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path, dataset_dir):
+    """torchrun, 2 ranks: SIGINT reaches one worker only; the all-reduced flag makes both save
+    the same step and stop; --resume under torchrun continues from it."""
+    if shutil.which("torchrun") is None and not (Path(sys.executable).parent
+                                                  / "torchrun").exists():
+        pytest.skip("torchrun not available")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=2", "-m", "tokenformer", "train"]
+    args = [*TRAIN, "--steps", "400", "--checkpoint-interval", "0", "--data", str(dataset_dir)]
+    agent = subprocess.Popen([*launcher, *args, "--out", str(run_dir)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and agent.poll() is None and not (
+            metrics.is_file() and '"type": "train"' in metrics.read_text()):
+        time.sleep(0.02)
+    children = Path(f"/proc/{agent.pid}/task/{agent.pid}/children").read_text().split()
+    assert len(children) == 2, children
+    os.kill(int(children[-1]), signal.SIGINT)  # one rank only
+    _, err = agent.communicate(timeout=180)
+    assert agent.returncode != 0
+    assert "interrupted by SIGINT after step" in err
+    saved = sorted((run_dir / "checkpoints").glob("step-*"))
+    assert len(saved) == 1
+    step = json.loads((saved[0] / "trainer_state.json").read_text())["step"]
+    assert train_steps(run_dir)[-1] == step < 400
+    resumed = subprocess.run([*launcher, "--resume", str(run_dir), "--steps", str(step + 2),
+                              "--no-progress"], env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert train_steps(run_dir) == list(range(1, step + 3))

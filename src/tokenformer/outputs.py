@@ -19,9 +19,12 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import OutputError, TokenFormerError
+
+if TYPE_CHECKING:
+    from .distributed import World
 
 MARKER = ".tokenformer-output"
 LOCK = ".tokenformer.lock"
@@ -124,7 +127,7 @@ def check_run_folder(out: str | Path, inputs: Iterable[str | Path | None], *, co
             raise OutputError(f"{out} holds the output of tokenformer {owner}, not {command}: "
                               f"choose another {flag}")
         return
-    names = {p.name for p in path.iterdir()} - {LOCK, LOCK_PID}
+    names = {p.name for p in path.iterdir() if not p.name.startswith(".tokenformer")}  # ours
     if names and not names & set(legacy):
         raise OutputError(f"{out} already holds files tokenformer did not write (no {MARKER}): "
                           f"choose an empty or new {flag}")
@@ -135,16 +138,22 @@ _held: dict[Path, list[Any]] = {}  # resolved folder -> [FileLock, depth]: re-en
 
 
 def _holder(directory: Path) -> str:
-    try:
-        pid = (directory / LOCK_PID).read_text().strip()
-    except OSError:
-        pid = ""
-    return f"pid {pid}" if pid.isdigit() else "an unknown pid"
+    """The lock holder's pid, from the sidecar it writes right after locking (waited for briefly:
+    two runs started at once may ask before the holder has written it)."""
+    for _ in range(20):
+        try:
+            pid = (directory / LOCK_PID).read_text().strip()
+        except OSError:
+            pid = ""
+        if pid.isdigit():
+            return f"pid {pid}"
+        time.sleep(0.05)
+    return "an unknown pid"
 
 
 @contextlib.contextmanager
-def hold_run_folder(directory: str | Path, *, command: str, world: Any = None,
-                    cleanup: bool = True) -> Iterator[Path]:
+def hold_run_folder(directory: str | Path, *, command: str, world: World | None = None
+                    ) -> Iterator[Path]:
     """Hold ``directory`` (created if needed) exclusively for the block, mark it as
     ``command``'s, and remove crash leftovers (:func:`tokenformer.checkpoint.clean_leftovers`).
 
@@ -172,26 +181,21 @@ def hold_run_folder(directory: str | Path, *, command: str, world: Any = None,
         else:
             _held[key] = [lock, 1]
             try:
+                from .checkpoint import clean_leftovers
                 from .io import atomic_write_text
 
                 atomic_write_text(path / LOCK_PID, f"{os.getpid()}\n")
-                if cleanup:
-                    from .checkpoint import clean_leftovers
-
-                    clean_leftovers(path)
+                clean_leftovers(path)
                 if read_marker(path) is None:
                     write_marker(path, command)
             except BaseException as exc:  # raised below, once every rank knows
                 _release(path, key)
                 failure = exc
     if world is not None and world.distributed:
-        import torch
-        import torch.distributed as dist
+        from .distributed import max_across
 
-        flag = torch.tensor([1 if error or failure else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and error is None:
-            error = f"{path} is in use by another process (rank 0 could not lock it)"
+        if max_across(1 if error or failure else 0, world) and error is None and failure is None:
+            error = f"{path} could not be held by rank 0 (see its error)"
     if failure is not None:
         raise failure
     if error is not None:

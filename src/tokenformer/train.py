@@ -536,12 +536,18 @@ class Interrupted(TokenFormerError):
 
 class _StopOnSignal:
     """While training into a run folder: the first SIGINT/SIGTERM asks the loop to stop after
-    the current step; a second one raises KeyboardInterrupt at once (the CLI then exits 130)."""
+    the current step; a second one raises KeyboardInterrupt at once (the CLI then exits 130).
+
+    Signals within ``ECHO`` seconds of the first count as the same one: a Ctrl-C under torchrun
+    reaches each worker twice, from the terminal and forwarded by the launcher.
+    """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    ECHO = 0.5
 
     def __init__(self, enabled: bool) -> None:
         self.signum = 0
+        self.first = 0.0
         self.enabled = enabled and threading.current_thread() is threading.main_thread()
         self._previous: dict[int, Any] = {}
 
@@ -557,18 +563,16 @@ class _StopOnSignal:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum:
+            if time.monotonic() - self.first < self.ECHO:
+                return
             raise KeyboardInterrupt
-        self.signum = signum
+        self.signum, self.first = signum, time.monotonic()
         print(f"\n{signal.Signals(signum).name}: finishing the current step, then writing a "
               f"checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
 
     def requested(self, world: dist_.World) -> int:
         """The signal that asked to stop (0: none), the same on every rank."""
-        if not world.distributed:
-            return self.signum
-        flag = torch.tensor([self.signum])
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-        return int(flag.item())
+        return dist_.max_across(self.signum, world)
 
 
 def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], cfg: TrainConfig,
