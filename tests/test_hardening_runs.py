@@ -176,6 +176,10 @@ def test_grow_train_and_plot_outputs(capsys, tmp_path, model_dir, dataset_dir, r
     grown = tmp_path / "grown"
     assert run(capsys, "grow", model_dir, "--ffn", "2x", "--out", grown)[0] == 0
     assert json.loads((grown / MARKER).read_text())["command"] == "grow"
+    refused(capsys, "grow", model_dir, "--ffn", "4x", "--out", grown, match="already exists")
+    assert run(capsys, "grow", model_dir, "--ffn", "4x", "--out", grown, "--overwrite")[0] == 0
+    ffn = TokenFormerLM.load(model_dir).config.ffn_tokens
+    assert TokenFormerLM.load(grown).config.ffn_tokens == 4 * ffn
 
     data_before = snapshot(dataset_dir)
     refused(capsys, "train", *TRAIN, "--data", dataset_dir, "--out", dataset_dir / "run",
@@ -427,19 +431,23 @@ def test_config_values_are_checked_before_anything_is_written(capsys, tmp_path, 
     assert not run_dir.exists()
 
 
-def test_token_ids_beyond_the_vocabulary_are_refused_when_opened(capsys, tmp_path, dataset_dir):
+def test_token_ids_beyond_the_vocabulary_are_refused_when_opened(capsys, tmp_path, dataset_dir,
+                                                                 reference):
     import numpy as np
 
     data = tmp_path / "data"
     shutil.copytree(dataset_dir, data)
     meta = json.loads((data / "meta.json").read_text())
-    ids = np.memmap(data / "train.bin", dtype=meta["dtype"], mode="r+")
-    ids[100] = 300  # beyond the 257 byte-level ids (what an edited file holds)
-    ids.flush()
-    del ids
+    for split in ("train", "val"):
+        ids = np.memmap(data / f"{split}.bin", dtype=meta["dtype"], mode="r+")
+        ids[100] = 300  # beyond the 257 byte-level ids (what an edited file holds)
+        ids.flush()
+        del ids
     refused(capsys, "train", *TRAIN, "--data", data, "--out", tmp_path / "run",
-            match="holds token id 300")
+            match="the train split of " + str(data) + " holds token id 300")
     assert not (tmp_path / "run").exists()
+    refused(capsys, "eval", reference / "final", "--data", data,
+            match="val split of")
 
 
 def test_any_failure_is_one_line_exit_2(capsys, monkeypatch):

@@ -147,6 +147,12 @@ class TokenDataset:
                             f"({self.meta['tokenizer']}) but the model has only {vocab_size}")
         for split in SPLITS:
             self._require_length(split, seq_len)
+        self.check_ids(vocab_size, *SPLITS)
+
+    def check_ids(self, vocab_size: int, *splits: str) -> None:
+        """DataError if a split holds an id beyond ``meta.json``'s or the model's vocabulary
+        (ids past the model's would train or score the embedding's padding rows)."""
+        for split in splits:
             top = self.max_id(split)
             if top >= min(vocab_size, self.vocab_size):
                 raise DataError(f"the {split} split of {self.path} holds token id {top}, beyond "

@@ -25,14 +25,16 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                     proj: int | str | None = None, ffn: int | str | None = None,
                     layers: int | str | None = None, strategy: str = "exact",
                     positions: list[int] | None = None, seed: int = 0,
-                    reset_optimizer: bool = False, **unsupported: Any) -> dict[str, Any]:
+                    reset_optimizer: bool = False, overwrite: bool = False,
+                    **unsupported: Any) -> dict[str, Any]:
     """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
 
     An ``optimizer.pt`` beside the weights is carried over (or reset with ``reset_optimizer``),
     and the trainer's ``trainer_state.json`` (param-group names updated to the grown model, the
     growth appended to ``grown``) and ``rng.pt`` come along, so training resumes from ``out``;
     tokenizer files beside the input are copied. ``out`` is written atomically and must not
-    exist. Returns parameter counts before/after and the max |Δlogit| on a fixed probe batch.
+    exist (``overwrite``: unless an earlier ``grow`` wrote it). Returns parameter counts
+    before/after and the max |Δlogit| on a fixed probe batch.
     """
     from ..grow import check_memory, plan_growth
     from ..io import atomic_dir, atomic_write
@@ -43,7 +45,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
-    check_output(out, [source], command="grow")
+    check_output(out, [source], command="grow", overwrite=overwrite)
     model = load_model(source)
     optimizer_file = source / OPTIMIZER_FILE if source.is_dir() else None
     carried = optimizer_file is not None and optimizer_file.is_file() and not reset_optimizer
@@ -63,7 +65,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     else:
         grown = grow_model(model, **kwargs)
     delta, largest = max_logit_change(model, grown)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         grown.save(tmp)
         if optimizer is not None:
             state = optimizer.state_dict()
@@ -176,7 +178,8 @@ def run(args: argparse.Namespace) -> None:
     summary = grow_checkpoint(args.checkpoint, args.out, qkv=args.qkv, proj=args.proj,
                               ffn=args.ffn, layers=args.layers, strategy=args.strategy,
                               positions=positions, seed=args.seed,
-                              reset_optimizer=args.reset_optimizer, **unsupported)
+                              reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
+                              **unsupported)
     c = summary["config"]
     before, after = summary["params_before"], summary["params_after"]
     rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
@@ -212,4 +215,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", dest="num_heads", default=None, help=argparse.SUPPRESS)
     p.add_argument("--vocab", dest="vocab_size", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if an earlier tokenformer grow wrote it (never a folder "
+                        "it did not write)")
     p.set_defaults(func=run)
