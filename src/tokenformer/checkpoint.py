@@ -188,9 +188,12 @@ def read_state(path: str | Path) -> dict[str, Any]:
     if not file.is_file():
         raise CheckpointError(f"{path} is not a training checkpoint (no {STATE_NAME})")
     try:
-        return json.loads(file.read_text())
+        state = json.loads(file.read_text())
     except json.JSONDecodeError:
         raise CheckpointError(f"{file} is corrupt (not JSON)") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file} is malformed (not a JSON object)")
+    return state
 
 
 def _read_own(directory: Path, name: str, legacy: str) -> Any:
@@ -314,10 +317,14 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
             if m and (child / STATE_NAME).is_file():
                 found.append((int(m.group(1)), child))
     if (run_dir / FINAL / STATE_NAME).is_file():
+        # An unreadable or malformed final/ is left out, so resume falls back to the newest
+        # periodic checkpoint (latest_checkpoint says so) instead of stopping.
         try:
-            found.append((int(read_state(run_dir / FINAL)["step"]), run_dir / FINAL))
-        except (CheckpointError, KeyError, TypeError, ValueError):
-            pass
+            step = read_state(run_dir / FINAL).get("step")
+        except CheckpointError:
+            step = None
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            found.append((step, run_dir / FINAL))
     return sorted(found, key=lambda item: (item[0], item[1].name == FINAL))
 
 
@@ -355,7 +362,54 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> None:
     """Delete all but the newest ``keep_last`` periodic checkpoints (``final`` is never deleted)."""
     periodic = [p for _, p in list_checkpoints(run_dir) if p.name != FINAL]
     for path in periodic[:max(len(periodic) - keep_last, 0)]:
-        shutil.rmtree(path, ignore_errors=True)
+        _remove(path)
+
+
+def _remove(path: Path) -> None:
+    """Delete a checkpoint folder (or a leftover file): first renamed out of sight, so a kill
+    mid-way leaves a ``.tmp`` that :func:`clean_leftovers` removes, never a half ``step-N/``."""
+    if path.is_dir() and not path.is_symlink():
+        doomed = path.with_name(f".{path.name}.deleting.tmp")
+        if doomed.exists():
+            shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def clean_leftovers(run_dir: str | Path) -> list[str]:
+    """Remove what a killed run left behind in ``run_dir`` and its ``checkpoints/``; returns the
+    names removed (or restored). Called under the run-folder lock at the start of every run.
+
+    - ``.NAME.*.tmp`` (atomic writes and checkpoint folders cut short, prunes mid-way): removed.
+    - ``.NAME.old`` (a kill while ``NAME`` was being replaced): put back when ``NAME`` is missing
+      and it is a complete checkpoint, else removed (it would block the next replacement).
+    - ``checkpoints/step-N/`` without ``trainer_state.json`` (a prune cut short): removed.
+    """
+    run_dir = Path(run_dir)
+    done: list[str] = []
+    for folder in (run_dir, run_dir / CHECKPOINTS):
+        if not folder.is_dir():
+            continue
+        for child in sorted(folder.iterdir()):
+            name = child.name
+            if name.startswith(".") and name.endswith(".old") and len(name) > len("..old"):
+                original = folder / name[1:-len(".old")]
+                if not original.exists() and (child / STATE_NAME).is_file():
+                    os.replace(child, original)
+                    done.append(f"{child} -> {original.name}")
+                    continue
+            elif not (name.startswith(".") and name.endswith(".tmp")) and not (
+                    folder.name == CHECKPOINTS and _STEP_DIR.match(name) and child.is_dir()
+                    and not (child / STATE_NAME).is_file()):
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+            done.append(str(child))
+    return done
 
 
 class MetricsLog:
@@ -395,17 +449,32 @@ class MetricsLog:
         """Keep the records up to ``step`` (a resumed run rewrites what came after its
         checkpoint); a line cut short by a kill is dropped."""
         path = Path(path)
+        if path.is_file():
+            atomic_write_text(path, "".join(MetricsLog.kept(path, step)))
+
+    @staticmethod
+    def kept(path: str | Path, step: int) -> list[str]:
+        """The lines :meth:`truncate` keeps; CheckpointError names a malformed line (a line cut
+        short by a kill is expected only at the end, and dropped)."""
+        path = Path(path)
         if not path.is_file():
-            return
+            return []
         kept = []
-        for line in path.read_text().splitlines():
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                continue
+                if number == len(lines):  # the line a kill cut short
+                    continue
+                record = None
+            if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+                raise CheckpointError(f"{path} line {number} is not a metrics record (a JSON "
+                                      f"object with an integer step): fix or delete that line, "
+                                      f"then resume again")
             if record.get("step", 0) <= step:
                 kept.append(line + "\n")
-        atomic_write_text(path, "".join(kept))
+        return kept
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

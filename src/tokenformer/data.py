@@ -147,6 +147,26 @@ class TokenDataset:
                             f"({self.meta['tokenizer']}) but the model has only {vocab_size}")
         for split in SPLITS:
             self._require_length(split, seq_len)
+        self.check_ids(vocab_size, *SPLITS)
+
+    def check_ids(self, vocab_size: int, *splits: str) -> None:
+        """DataError if a split holds an id beyond ``meta.json``'s or the model's vocabulary
+        (ids past the model's would train or score the embedding's padding rows)."""
+        for split in splits:
+            top = self.max_id(split)
+            if top >= min(vocab_size, self.vocab_size):
+                raise DataError(f"the {split} split of {self.path} holds token id {top}, beyond "
+                                f"the vocabulary ({self.vocab_size} tokens in {META_FILE}, "
+                                f"{vocab_size} in the model): the dataset is corrupt; prepare "
+                                f"it again")
+
+    def max_id(self, split: str) -> int:
+        """The largest token id in ``split`` (one pass over the memory-mapped file, then
+        remembered)."""
+        cache = self.__dict__.setdefault("_max_id", {})
+        if split not in cache:
+            cache[split] = int(self.tokens(split).max())
+        return cache[split]
 
     def _require_length(self, split: str, seq_len: int) -> None:
         if seq_len <= 0:
@@ -392,7 +412,11 @@ def prepare(inputs: list[str | Path] | str | Path, tokenizer: str | Path, out: s
     dataset (``.bin``/``.idx``, already tokenized) is converted instead; ``tokenizer`` must then be
     the one that produced it. The directory appears complete or not at all.
     """
+    from .outputs import check_output
+
     paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
+    # never into an input, never over a folder prepare did not write (tokenformer.outputs)
+    check_output(out, [*paths, tokenizer], command="prepare", overwrite=overwrite)
     indexed = [p for p in paths if _indexed_prefix(p) is not None]
     if indexed:
         if len(paths) != 1:
@@ -458,6 +482,9 @@ def _finish(tmp: Path, tok: Tokenizer, spec: str | Path, counts: dict[str, int],
         if counts[split] == 0:
             raise DataError(f"the input is too small to hold out a validation split: the "
                             f"{split} split would be empty")
+    from .outputs import write_marker
+
+    write_marker(tmp, "prepare")  # what a later --overwrite may replace
     tok.save(tmp)
     tok_file = tmp / (TOKENIZER_FILE if (tmp / TOKENIZER_FILE).is_file() else BYTES_MARKER)
     meta = {

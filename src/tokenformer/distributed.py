@@ -99,6 +99,17 @@ def mean_across(value: torch.Tensor, world: World) -> float:
     return float(value)
 
 
+def max_across(value: int, world: World) -> int:
+    """The largest of an integer over ranks: a flag (stop, failed) every rank must agree on."""
+    if not world.distributed:
+        return value
+    on_gpu = dist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only
+    tensor = torch.tensor([value], device=f"cuda:{torch.cuda.current_device()}" if on_gpu
+                          else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def wrap_model(model: nn.Module, world: World, device: torch.device) -> nn.Module:
     """The module the training step calls: the model itself, DDP around it, or (FSDP2) the model
     sharded in place, each block a unit."""

@@ -19,3 +19,9 @@ class DataError(TokenFormerError):
 
 class GrowthError(TokenFormerError, ValueError):
     """A requested growth is impossible (shrinking, or growing what tokens cannot grow)."""
+
+
+class OutputError(DataError, ConfigError):
+    """An output would lose data: it is (or holds, or lies in) an input, it exists and
+    ``--overwrite`` was not given, or it is a folder the command did not write. (Also a DataError
+    and a ConfigError: what callers caught for an existing output before.)"""

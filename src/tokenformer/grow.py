@@ -194,17 +194,11 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
           positions=None, generator=None, copy=True, progress=False, unsupported=None
           ) -> _Growth:
     refuse_unsupported(unsupported or {})
-    if strategy not in STRATEGIES:
-        raise GrowthError(f"unknown growth strategy {strategy!r}; choose one of "
-                          f"{', '.join(STRATEGIES)}")
     config = model.config
-    sizes = {kind: resolve_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
-             for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
-    old_layers = config.num_layers
-    new_layers = resolve_size(layers, old_layers, "layers")
+    new_config = plan_growth(config, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
+                             strategy=strategy, positions=positions)
+    old_layers, new_layers = config.num_layers, new_config.num_layers
     layer_source = _layer_plan(old_layers, new_layers, positions)
-
-    new_config = _grown_config(config, sizes, new_layers, strategy)
 
     # Built on the meta device (no init cost), then every tensor is assigned below.
     with torch.device("meta"):
@@ -263,6 +257,44 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
         param.requires_grad_(old_params[source[name]].requires_grad)
     new.train(model.training)
     return _Growth(new, source, inserted)
+
+
+def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | None = None,
+                ffn: int | str | None = None, layers: int | str | None = None,
+                strategy: str = "exact", positions: list[int] | None = None) -> Any:
+    """The config :func:`grow` would produce, computed without touching a tensor: every request
+    (sizes, strategy, positions) is checked here, so a plan can be refused before any work."""
+    if strategy not in STRATEGIES:
+        raise GrowthError(f"unknown growth strategy {strategy!r}; choose one of "
+                          f"{', '.join(STRATEGIES)}")
+    sizes = {kind: resolve_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
+             for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
+    new_layers = resolve_size(layers, config.num_layers, "layers")
+    _layer_plan(config.num_layers, new_layers, positions)
+    return _grown_config(config, sizes, new_layers, strategy)
+
+
+def check_memory(config: Any, copies: float, what: str) -> None:
+    """Refuse up front a model of ``config`` whose ``copies`` fp32 copies of the parameters
+    (weights, gradients, optimizer moments...) exceed the memory available now."""
+    params = config.num_parameters()
+    need = params * 4 * copies
+    available = _available_memory()
+    if available is not None and need > available:
+        raise GrowthError(f"{what}: {params:,} parameters need about {need / 2**30:,.1f} GiB of "
+                          f"memory; {available / 2**30:,.1f} GiB are available")
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available without swapping (Linux MemAvailable), else None (unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _grown_config(config: Any, sizes: dict[str, int], num_layers: int, strategy: str) -> Any:

@@ -70,6 +70,8 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
             import shutil
 
             old = path.with_name(f".{path.name}.old")
+            if old.exists():  # left by a kill during an earlier replacement: never blocks
+                shutil.rmtree(old)
             os.replace(path, old)
             os.replace(tmp, path)
             shutil.rmtree(old)

@@ -282,6 +282,7 @@ class TokenFormerLM(nn.Module):
         if not config_file.is_file() or not weights.is_file():
             raise CheckpointError(f"{directory} is not a tokenformer model directory "
                                   f"(expected {CONFIG_NAME} and {WEIGHTS_NAME})")
+        require_shape_keys(config_file, cls.config_class)
         config = cls.config_class.load(config_file)
         try:
             state = load_file(str(weights), device=str(map_location))
@@ -289,6 +290,7 @@ class TokenFormerLM(nn.Module):
             raise CheckpointError(f"{weights} is corrupt or truncated: {exc}") from None
         model = cls(config)
         load_state_dict_strict(model, state, source=str(weights))
+        check_weights(state, str(weights))
         return model
 
     @classmethod
@@ -388,6 +390,38 @@ def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+# Keys a model directory's config.json must name: every other field has a default, these set
+# tensor shapes, and a default here would only surface later as a shape mismatch.
+SHAPE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads")
+
+
+def require_shape_keys(config_file: Path, config_class: type) -> None:
+    """Refuse a config.json that leaves a shape-setting field (one ``config_class`` has) to its
+    default."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return  # the config loader reports an unreadable file in its own words
+    missing = [k for k in SHAPE_KEYS if k in fields and isinstance(data, dict) and k not in data]
+    if missing:
+        raise CheckpointError(f"{config_file} does not name {', '.join(missing)}: not a complete "
+                              f"model config (it sets the weights' shapes; no default is safe)")
+
+
+def check_weights(state: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse weights a model cannot compute with: integer (or bool) tensors, NaN or infinity."""
+    for key, tensor in state.items():
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{source}: weight {key!r} is {str(tensor.dtype)[6:]}, not "
+                                  f"floating point: not model weights")
+        if not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{source}: weight {key!r} holds NaN or infinite values: the "
+                                  f"checkpoint is corrupt (or saved from a diverged run)")
+
+
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
     """``load_state_dict(strict=True)`` with one error sentence naming the offending key."""
     check_state_dict(model.state_dict(), state, source)
@@ -437,4 +471,19 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
         from .baselines import load_model_dir
 
         return load_model_dir(path)
+    _refuse_run_folder(path)
     return TokenFormerLM.from_official(path, **official_kwargs)
+
+
+def _refuse_run_folder(path: Path) -> None:
+    """A training run folder is not a model: name the model inside it instead."""
+    if not path.is_dir() or not ((path / "metrics.jsonl").is_file()
+                                 or (path / "checkpoints").is_dir()):
+        return
+    if (path / "final" / WEIGHTS_NAME).is_file() or (path / "final" / "sharded").is_dir():
+        hint = f"use {path / 'final'}"
+    else:
+        steps = sorted((path / "checkpoints").glob("step-*"))
+        hint = (f"it has no final model yet; use a checkpoint such as {steps[-1]}" if steps
+                else "it holds no model yet")
+    raise CheckpointError(f"{path} is a training run folder, not a model: {hint}")

@@ -18,7 +18,7 @@ import torch
 from .config import TokenFormerConfig
 from .errors import CheckpointError
 from .io import safe_torch_load
-from .model import TokenFormerLM, check_state_dict
+from .model import TokenFormerLM, check_state_dict, check_weights
 
 # Heads of the released models by hidden size (not recoverable from tensor shapes).
 OFFICIAL_HEADS = {768: 12, 1024: 16, 1280: 16, 1536: 16}
@@ -125,6 +125,9 @@ def infer_config(state: dict[str, torch.Tensor], config_json: dict[str, Any] | N
             raise CheckpointError(f"config.json says {key}={cfg[key]} but the weights have "
                                   f"{actual}")
     heads = num_heads or cfg.get("num_attention_heads") or OFFICIAL_HEADS.get(d, max(1, d // 64))
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0:
+        raise CheckpointError(f"config.json: num_attention_heads must be a positive integer, got "
+                              f"{heads!r}")
     vocab = OFFICIAL_VOCAB_SIZE if vocab_rows == 50304 else vocab_rows
     return TokenFormerConfig(
         vocab_size=vocab, vocab_multiple=128 if vocab_rows % 128 == 0 else 1,
@@ -155,6 +158,7 @@ def load_official(path: str | Path, *, num_heads: int | None = None,
     if config is None:
         config = infer_config(state, config_json, num_heads=num_heads, rotary_pct=rotary_pct,
                               max_seq_len=max_seq_len, norm=norm)
+    check_weights(state, str(path))
     model = TokenFormerLM(config)
     # Checked under the official names: an error must name the key as it is in the user's file.
     check_state_dict(ours_to_official(model.state_dict(), config.num_layers), official, str(path))

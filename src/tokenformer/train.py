@@ -18,12 +18,15 @@ embedding *are* decayed. We do the same: every parameter with >= 2 dimensions is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
 import json
 import math
+import signal
 import sys
+import threading
 import time
 import types
 import typing
@@ -37,6 +40,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from . import distributed as dist_
+from . import outputs
 from .config import PRESETS, TokenFormerConfig, flops_per_token
 from .errors import CheckpointError, ConfigError, TokenFormerError
 from .pattention import PATTENTION_IMPLS, set_pattention_impl
@@ -134,7 +138,7 @@ class TrainConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("warmup_steps", "eval_interval", "checkpoint_interval", "threads", "seed",
-                    "samples", "weight_decay", "grad_clip", "min_lr"):
+                    "samples", "weight_decay", "grad_clip", "min_lr", "temperature"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
         if not self.lr > 0:
@@ -290,10 +294,18 @@ def parse_grow_at(spec: str) -> GrowthEvent:
         if not eq or key not in GROW_KEYS or not value or key in kwargs:
             raise ConfigError(usage)
         if key == "strategy":
+            from .grow import STRATEGIES
+
+            if value not in STRATEGIES:
+                raise ConfigError(f"--grow-at {spec!r}: unknown strategy {value!r}; choose one "
+                                  f"of {', '.join(STRATEGIES)}")
             kwargs[key] = value
         elif value.isdigit() and int(value) > 0:
             kwargs[key] = int(value)
         elif value.endswith("x") and _is_positive_float(value[:-1]):
+            if float(value[:-1]) < 1:
+                raise ConfigError(f"--grow-at {spec!r}: {key}={value} would shrink the model; "
+                                  f"growth only adds (use a multiplier >= 1x)")
             kwargs[key] = value
         else:
             raise ConfigError(f"--grow-at {spec!r}: {key}={value!r} must be a positive integer "
@@ -316,6 +328,22 @@ def growth_events(cfg: TrainConfig) -> list[GrowthEvent]:
     if len({e.step for e in events}) != len(events):
         raise ConfigError("--grow-at: two growths at the same step; merge them into one")
     return events
+
+
+def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
+    """Apply every growth to the model config in order, before the first step: a shrink, an
+    unknown strategy, an impossible multiple or a model too large for memory fails now, not after
+    the steps before it."""
+    from .grow import check_memory, plan_growth
+
+    if not events or not hasattr(config, "qkv_tokens"):
+        return
+    for event in events:
+        try:
+            config = plan_growth(config, **event.kwargs)
+            check_memory(config, 4, "the grown model")  # weights, gradients, two moments
+        except TokenFormerError as exc:
+            raise ConfigError(f"--grow-at {event.spec!r}: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------ schedule
@@ -482,8 +510,80 @@ def fit(
     counts the training FLOPs of a batch (default: :func:`lm_flops`). ``resume_from`` (a
     checkpoint directory) restores model, optimizer, RNG, step and counters, and ``model``'s class
     loads it. ``callbacks`` see every metrics record and the current model.
+
+    With ``out_dir`` the run folder is locked for the call (:mod:`tokenformer.outputs`), and
+    SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
+    (:class:`Interrupted`); a second signal stops at once.
     """
     world = world or dist_.World()
+    lock = (outputs.hold_run_folder(out_dir, command="train", world=world)
+            if out_dir is not None else contextlib.nullcontext())
+    with lock, _StopOnSignal(enabled=out_dir is not None) as stopper:
+        return _fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer,
+                    start_step=start_step, out_dir=out_dir, resume_from=resume_from,
+                    callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
+                    device=device, progress=progress, stopper=stopper)
+
+
+class Interrupted(TokenFormerError):
+    """SIGINT or SIGTERM stopped a run after its current step, with a checkpoint written; the
+    CLI exits with ``exit_code`` (128 + the signal number: 130 for SIGINT, 143 for SIGTERM)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _StopOnSignal:
+    """While training into a run folder: the first SIGINT/SIGTERM asks the loop to stop after
+    the current step; a second one raises KeyboardInterrupt at once (the CLI then exits 130).
+
+    Signals within ``ECHO`` seconds of the first count as the same one: a Ctrl-C under torchrun
+    reaches each worker twice, from the terminal and forwarded by the launcher.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    ECHO = 0.5
+
+    def __init__(self, enabled: bool) -> None:
+        self.signum = 0
+        self.first = 0.0
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        if self.enabled:
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum:
+            if time.monotonic() - self.first < self.ECHO:
+                return
+            raise KeyboardInterrupt
+        self.signum, self.first = signum, time.monotonic()
+        print(f"\n{signal.Signals(signum).name}: finishing the current step, then writing a "
+              f"checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def requested(self, world: dist_.World) -> int:
+        """The signal that asked to stop (0: none), the same on every rank."""
+        return dist_.max_across(self.signum, world)
+
+
+def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], cfg: TrainConfig,
+         *, eval_fn: Callable[[nn.Module], dict[str, float]] | None,
+         optimizer: torch.optim.Optimizer | None, start_step: int, out_dir: str | Path | None,
+         resume_from: str | Path | None,
+         callbacks: Sequence[Callable[[dict[str, Any], nn.Module], None]],
+         flops_fn: Callable[[nn.Module, dict[str, torch.Tensor]], float] | None,
+         save_extra: Callable[[Path], None] | None, world: dist_.World,
+         device: torch.device | str | None, progress: bool | None, stopper: _StopOnSignal
+         ) -> FitResult:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     flops_fn = flops_fn or lm_flops
     events = growth_events(cfg)
@@ -547,16 +647,23 @@ def fit(
                  "strategy": world.strategy, "growth": [e.spec for e in events
                                                        if e.step <= step],
                  "train_config": cfg.to_dict()}
-        if world.strategy == "fsdp":
-            def rest(tmp: Path) -> None:
-                model.config.save(tmp / "config.json")
-                if save_extra is not None:
-                    save_extra(tmp)
-                ckpt.write_state(tmp, state)
+        try:
+            if world.strategy == "fsdp":
+                def rest(tmp: Path) -> None:
+                    model.config.save(tmp / "config.json")
+                    if save_extra is not None:
+                        save_extra(tmp)
+                    ckpt.write_state(tmp, state)
 
-            dist_.save_sharded(path, model, optimizer, world, rest)
-        elif world.is_main:
-            ckpt.save_checkpoint(path, model, optimizer, state, save_extra)
+                dist_.save_sharded(path, model, optimizer, world, rest)
+            elif world.is_main:
+                ckpt.save_checkpoint(path, model, optimizer, state, save_extra)
+        except (OSError, RuntimeError) as exc:
+            if not outputs.is_disk_full(exc):
+                raise
+            raise CheckpointError(f"no space left on device while writing the checkpoint {path} "
+                                  f"(step {step}); nothing was replaced, earlier checkpoints are "
+                                  f"intact: free some space, then resume") from None
         dist_.barrier(world)
 
     model.train()
@@ -616,12 +723,18 @@ def fit(
                     bar.write(f"step {done}: " + "  ".join(f"{k} {v:.4f}"
                                                            for k, v in metrics.items()))
             if run_dir is not None:
+                signum = stopper.requested(world)  # the same on every rank: all save or none
+                periodic = cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
                 if done == cfg.steps:
                     save(done, run_dir / ckpt.FINAL)
-                elif cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0:
+                elif periodic or signum:
                     save(done, ckpt.step_dir(run_dir, done))
                     if world.is_main:
                         ckpt.prune_checkpoints(run_dir, cfg.keep_last)
+                if signum and done < cfg.steps:
+                    raise Interrupted(f"interrupted by {signal.Signals(signum).name} after step "
+                                      f"{done} of {cfg.steps}: checkpoint written to "
+                                      f"{ckpt.step_dir(run_dir, done)}", 128 + signum)
     finally:
         if bar is not None:
             bar.close()
@@ -675,6 +788,7 @@ def _restore(cls: type, path: Path, cfg: TrainConfig, world: dist_.World, device
              ) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, Any]]:
     """Model, optimizer and trainer state of a checkpoint, for :func:`fit` to continue from."""
     state = ckpt.read_state(path)
+    _check_state(state, path)
     if dist_.is_sharded(path):
         if world.strategy != "fsdp":
             raise CheckpointError(f"{path} is an FSDP (sharded) checkpoint; resume it with "
@@ -694,6 +808,30 @@ def _restore(cls: type, path: Path, cfg: TrainConfig, world: dist_.World, device
                                   f"{exc}") from None
     ckpt.load_rng_state(path)
     return model, optimizer, state
+
+
+def _check_state(state: Any, path: Path) -> None:
+    """A trainer state to resume from holds a step, the counters and the param-group names."""
+    file = path / ckpt.STATE_NAME
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{file} is malformed ({what}); resume from an earlier "
+                               f"checkpoint or restore the file")
+
+    if not isinstance(state, dict):
+        raise bad("not a JSON object")
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise bad(f"step is {step!r}, expected an integer >= 0")
+    for key in ("tokens", "flops", "train_time", "elapsed"):
+        value = state.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+                math.isfinite(value) and value >= 0):
+            raise bad(f"{key} is {value!r}, expected a number >= 0")
+    groups = state.get("param_groups")
+    if not (isinstance(groups, list) and all(isinstance(g, list) and all(
+            isinstance(n, str) for n in g) for g in groups)):
+        raise bad("param_groups is not a list of lists of parameter names")
 
 
 # ------------------------------------------------------------------------------- the LM front end
@@ -784,6 +922,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
     from .baselines import model_class
 
     world = dist_.World()
+    stack = contextlib.ExitStack()
     try:
         device = resolve_device(cfg.device)
         world = dist_.init(cfg.strategy, device)
@@ -794,12 +933,15 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         dataset = open_dataset(cfg, progress=show)
         tokenizer = dataset.tokenizer
         initial = _initial_model(cfg) if cfg.init_from and not resume else None
+        # read before the run folder is made: a bad optimizer file leaves nothing behind
+        optimizer = _initial_optimizer(initial, cfg) if initial is not None else None
         model_config = (initial.config if initial is not None else
                         build_model_config(cfg, dataset.vocab_size, tokenizer.eos_token_id))
         if cfg.seq_len > model_config.max_seq_len:
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "
                               f"{model_config.max_seq_len}")
         dataset.check_model(model_config.vocab_size, cfg.seq_len)
+        check_growth_plan(model_config, growth_events(cfg))
         if cfg.batch_size % (world.world_size * cfg.grad_accum):
             raise ConfigError(f"batch_size {cfg.batch_size} must be divisible by world size "
                               f"{world.world_size} × grad_accum {cfg.grad_accum}")
@@ -810,18 +952,32 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
                 raise ConfigError("tensorboard: true needs the tensorboard package: "
                                   "pip install 'tokenformer[tensorboard]'") from None
         run_dir = Path(cfg.out)
-        resume_from = None
-        if resume:
-            resume_from = ckpt.latest_checkpoint(run_dir)
-        elif (run_dir / METRICS).exists() or (run_dir / RUN_CONFIG).exists():
+        inputs = [cfg.data if cfg.data != "default" else None, cfg.init_from or None]
+        # before the folder is created or locked: not an input, not someone else's folder
+        outputs.check_run_folder(run_dir, inputs, command="train", legacy=(RUN_CONFIG, METRICS))
+        dist_.barrier(world)  # every rank checked before rank 0 writes the lock and marker
+        stack.enter_context(outputs.hold_run_folder(run_dir, command="train", world=world))
+        if not resume and ((run_dir / METRICS).exists() or (run_dir / RUN_CONFIG).exists()):
             raise ConfigError(f"{run_dir} already holds a run; resume it with --resume "
                               f"{run_dir}, or choose another --out")
+        resume_from = None
+        if resume and ckpt.list_checkpoints(run_dir):
+            resume_from = ckpt.latest_checkpoint(run_dir)
+            # a malformed state or log fails here, on every rank, before anything changes
+            state = ckpt.read_state(resume_from)
+            _check_state(state, resume_from)
+            ckpt.MetricsLog.kept(run_dir / METRICS, state["step"])
+        elif resume:  # a crash before the first checkpoint: start over with the saved config
+            ckpt.MetricsLog.kept(run_dir / METRICS, 0)  # malformed: fails on every rank
+            if world.is_main:
+                ckpt.MetricsLog.truncate(run_dir / METRICS, 0)
+                print_fn(f"{run_dir} has no checkpoint yet: starting from step 0 with its "
+                         f"saved config")
         dist_.barrier(world)  # every rank has looked at run_dir before rank 0 writes into it
         # Every rank evaluates the same windows, so the metrics do not depend on the world size.
         eval_fn = lm_evaluator(dataset, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device)
         torch.manual_seed(cfg.seed)
         model = initial if initial is not None else model_class(cfg.arch)(model_config)
-        optimizer = _initial_optimizer(model, cfg) if initial is not None else None
         if world.is_main:
             from .io import atomic_write_text
 
@@ -843,18 +999,27 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
                      f"training FLOPs/token, {cfg.steps} steps × {cfg.batch_size} × "
                      f"{cfg.seq_len} tokens on {world.world_size}× {device.type} "
                      f"({world.strategy}, {cfg.precision})")
-        result = fit(model, batch_fn, cfg, eval_fn=eval_fn, out_dir=run_dir,
-                     resume_from=resume_from, save_extra=tokenizer.save, world=world,
-                     device=device, progress=show, optimizer=optimizer)
+        try:
+            result = fit(model, batch_fn, cfg, eval_fn=eval_fn, out_dir=run_dir,
+                         resume_from=resume_from, save_extra=tokenizer.save, world=world,
+                         device=device, progress=show, optimizer=optimizer)
+        except Interrupted as exc:
+            exc.args = (f"{exc}; continue with: tokenformer train --resume {run_dir}",)
+            raise
+    except BaseException:
+        stack.close()
+        raise
     finally:
         dist_.shutdown()
-    if world.is_main:
-        if world.strategy == "fsdp":
-            # The final model as a plain model.safetensors directory, read without the group.
-            final = dist_.consolidate_checkpoint(run_dir / ckpt.FINAL)
-            result.model = model_class(cfg.arch).load(final).to(device)
-        _report(result, dataset, cfg, print_fn)
+    with stack:  # the run folder stays locked until the report is written
+        if world.is_main:
+            if world.strategy == "fsdp":
+                # The final model as a plain model.safetensors directory, read without the group.
+                final = dist_.consolidate_checkpoint(run_dir / ckpt.FINAL)
+                result.model = model_class(cfg.arch).load(final).to(device)
+            _report(result, dataset, cfg, print_fn)
     return result
+
 
 
 def _initial_model(cfg: TrainConfig) -> nn.Module:

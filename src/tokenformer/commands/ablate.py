@@ -16,9 +16,13 @@ def ablate(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     command = ("tokenformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ablate"]
                else None)
-    run_ablation(args.study, args.task, args.preset, seeds=args.seeds, variants=args.variants,
-                 steps=args.steps, data=args.data, out=args.out,
-                 progress=False if args.no_progress else None, command=command)
+    from .scale import experiment_folder
+
+    out = args.out or f"runs/ablate-{args.study}-{args.task}-{args.preset}"
+    with experiment_folder(out, [args.data], "ablate"):
+        run_ablation(args.study, args.task, args.preset, seeds=args.seeds,
+                     variants=args.variants, steps=args.steps, data=args.data, out=out,
+                     progress=False if args.no_progress else None, command=command)
     return 0
 
 

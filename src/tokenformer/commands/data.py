@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output directory (must not exist)")
     p.add_argument("--val-fraction", type=float, default=0.05,
                    help="fraction of the text, taken from its end, held out (default 0.05)")
-    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if an earlier tokenformer prepare wrote it (never a "
+                        "folder it did not write)")
     p.add_argument("--default", action="store_true",
                    help="prepare the embedded King James Bible corpus into the cache instead")
     p.add_argument("--cache-dir", default=None,

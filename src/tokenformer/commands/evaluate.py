@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..cli import positive
+from ..cli import device, positive
 from ..errors import ConfigError
 
 
@@ -45,6 +45,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=positive(int), default=None,
                    help="lm-eval: at most this many examples per task")
     p.add_argument("--num-fewshot", type=int, default=None, help="lm-eval: few-shot examples")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)

@@ -25,28 +25,37 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                     proj: int | str | None = None, ffn: int | str | None = None,
                     layers: int | str | None = None, strategy: str = "exact",
                     positions: list[int] | None = None, seed: int = 0,
-                    reset_optimizer: bool = False, **unsupported: Any) -> dict[str, Any]:
+                    reset_optimizer: bool = False, overwrite: bool = False,
+                    **unsupported: Any) -> dict[str, Any]:
     """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
 
     The optimizer state beside the weights (``optimizer.safetensors``, or an earlier version's
     ``optimizer.pt``) is carried over (or reset with ``reset_optimizer``), and the trainer's
     ``trainer_state.json`` (param-group names updated to the grown model, the growth appended to
     ``grown``) and RNG state come along, so training resumes from ``out``; tokenizer files beside
-    the input are copied. ``out`` is written atomically, with a manifest, and must not exist.
-    Returns parameter counts before/after and the max |Δlogit| on a fixed probe batch.
+    the input are copied. ``out`` is written atomically, with a manifest, and must not exist
+    (``overwrite``: unless an earlier ``grow`` wrote it). Returns parameter counts before/after
+    and the max |Δlogit| on a fixed probe batch.
     """
+    from ..grow import check_memory, plan_growth
     from ..io import atomic_dir
     from ..model import load_model
+    from ..outputs import check_output, write_marker
 
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
-    if out.exists():
-        raise CheckpointError(f"output directory already exists: {out}")
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
+    check_output(out, [source], command="grow", overwrite=overwrite)
     if source.is_dir():
         ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
     model = load_model(source)
+    carried = source.is_dir() and ckpt.has_optimizer_state(source) and not reset_optimizer
+    # Before any tensor is made: the grown weights, a working copy, and two moments if carried.
+    if hasattr(model.config, "qkv_tokens"):  # a TokenFormer: tokens can grow
+        check_memory(plan_growth(model.config, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
+                                 strategy=strategy, positions=positions),
+                     4 if carried else 2, "the grown model")
     kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
                   positions=positions, generator=torch.Generator().manual_seed(seed),
                   copy=False, progress=True, **unsupported)  # the input model is only read
@@ -58,7 +67,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     else:
         grown = grow_model(model, **kwargs)
     delta, largest = max_logit_change(model, grown)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, overwrite=overwrite) as tmp:
         grown.save(tmp)
         if optimizer is not None:
             ckpt.save_optimizer_state(tmp, optimizer)
@@ -68,6 +77,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                 "reset_optimizer": reset_optimizer})
         for name in _tokenizer_files(source):
             shutil.copy2(source / name, tmp / name)
+        write_marker(tmp, "grow")
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
@@ -167,7 +177,8 @@ def run(args: argparse.Namespace) -> None:
     summary = grow_checkpoint(args.checkpoint, args.out, qkv=args.qkv, proj=args.proj,
                               ffn=args.ffn, layers=args.layers, strategy=args.strategy,
                               positions=positions, seed=args.seed,
-                              reset_optimizer=args.reset_optimizer, **unsupported)
+                              reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
+                              **unsupported)
     c = summary["config"]
     before, after = summary["params_before"], summary["params_after"]
     rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
@@ -203,4 +214,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", dest="num_heads", default=None, help=argparse.SUPPRESS)
     p.add_argument("--vocab", dest="vocab_size", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if an earlier tokenformer grow wrote it (never a folder "
+                        "it did not write)")
     p.set_defaults(func=run)

@@ -17,15 +17,24 @@ def _hf():
 
 
 def convert_official(args: argparse.Namespace) -> None:
+    from ..outputs import check_output, write_marker
+
+    check_output(args.out_dir, [args.checkpoint, args.tokenizer], command="convert official",
+                 overwrite=args.overwrite, flag="out_dir")
     out = _hf().convert_official(args.checkpoint, args.out_dir, tokenizer=args.tokenizer,
                                  overwrite=args.overwrite, num_heads=args.num_heads,
                                  rotary_pct=args.rotary_pct, max_seq_len=args.max_seq_len,
                                  norm=args.norm)
     print(f"wrote {out} (load with: import tokenformer.hf; "
           f"AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    write_marker(out, "convert official")
 
 
 def convert_to_official(args: argparse.Namespace) -> None:
+    from ..outputs import check_output
+
+    check_output(args.out, [args.model_dir], command="convert to-official",
+                 overwrite=args.overwrite, kind="file", flag="out")
     out = _hf().convert_to_official(args.model_dir, args.out)
     print(f"wrote {out} (official GPT-NeoX TokenFormer key layout, fp32)")
 
@@ -48,11 +57,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--max-seq-len", type=int, default=None)
     q.add_argument("--norm", default=None, help="Θ variant (default: config.json or "
                                                 "l2_norm_gelu)")
-    q.add_argument("--overwrite", action="store_true", help="replace an existing out_dir")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace out_dir if an earlier convert official wrote it (never a "
+                        "folder it did not write)")
     q.set_defaults(func=convert_official)
 
     q = conv.add_parser("to-official", help="Hugging Face or tokenformer folder -> official "
                                             "pytorch_model.bin")
     q.add_argument("model_dir")
     q.add_argument("out", help="output .bin file")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     q.set_defaults(func=convert_to_official)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli import positive
+from ..cli import device, non_negative_float, positive
 from ..config import PRESETS, TokenFormerConfig, flops_per_token
 from ..errors import ConfigError
 
@@ -69,6 +69,13 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
     ids = tok.encode(prompt)
     if not ids:
         raise ConfigError("the prompt is empty")
+    room = model.config.max_seq_len - len(ids)
+    if room < max_new_tokens and room >= 0:  # generate what fits, and say so
+        import sys
+
+        print(f"note: the model's context is {model.config.max_seq_len} tokens and the prompt "
+              f"has {len(ids)}: generating at most {room} new tokens, not {max_new_tokens}",
+              file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
                          do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k,
@@ -88,12 +95,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", help="model directory, official checkpoint, or preset name")
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new-tokens", type=positive(int), default=64)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=positive(int), default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-p", type=non_negative_float, default=None, help="in (0, 1]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.json path or 'bytes'")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", type=device, default="cpu")
     p.set_defaults(func=lambda a: print(generate_text(
         a.model, a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
         top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device)))

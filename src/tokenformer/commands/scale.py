@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from pathlib import Path
 
-from ..cli import positive
+from ..cli import device, positive
 from ..errors import ConfigError
 from ..grow import NEW_ROW_MOMENTS
 
@@ -35,10 +37,22 @@ def scale(args: argparse.Namespace) -> int:
         return 0
     command = "tokenformer scale " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["scale"] \
         else "tokenformer scale"
-    run_scale(preset, seeds=args.seeds, data=args.data,
-              out=args.out or f"runs/scale-{args.preset}", device=args.device, dtype=args.dtype,
-              progress=progress, command=command)
+    out = args.out or f"runs/scale-{args.preset}"
+    with experiment_folder(out, [args.data], "scale"):
+        run_scale(preset, seeds=args.seeds, data=args.data, out=out, device=args.device,
+                  dtype=args.dtype, progress=progress, command=command)
     return 0
+
+
+def experiment_folder(out: str, inputs: list[str | None], command: str
+                      ) -> contextlib.AbstractContextManager[Path]:
+    """The experiment's output folder, checked (not an input, not someone else's folder) and
+    held for the run: a rerun resumes it, a concurrent one is refused."""
+    from ..outputs import check_run_folder, hold_run_folder
+
+    check_run_folder(out, inputs, command=command,
+                     legacy=("results.json", "report.md", ".partial.json", "runs"))
+    return hold_run_folder(out, command=command)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +70,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data", default=None,
                    help="prepared dataset directory (default: the embedded corpus, bytes)")
     p.add_argument("--out", default=None, help="output directory (default: runs/scale-PRESET)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (cuda uses larger sizes)")
+    p.add_argument("--device", type=device, default="cpu",
+                   help="cpu or cuda (cuda uses larger sizes)")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32", "bfloat16", "float32"),
                    help="training precision (default: the preset's, bf16 autocast)")
     p.add_argument("--arms", default=None,

@@ -76,9 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR")
     p.add_argument("--out", required=True, help="PNG file to write")
     p.add_argument("--title", default=None)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
     def run_plot(args: argparse.Namespace) -> int:
+        from ..outputs import check_output
         from ..plot import plot_runs
+
+        check_output(args.out, args.runs, command="plot", overwrite=args.overwrite,
+                     kind="file")
 
         print(plot_runs(args.runs, args.out, title=args.title))
         return 0

@@ -8,6 +8,7 @@ FLOP count per image.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -163,9 +164,25 @@ def train_vision(preset: str = "vit-digits-tiny", data: str = "digits", *,
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        return _train_vision(cfg, preset, data, arch, out, max_shift, progress, model_overrides)
+        if out is None:
+            return _train_vision(cfg, preset, data, arch, out, max_shift, progress,
+                                 model_overrides)
+        with _run_folder(Path(out), data):
+            return _train_vision(cfg, preset, data, arch, out, max_shift, progress,
+                                 model_overrides)
     finally:
         torch.set_num_threads(threads)
+
+
+def _run_folder(out: Path, data: str) -> contextlib.AbstractContextManager[Path]:
+    """A new (or empty) run folder, not inside the image folder, held for the run."""
+    from ..outputs import check_run_folder, hold_run_folder
+
+    inputs = [data if data != "digits" else None]
+    check_run_folder(out, inputs, command="vision train")
+    if (out / "metrics.jsonl").exists():
+        raise ConfigError(f"{out} already holds a run; choose another --out")
+    return hold_run_folder(out, command="vision train")
 
 
 def _train_vision(cfg: Any, preset: str, data: str, arch: str, out: str | Path | None,
@@ -268,6 +285,12 @@ def _train_command(a: argparse.Namespace) -> None:
 
 
 def _eval_command(a: argparse.Namespace) -> None:
+    if a.confusion_png:
+        from ..outputs import check_output
+
+        check_output(a.confusion_png, [a.model, a.data if a.data != "digits" else None],
+                     command="vision eval", overwrite=a.overwrite, kind="file",
+                     flag="--confusion-png")
     model = load_vision_model(a.model)
     vdata = open_vision_data(a.data, model.config, EVAL_BATCH)
     evaluation = evaluate(model, vdata.eval_batches())
@@ -310,5 +333,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("model", help="a run's final/ directory (or any saved vision model)")
     q.add_argument("--data", default="digits")
     q.add_argument("--confusion-png", default=None)
+    q.add_argument("--overwrite", action="store_true", help="replace an existing PNG")
     q.set_defaults(func=_eval_command)
 
