@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from .config import TokenFormerConfig
 from .errors import ConfigError, DataError
-from .model import TokenFormerLM, load_model
+from .loading import load_model
+from .model import TokenFormerLM
 from .tokenizer import Tokenizer, resolve_tokenizer
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"

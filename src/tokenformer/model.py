@@ -410,31 +410,3 @@ def check_state_dict(expected: dict[str, torch.Tensor], state: dict[str, torch.T
         if tuple(tensor.shape) != tuple(expected[key].shape):
             raise CheckpointError(f"{source}: key {key!r} has shape {tuple(tensor.shape)}, "
                                   f"the model expects {tuple(expected[key].shape)}")
-
-
-def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
-    """The one loader behind every command: a preset name (random init, seeded by the caller);
-    a model directory of ours (any ``arch``: TokenFormer or a Transformer baseline); a Hugging
-    Face folder written by :mod:`tokenformer.hf` (needs the ``hf`` extra); or an official
-    checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file)."""
-    from .config import PRESETS
-
-    if str(spec) in PRESETS and not Path(spec).exists():
-        return TokenFormerLM(TokenFormerConfig.from_name(str(spec)))
-    path = Path(spec)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint not found: {path} (nor a preset name; presets: "
-                              f"{', '.join(PRESETS)})")
-    if path.is_dir() and (path / WEIGHTS_NAME).is_file():
-        try:
-            model_type = json.loads((path / CONFIG_NAME).read_text()).get("model_type")
-        except (OSError, json.JSONDecodeError, AttributeError):
-            model_type = None
-        if model_type == "tokenformer":
-            from .hf import load_hf
-
-            return load_hf(path).model
-        from .baselines import load_model_dir
-
-        return load_model_dir(path)
-    return TokenFormerLM.from_official(path, **official_kwargs)

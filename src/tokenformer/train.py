@@ -23,7 +23,6 @@ import functools
 import importlib
 import json
 import math
-import sys
 import time
 import types
 import typing
@@ -40,6 +39,7 @@ from . import distributed as dist_
 from .config import PRESETS, TokenFormerConfig, flops_per_token
 from .errors import CheckpointError, ConfigError, TokenFormerError
 from .pattention import PATTENTION_IMPLS, set_pattention_impl
+from .progress import progress_bar
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 RUN_CONFIG = "config.json"
@@ -453,10 +453,6 @@ def _prepare(model: nn.Module, cfg: TrainConfig, world: dist_.World,
     return torch.compile(module) if cfg.compile else module
 
 
-def _progress_enabled(progress: bool | None) -> bool:
-    return sys.stderr.isatty() if progress is None else progress
-
-
 def fit(
     model: nn.Module,
     batch_fn: Callable[[int], dict[str, torch.Tensor]],
@@ -519,11 +515,9 @@ def fit(
     autocast = functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16,
                                  enabled=cfg.precision == "bf16")
     bar = None
-    if world.is_main and _progress_enabled(progress):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start_step, desc="train", unit="step",
-                   dynamic_ncols=True)
+    if world.is_main:  # a bar on a terminal, plain lines in a log, nothing if progress=False
+        bar = progress_bar(cfg.steps, "train", progress=progress, unit="step",
+                           initial=start_step)
 
     def emit(record: dict[str, Any]) -> None:
         records.append(record)
@@ -790,7 +784,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         device = resolve_device(cfg.device, world)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        show = _progress_enabled(progress) and world.is_main
+        show = progress if world.is_main else False
         dataset = open_dataset(cfg, progress=show)
         tokenizer = dataset.tokenizer
         initial = _initial_model(cfg) if cfg.init_from and not resume else None

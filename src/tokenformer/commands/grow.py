@@ -35,7 +35,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     exist. Returns parameter counts before/after and the max |Δlogit| on a fixed probe batch.
     """
     from ..io import atomic_dir, atomic_write
-    from ..model import load_model
+    from ..loading import load_model
 
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
