@@ -35,6 +35,48 @@ def positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: doc}`` from a dataclass's attribute docstrings (the string literal right after a
+    field, the convention Sphinx and tyro read), one line each; fields without one are absent."""
+    import inspect
+    import itertools
+    import textwrap
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's docstring wins
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(source).body
+        if not body or not isinstance(body[0], ast.ClassDef):
+            continue
+        stmts = body[0].body
+        for stmt, after in itertools.pairwise(stmts):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def describe_field(f: Any, docs: dict[str, str], show_default: bool = True) -> tuple[str, str]:
+    """``(metavar, help)`` of a dataclass field for ``--help``: its type (``INT``, ``FLOAT``,
+    ``STR|NONE``...) and its doc, with the default unless it is set elsewhere (a preset)."""
+    import dataclasses
+
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        default = None
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    doc = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help
+    help_ = f"{doc} (default: {default!r})".lstrip() if show_default else doc
+    return kind.upper().replace(" ", ""), help_
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other error
         self.exit(2, f"error: {self.prog}: {message}\n")
