@@ -77,6 +77,22 @@ def describe_field(f: Any, docs: dict[str, str], show_default: bool = True) -> t
     return kind.upper().replace(" ", ""), help_
 
 
+class DeprecatedFlag(argparse.Action):
+    """A hidden old spelling of a ``store_true`` flag: sets the same ``dest`` and says the new
+    name on stderr (``add_argument("--quiet", dest="no_progress", action=DeprecatedFlag,
+    new="--no-progress")``)."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        kwargs.pop("help", None)
+        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"warning: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, True)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, like every other error
         self.exit(2, f"error: {self.prog}: {message}\n")

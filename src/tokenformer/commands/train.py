@@ -51,6 +51,22 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                                 metavar=metavar, default=argparse.SUPPRESS, help=help_)
 
 
+def _finished(run_dir: Path, steps: int) -> bool:
+    """True (and says so) when ``run_dir``'s newest checkpoint already holds all ``steps``."""
+    from .. import checkpoint as ckpt
+    from ..errors import CheckpointError
+
+    try:
+        step = int(ckpt.read_state(ckpt.latest_checkpoint(run_dir)).get("step", 0))
+    except CheckpointError:
+        return False  # nothing to resume from: train() says so
+    if step < steps:
+        return False
+    print(f"{run_dir} is finished: {step} of {steps} steps done, nothing to resume; the model "
+          f"is {run_dir / ckpt.FINAL} (tokenformer generate {run_dir / ckpt.FINAL} --prompt ...)")
+    return True
+
+
 def run_train(args: argparse.Namespace) -> int:
     from ..train import RUN_CONFIG, load_config, train
 
@@ -65,6 +81,8 @@ def run_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{run_dir} is not a training run directory (no {RUN_CONFIG})")
         overrides["out"] = str(run_dir)
         cfg = load_config(run_dir / RUN_CONFIG, overrides)
+        if _finished(run_dir, cfg.steps):
+            return 0
     else:
         if args.config is None:
             raise ConfigError("pass --config (a YAML file or a shipped name such as demo), "
