@@ -63,7 +63,8 @@ def _finished(run_dir: Path, steps: int) -> bool:
     if step < steps:
         return False
     print(f"{run_dir} is finished: {step} of {steps} steps done, nothing to resume; the model "
-          f"is {run_dir / ckpt.FINAL} (tokenformer generate {run_dir / ckpt.FINAL} --prompt ...)")
+          f"is {run_dir / ckpt.FINAL} (to train further: --resume {run_dir} --steps N, N > "
+          f"{step})")
     return True
 
 
