@@ -287,3 +287,20 @@ def test_resume_of_a_finished_run_says_it_is_finished(dataset_dir, tmp_path, cap
     assert out.startswith(f"{run} is finished: 4 of 4 steps done, nothing to resume"), out
     assert "sample" not in out.replace("--prompt", "") and "n/a" not in out
     assert (run / "metrics.jsonl").read_text() == metrics  # nothing was retrained or rewritten
+
+
+def test_experiment_arms_print_a_line_per_run_off_a_terminal(capsys, tmp_path):
+    """`scale` and `ablate` run their arms through run_arms: with stderr not a terminal (pytest
+    captures it) each finished run is one line, including runs restored from a partial file."""
+    from tokenformer.experiments.common import Arm, Curve, run_arms
+
+    arms = [Arm(name, lambda seed, shared: Curve(points=[])) for name in ("small", "big")]
+    settings = {"x": 1}
+    run_arms(arms[:1], [0, 1], partial=tmp_path / "partial.json", settings=settings)
+    capsys.readouterr()
+    run_arms(arms, [0, 1], partial=tmp_path / "partial.json", settings=settings)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(",")[0] for line in lines] == [
+        "arms: 1/4 run (25%)", "arms: 2/4 run (50%)", "arms: 3/4 run (75%)",
+        "arms: 4/4 run (100%)"]
+    assert lines[0].endswith("small seed 0 (saved earlier)") and lines[1].endswith("big seed 0")
