@@ -204,10 +204,11 @@ def test_no_progress_is_the_one_spelling_and_quiet_a_deprecated_alias(capsys):
     with pytest.raises(SystemExit):
         build_parser(["prepare"]).parse_args(["prepare", "--help"])
     assert "--quiet" not in capsys.readouterr().out  # hidden
-    for command in ("train", "prepare", "scale", "ablate"):
+    for argv in (["train"], ["prepare"], ["scale"], ["ablate"], ["eval"], ["grow"],
+                 ["vision", "train"]):
         with pytest.raises(SystemExit):
-            build_parser([command]).parse_args([command, "--help"])
-        assert "--no-progress" in capsys.readouterr().out, command
+            build_parser(argv).parse_args([*argv, "--help"])
+        assert "--no-progress" in capsys.readouterr().out, argv
 
 
 def test_plain_progress_lines_when_not_a_terminal():

@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> None:
                               "the --data result")
         result = evaluate.evaluate_data(args.model, args.data, tokenizer=args.tokenizer,
                                         seq_len=args.seq_len, stride=args.stride,
-                                        batch_size=args.batch_size, device=args.device)
+                                        batch_size=args.batch_size, device=args.device,
+                                        progress=not args.no_progress)
         print(json.dumps(result) if args.json else evaluate.format_result(result))
         return
     if args.stride is not None or args.seq_len is not None:
@@ -68,6 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-fewshot", type=int, default=None, help="lm-eval: few-shot examples")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--no-progress", action="store_true", help="--data: no progress bar")
     p.add_argument("--output-path", default=None, metavar="DIR",
                    help="lm-eval: write the results JSON under DIR, as lm_eval --output_path")
     p.add_argument("--log-samples", action="store_true",

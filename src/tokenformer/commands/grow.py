@@ -25,7 +25,8 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                     proj: int | str | None = None, ffn: int | str | None = None,
                     layers: int | str | None = None, strategy: str = "exact",
                     positions: list[int] | None = None, seed: int = 0,
-                    reset_optimizer: bool = False, **unsupported: Any) -> dict[str, Any]:
+                    reset_optimizer: bool = False, progress: bool = True,
+                    **unsupported: Any) -> dict[str, Any]:
     """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
 
     An ``optimizer.pt`` beside the weights is carried over (or reset with ``reset_optimizer``),
@@ -46,7 +47,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     model = load_model(source)
     kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
                   positions=positions, generator=torch.Generator().manual_seed(seed),
-                  copy=False, progress=True, **unsupported)  # the input model is only read
+                  copy=False, progress=progress, **unsupported)  # the input model is only read
     optimizer_file = source / OPTIMIZER_FILE if source.is_dir() else None
     optimizer = None
     if optimizer_file is not None and optimizer_file.is_file():
@@ -168,7 +169,8 @@ def run(args: argparse.Namespace) -> None:
     summary = grow_checkpoint(args.checkpoint, args.out, qkv=args.qkv, proj=args.proj,
                               ffn=args.ffn, layers=args.layers, strategy=args.strategy,
                               positions=positions, seed=args.seed,
-                              reset_optimizer=args.reset_optimizer, **unsupported)
+                              reset_optimizer=args.reset_optimizer,
+                              progress=not args.no_progress, **unsupported)
     c = summary["config"]
     before, after = summary["params_before"], summary["params_after"]
     rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
@@ -204,4 +206,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heads", dest="num_heads", default=None, help=argparse.SUPPRESS)
     p.add_argument("--vocab", dest="vocab_size", default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

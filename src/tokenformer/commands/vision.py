@@ -262,7 +262,8 @@ def _train_command(a: argparse.Namespace) -> None:
 
         model_overrides.setdefault("num_classes", len(ImageFolder(a.data, "train").classes))
     run = train_vision(a.preset, a.data, arch=a.arch, out=a.out, max_shift=a.max_shift,
-                       model_overrides=model_overrides, workers=_workers(a), **overrides)
+                       model_overrides=model_overrides, workers=_workers(a),
+                       progress=False if a.no_progress else None, **overrides)
     fitted = run.fit
     print(f"{run.model.config.name} ({a.arch}, {run.model.num_parameters():,} parameters): "
           f"top-1 {100 * run.evaluation.accuracy:.2f}% on {a.data} "
@@ -323,6 +324,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--workers", type=int, default=None,
                    help="image folders: DataLoader processes decoding images ahead (default: "
                         "CPU cores - 1, at most 8; 0: decode in the training process)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=_train_command)
 
     q = vsub.add_parser("eval", help="top-1 accuracy of a trained vision model")
