@@ -74,6 +74,7 @@ class TransformerConfig:
     eos_token_id: int | None = 0
     """end-of-text token id"""
     name: str = field(default="custom", compare=False)
+    """a label, shown in reports"""
 
     # Derived sizes and (de)serialisation are TokenFormerConfig's: one implementation.
     head_dim = TokenFormerConfig.head_dim

@@ -74,6 +74,7 @@ class TokenFormerConfig:
     eos_token_id: int | None = 0
     """end-of-text token id"""
     name: str = field(default="custom", compare=False)
+    """a label (the preset's name), shown by `tokenformer info` and in reports"""
 
     def __post_init__(self) -> None:
         self.validate()

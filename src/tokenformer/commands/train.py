@@ -44,8 +44,6 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                                 help="preset the other model keys start from (default: "
                                      "'small')")
         for f in dataclasses.fields(cls):
-            if f.name == "name":
-                continue
             metavar, help_ = describe_field(f, docs, show_default=False)
             nested.add_argument(f"--{prefix}.{f.name}", dest=f"set:{prefix}.{f.name}",
                                 metavar=metavar, default=argparse.SUPPRESS, help=help_)
