@@ -299,7 +299,8 @@ def test_bad_inputs_fail_cleanly(tmp_path, capsys, case):
         prepare(inputs, tokenizer, out, val_fraction=1.5 if case == "val_fraction" else 0.05,
                 progress=False)
     assert needle in str(info.value)
-    argv = ["prepare", *map(str, inputs), "--tokenizer", tokenizer, "--out", str(out), "--quiet"]
+    argv = ["prepare", *map(str, inputs), "--tokenizer", tokenizer, "--out", str(out),
+            "--no-progress"]
     if case == "val_fraction":
         argv += ["--val-fraction", "1.5"]
     _cli_fails(capsys, argv, out, needle)
@@ -311,9 +312,9 @@ def test_output_is_never_overwritten_by_accident(tmp_path, capsys, byte_ds):
     prepare(src, "bytes", out, progress=False)
     with pytest.raises(DataError, match="already exists"):
         prepare(src, "bytes", out, progress=False)
-    assert main(["prepare", str(src), "--out", str(out), "--quiet"]) != 0
+    assert main(["prepare", str(src), "--out", str(out), "--no-progress"]) != 0
     assert "already exists" in capsys.readouterr().err
-    assert main(["prepare", str(src), "--out", str(out), "--quiet", "--overwrite",
+    assert main(["prepare", str(src), "--out", str(out), "--no-progress", "--overwrite",
                  "--tokenizer", "bpe:280"]) == 0
     assert TokenDataset.open(out).meta["vocab_size"] == 280
     summary = capsys.readouterr().out
@@ -409,7 +410,7 @@ def test_gpt_neox_indexed_dataset(tmp_path, capsys):
     # the .bin path and the CLI work too; int32 storage is converted to the smallest dtype
     _write_indexed(tmp_path / "wide", docs, dtype=np.int32, code=4)
     assert main(["prepare", str(tmp_path / "wide.bin"), "--out", str(tmp_path / "o2"),
-                 "--val-fraction", "0.65", "--quiet"]) == 0
+                 "--val-fraction", "0.65", "--no-progress"]) == 0
     assert TokenDataset.open(tmp_path / "o2").train.tolist() == ds.train.tolist()
     assert "bytes/token" in capsys.readouterr().out
 
@@ -433,7 +434,7 @@ def test_bad_indexed_datasets(tmp_path, capsys, case):
     with pytest.raises((DataError, ConfigError), match=needle):
         prepare(inputs, tokenizer, tmp_path / "out", progress=False)
     _cli_fails(capsys, ["prepare", *inputs, "--tokenizer", tokenizer, "--out",
-                        str(tmp_path / "out"), "--quiet"], tmp_path / "out", needle)
+                        str(tmp_path / "out"), "--no-progress"], tmp_path / "out", needle)
 
 
 class _FakeHF:
@@ -487,7 +488,7 @@ def test_saved_hf_dataset_directory(tmp_path, monkeypatch, capsys):
         prepare(tmp_path / "ambiguous", "bytes", tmp_path / "out_x", progress=False)
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed: a clear error
     _cli_fails(capsys, ["prepare", str(tmp_path / "one"), "--out", str(tmp_path / "o"),
-                        "--quiet"], tmp_path / "o", "needs the 'datasets' package")
+                        "--no-progress"], tmp_path / "o", "needs the 'datasets' package")
 
 
 def test_real_saved_hf_dataset(tmp_path, monkeypatch):

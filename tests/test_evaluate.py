@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 # Never touch the network, even by accident (read when huggingface_hub is imported).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -157,7 +158,7 @@ def test_lm_eval_offline_tasks_run_and_return_metrics(model_dir, capsys):
     assert main(["eval", str(model_dir), "--tasks", "kjv_lastword,kjv_choice", "--limit", "6",
                  "--batch-size", "6", "--json"]) == 0
     results = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert results["kjv_lastword"]["sample_len"] == 6
+    assert results["kjv_lastword"]["samples"] == results["kjv_choice"]["samples"] == 6
     assert 0.0 <= results["kjv_lastword"]["acc,none"] <= 1.0
     assert results["kjv_lastword"]["perplexity,none"] > 1.0
     assert 0.0 <= results["kjv_choice"]["acc,none"] <= 1.0
@@ -178,3 +179,66 @@ def test_offline_task_data_is_deterministic_and_well_formed():
         truth = doc["choices"][doc["label"]]
         assert doc["context"] + " " + truth == lw["context"] + lw["target"] + "."
         assert len(set(doc["choices"])) == 4
+
+
+def test_task_dir_is_the_installed_folder_of_the_shipped_tasks(capsys):
+    """`tokenformer eval --task-dir` is what `lm_eval --include_path` needs, no source checkout."""
+    assert main(["eval", "--task-dir"]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert folder.is_absolute()
+    names = {p.name for p in folder.iterdir()}
+    assert {"kjv_lastword.yaml", "kjv_choice.yaml", "kjv.py"} <= names
+
+
+@pytest.mark.parametrize("argv", [["eval"], ["eval", "tiny"], ["eval", "--data", "x.txt"]])
+def test_eval_without_model_or_what_is_one_error_line(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+
+
+def test_a_context_shorter_than_a_shipped_answer_says_what_is_needed(tmp_path, capsys):
+    """lm-eval stops on a bare AssertionError when an answer exceeds the context; we say what
+    context the task needs. kjv_choice's longest answer, byte tokenizer: ' ' + the longest
+    choice, counted here from the documents themselves."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("transformers")
+    from tokenformer.eval_tasks import kjv
+
+    longest = 1 + max(len(c.encode()) for d in kjv.choice_docs() for c in d["choices"])
+    config = TokenFormerConfig(vocab_size=257, hidden_size=16, num_layers=1, num_heads=2,
+                               qkv_tokens=8, proj_tokens=8, ffn_tokens=8, max_seq_len=64,
+                               eos_token_id=256)
+    TokenFormerLM(config).save(tmp_path / "short")
+    assert 64 < longest
+    assert main(["eval", str(tmp_path / "short"), "--tasks", "kjv_choice", "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"error: kjv_choice needs a model context of at least {longest} "
+                          f"tokens"), err
+    assert "this model's is 64" in err
+
+
+def test_output_path_and_log_samples_write_lm_eval_files(model_dir, tmp_path, capsys):
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("transformers")
+    out = tmp_path / "results"
+    assert main(["eval", str(model_dir), "--tasks", "kjv_lastword", "--limit", "3",
+                 "--output-path", str(out), "--log-samples", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    results_files = list(out.rglob("results_*.json"))
+    sample_files = list(out.rglob("samples_kjv_lastword_*.jsonl"))
+    assert len(results_files) == 1 and len(sample_files) == 1, list(out.rglob("*"))
+    saved = json.loads(results_files[0].read_text())
+    assert saved["results"]["kjv_lastword"]["acc,none"] == printed["kjv_lastword"]["acc,none"]
+    rows = [json.loads(line) for line in sample_files[0].read_text().splitlines()]
+    assert len(rows) == 3
+    from tokenformer.eval_tasks import kjv
+
+    assert [r["doc"]["target"] for r in rows] == [d["target"] for d in kjv.lastword_docs()[:3]]
+
+
+def test_log_samples_without_output_path_is_refused(model_dir, capsys):
+    pytest.importorskip("lm_eval")
+    assert main(["eval", str(model_dir), "--tasks", "kjv_lastword", "--log-samples"]) == 2
+    assert "--log-samples needs --output-path" in capsys.readouterr().err

@@ -252,7 +252,7 @@ def test_payload_in_our_checkpoint_never_runs(run, dataset_dir, tmp_path, marker
                 # a manifest rewritten to match: what keeps loading safe is the reader, not it
                 ckpt.write_manifest(directory)
         out = work / "out"
-        args = {"resume": ["train", "--resume", str(folder), "--no-progress"],
+        args = {"resume": ["train", "--resume", str(folder), "--steps", "6", "--no-progress"],
                 "grow": ["grow", str(folder / "final"), "--ffn", "2x", "--out", str(out)],
                 "init-from": ["train", "--config", "tiny", "--data", str(dataset_dir),
                               "--out", str(out), "--init-from", str(folder / "final"),

@@ -100,18 +100,18 @@ def model_dir(tmp_path) -> Path:
 # ------------------------------------------------------------------- part 2: outputs, overwrite
 def test_prepare_into_its_own_input_is_refused(capsys, corpus):
     before = snapshot(corpus)
-    refused(capsys, "prepare", corpus, "--out", corpus, "--overwrite", "--quiet",
+    refused(capsys, "prepare", corpus, "--out", corpus, "--overwrite", "--no-progress",
             match="is the input")
     file = corpus / "a.txt"
-    refused(capsys, "prepare", file, "--out", file, "--overwrite", "--quiet",
+    refused(capsys, "prepare", file, "--out", file, "--overwrite", "--no-progress",
             match="is the input")
-    refused(capsys, "prepare", file, "--out", corpus, "--overwrite", "--quiet",
+    refused(capsys, "prepare", file, "--out", corpus, "--overwrite", "--no-progress",
             match="contains the input")
-    refused(capsys, "prepare", corpus, "--out", corpus / "ds", "--quiet",
+    refused(capsys, "prepare", corpus, "--out", corpus / "ds", "--no-progress",
             match="lies inside the input")
     link = corpus.parent / "link"
     link.symlink_to(corpus)
-    refused(capsys, "prepare", corpus, "--out", link, "--overwrite", "--quiet",
+    refused(capsys, "prepare", corpus, "--out", link, "--overwrite", "--no-progress",
             match="is the input")
     assert snapshot(corpus) == before
 
@@ -120,17 +120,17 @@ def test_overwrite_replaces_only_the_commands_own_output(capsys, tmp_path, corpu
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "thesis.tex").write_text("years of work\n")
-    refused(capsys, "prepare", corpus, "--out", foreign, "--overwrite", "--quiet",
+    refused(capsys, "prepare", corpus, "--out", foreign, "--overwrite", "--no-progress",
             match="not written by tokenformer prepare")
     assert snapshot(foreign) == {"thesis.tex": b"years of work\n"}
 
     out = tmp_path / "ds"
-    assert run(capsys, "prepare", corpus, "--out", out, "--quiet")[0] == 0
+    assert run(capsys, "prepare", corpus, "--out", out, "--no-progress")[0] == 0
     assert json.loads((out / MARKER).read_text())["command"] == "prepare"
-    refused(capsys, "prepare", corpus, "--out", out, "--quiet", match="already exists")
+    refused(capsys, "prepare", corpus, "--out", out, "--no-progress", match="already exists")
     (corpus / "more.txt").write_text("And more text.\n" * 40)
     first = snapshot(out)
-    assert run(capsys, "prepare", corpus, "--out", out, "--quiet", "--overwrite")[0] == 0
+    assert run(capsys, "prepare", corpus, "--out", out, "--no-progress", "--overwrite")[0] == 0
     assert snapshot(out)["train.bin"] != first["train.bin"]  # replaced by the new corpus
     # a folder another command wrote is not prepare's to replace
     refused(capsys, "convert", "official", corpus, out, "--overwrite",

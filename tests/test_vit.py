@@ -343,3 +343,29 @@ def test_cli_info_and_eval(trained, capsys):
     assert "86,567,656" in vision_info("vit-b16-matched", arch="vit")  # = ViT-B/16 itself
     assert main(["vision", "eval", str(trained[1] / "final")]) == 0
     assert f"top-1 {100 * trained[0].evaluation.accuracy:.2f}%" in capsys.readouterr().out
+
+
+def test_image_folder_batches_are_the_same_with_prefetching_workers(folder):
+    """Decoding in DataLoader worker processes (prefetched) yields exactly the batches of the
+    in-process path, for consecutive steps and after a jump (a resumed run)."""
+    ds = ImageFolder(folder, "train", image_size=8)
+    inline = ds.batch_fn(5, seed=3, workers=0)
+    workers = ds.batch_fn(5, seed=3, workers=2, prefetch=2)
+    try:
+        for step in (0, 1, 2, 3, 7, 8, 2):  # 7 and the second 2: restarts of the loader
+            a, b = inline(step), workers(step)
+            assert torch.equal(a["pixel_values"], b["pixel_values"]), step
+            assert torch.equal(a["labels"], b["labels"]), step
+        assert not torch.equal(inline(0)["pixel_values"], inline(1)["pixel_values"])
+    finally:
+        workers.close()
+
+
+def test_vision_train_on_a_folder_with_workers_matches_without(folder, tmp_path):
+    from tokenformer.commands.vision import train_vision
+
+    runs = [train_vision("vit-digits-tiny", str(folder), steps=3, batch_size=4, seed=0,
+                         eval_interval=0, threads=1, workers=w,
+                         model_overrides={"image_size": 8, "num_channels": 3, "num_classes": 2})
+            for w in (0, 2)]
+    assert runs[0].fit.losses == runs[1].fit.losses

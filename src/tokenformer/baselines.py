@@ -46,20 +46,35 @@ class TransformerConfig:
     ``rotary_pct`` 0.25 / 1.0 and ``bias`` True / False for ``transformer`` / ``transformer++``."""
 
     arch: str = "transformer"
+    """transformer or transformer++"""
     vocab_size: int = 257
+    """the tokenizer's vocabulary"""
     hidden_size: int = 128
+    """width of every token"""
     num_layers: int = 4
+    """blocks"""
     num_heads: int = 4
+    """attention heads"""
     intermediate_size: int = 512
+    """MLP width (default: parameter-matched to the TokenFormer block)"""
     max_seq_len: int = 256
+    """context length"""
     rotary_pct: float | None = None
+    """fraction of each head's dimensions with rotary (None: 0.25 / 1.0 by arch)"""
     rotary_base: float = 10000.0
+    """rotary base frequency"""
     bias: bool | None = None
+    """biases in the linear layers (None: True for transformer, False for transformer++)"""
     layernorm_eps: float = 1e-5
+    """norm ε"""
     vocab_multiple: int = 128
+    """the embedding's rows are rounded up to a multiple of this"""
     init_std: float = 0.02
+    """initialisation standard deviation"""
     eos_token_id: int | None = 0
+    """end-of-text token id"""
     name: str = field(default="custom", compare=False)
+    """a label, shown in reports"""
 
     # Derived sizes and (de)serialisation are TokenFormerConfig's: one implementation.
     head_dim = TokenFormerConfig.head_dim

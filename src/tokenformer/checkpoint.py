@@ -328,11 +328,12 @@ def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     return sorted(found, key=lambda item: (item[0], item[1].name == FINAL))
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path:
+def latest_checkpoint(run_dir: str | Path, *, quiet: bool = False) -> Path:
     """The newest checkpoint of a run that verifies (:func:`verify_checkpoint`).
 
     Newer ones that do not (a damaged disk, a file edited by hand) are skipped with one line on
-    stderr naming the first problem, so that a run resumes instead of stopping."""
+    stderr naming the first problem (unless ``quiet``: a look before the resume itself), so that
+    a run resumes instead of stopping."""
     run_dir = Path(run_dir)
     found = list_checkpoints(run_dir)
     skipped: list[str] = []
@@ -344,7 +345,7 @@ def latest_checkpoint(run_dir: str | Path) -> Path:
         except CheckpointError as exc:
             skipped.append(str(exc))
             continue
-        if skipped:
+        if skipped and not quiet:
             _note(f"warning: {len(skipped)} newer checkpoint(s) unusable ({skipped[0]}); "
                   f"resuming from {path} (step {step})")
         return path

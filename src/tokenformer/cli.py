@@ -8,12 +8,14 @@ sets ``func`` to a plain function taking the parsed arguments. Every user-facing
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import math
 import os
 import pkgutil
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from . import __version__, commands
@@ -32,6 +34,64 @@ def positive(kind: type) -> Callable[[str], Any]:
         return value
 
     return parse
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: doc}`` from a dataclass's attribute docstrings (the string literal right after a
+    field, the convention Sphinx and tyro read), one line each; fields without one are absent."""
+    import inspect
+    import itertools
+    import textwrap
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's docstring wins
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(source).body
+        if not body or not isinstance(body[0], ast.ClassDef):
+            continue
+        stmts = body[0].body
+        for stmt, after in itertools.pairwise(stmts):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[stmt.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def describe_field(f: Any, docs: dict[str, str], show_default: bool = True) -> tuple[str, str]:
+    """``(metavar, help)`` of a dataclass field for ``--help``: its type (``INT``, ``FLOAT``,
+    ``STR|NONE``...) and its doc, with the default unless it is set elsewhere (a preset)."""
+    import dataclasses
+
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        default = None
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    doc = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help
+    help_ = f"{doc} (default: {default!r})".lstrip() if show_default else doc
+    return kind.upper().replace(" ", ""), help_
+
+
+class DeprecatedFlag(argparse.Action):
+    """A hidden old spelling of a ``store_true`` flag: sets the same ``dest`` and says the new
+    name on stderr (``add_argument("--quiet", dest="no_progress", action=DeprecatedFlag,
+    new="--no-progress")``)."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        kwargs.pop("help", None)
+        super().__init__(option_strings, dest, nargs=0, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(f"warning: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, True)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -86,17 +146,58 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_index() -> dict[str, tuple[str, str]]:
+    """``{command: (module, one-line help)}`` for every top-level command, read from the
+    ``sub.add_parser(NAME, help=HELP)`` calls in each command module's ``register`` *without
+    importing the module*: the modules import torch, and ``tokenformer --help`` should not wait
+    for it (tests check this index against the full registration)."""
+    index: dict[str, tuple[str, str]] = {}
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        path = Path(commands.__path__[0]) / f"{info.name}.py"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.FunctionDef) and node.name == "register"
+                    and node.args.args):
+                continue
+            sub = node.args.args[0].arg
+            for call in ast.walk(node):
+                if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                        and call.func.attr == "add_parser"
+                        and isinstance(call.func.value, ast.Name) and call.func.value.id == sub
+                        and call.args and isinstance(call.args[0], ast.Constant)):
+                    help_ = next((k.value.value for k in call.keywords if k.arg == "help"
+                                  and isinstance(k.value, ast.Constant)), "")
+                    index[call.args[0].value] = (info.name, help_)
+    return index
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command named on the command line (the top-level parser has only -h and --version,
+    so it is the first token that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``argv``, only the module of the command it names is imported (the other
+    commands get a stub with their help line, enough for ``--help`` and for "invalid choice")."""
     parser = _Parser(prog="tokenformer", description="TokenFormer: train, grow, evaluate, serve.")
     parser.add_argument("--version", action="version", version=f"tokenformer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        importlib.import_module(f"{commands.__name__}.{info.name}").register(sub)
+    index = command_index()
+    wanted = None if argv is None else index.get(_command_of(argv) or "", ("", ""))[0]
+    registered: set[str] = set()
+    for name, (module, help_) in index.items():
+        if wanted is None or module == wanted:
+            if module not in registered:
+                importlib.import_module(f"{commands.__name__}.{module}").register(sub)
+                registered.add(module)
+        else:
+            sub.add_parser(name, help=help_)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

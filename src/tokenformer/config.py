@@ -34,26 +34,47 @@ class TokenFormerConfig:
     """
 
     vocab_size: int = 50277
+    """the tokenizer's vocabulary (the embedding is padded to vocab_multiple)"""
     hidden_size: int = 768
+    """width of every token (residual stream)"""
     num_layers: int = 12
+    """blocks"""
     num_heads: int = 12
+    """attention heads (hidden_size must divide by it)"""
     qkv_tokens: int = 768
+    """parameter tokens of each of the Q, K, V Pattentions"""
     proj_tokens: int = 768
+    """parameter tokens of the attention-output Pattention"""
     ffn_tokens: int = 3072
+    """parameter tokens of the FFN Pattention"""
     max_seq_len: int = 2048
+    """context length"""
     rotary_pct: float = 0.25
+    """fraction of each head's dimensions that get rotary embedding"""
     rotary_base: float = 10000.0
+    """rotary base frequency"""
     norm: str = "l2_norm_gelu"
+    """Θ variant: l2_norm_gelu (official), gelu_l2_norm, gelu_l1_norm or softmax"""
     theta_eps: float = 0.0
+    """ε added to Θ's norm"""
     qkv_scale: float | None = None
+    """Θ factor of the Q/K/V Pattentions (None: √n, or n for L1 variants)"""
     proj_scale: float | None = None
+    """Θ factor of the output Pattention (None: default)"""
     ffn_scale: float | None = None
+    """Θ factor of the FFN Pattention (None: default)"""
     layernorm_eps: float = 1e-5
+    """LayerNorm ε"""
     block_norm: str = "none"
+    """learnable parts of the block LayerNorms: none (official), weight, bias or both"""
     vocab_multiple: int = 128
+    """the embedding's rows are rounded up to a multiple of this"""
     init_std: float = 0.02
+    """initialisation standard deviation"""
     eos_token_id: int | None = 0
+    """end-of-text token id"""
     name: str = field(default="custom", compare=False)
+    """a label (the preset's name), shown by `tokenformer info` and in reports"""
 
     def __post_init__(self) -> None:
         self.validate()

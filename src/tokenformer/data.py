@@ -314,7 +314,7 @@ def _hf_documents(path: Path) -> list[Document]:
         import datasets
     except ImportError:
         raise DataError(f"{path} is a saved Hugging Face dataset; reading it needs the "
-                        f"'datasets' package (pip install datasets)") from None
+                        f"'datasets' package: pip install 'tokenformer[datasets]'") from None
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         parts = [loaded["train"]] if "train" in loaded else list(loaded.values())

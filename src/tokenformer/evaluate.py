@@ -33,7 +33,8 @@ import torch.nn.functional as F
 
 from .config import TokenFormerConfig
 from .errors import ConfigError, DataError
-from .model import TokenFormerLM, load_model
+from .loading import load_model
+from .model import TokenFormerLM
 from .tokenizer import Tokenizer, resolve_tokenizer
 
 TASKS_DIR = Path(__file__).parent / "eval_tasks"
@@ -196,16 +197,22 @@ def format_result(result: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------------- lm-eval
 def run_tasks(model_spec: str | Path, tasks: Sequence[str], *, limit: int | None = None,
               batch_size: int = 8, device: str = "cpu", tokenizer: str | Path | None = None,
-              bootstrap_iters: int = 1000, num_fewshot: int | None = None) -> dict[str, Any]:
+              bootstrap_iters: int = 1000, num_fewshot: int | None = None,
+              output_path: str | Path | None = None, log_samples: bool = False
+              ) -> dict[str, Any]:
     """Run lm-evaluation-harness tasks through its Hugging Face wrapper (``HFLM``).
 
     The offline tasks shipped in :mod:`tokenformer.eval_tasks` (``kjv_lastword``,
     ``kjv_choice``) are always available; any stock lm-eval task name works too, but stock
     tasks download their data (see docs/huggingface.md). Returns lm-eval's ``results`` mapping
-    ``{task: {metric: value}}``.
+    ``{task: {metric: value}}``, plus ``samples``: the number of documents scored. With
+    ``output_path``, lm-eval's own tracker writes the results JSON there (and, with
+    ``log_samples``, one JSONL of per-document inputs and outputs per task), as ``lm_eval
+    --output_path --log_samples`` does.
     """
     try:
         import lm_eval
+        from lm_eval.loggers import EvaluationTracker
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
     except ImportError:
@@ -218,6 +225,8 @@ def run_tasks(model_spec: str | Path, tasks: Sequence[str], *, limit: int | None
         raise ConfigError("no task names given")
     if limit is not None and limit <= 0:
         raise ConfigError(f"--limit must be > 0, got {limit}")
+    if log_samples and output_path is None:
+        raise ConfigError("--log-samples needs --output-path (where the samples are written)")
     # Indexing lm-eval's thousands of stock task files takes tens of seconds: skip it when only
     # the shipped offline tasks are asked for.
     stock = any(t not in OFFLINE_TASKS for t in tasks)
@@ -227,13 +236,46 @@ def run_tasks(model_spec: str | Path, tasks: Sequence[str], *, limit: int | None
         raise ConfigError(f"unknown lm-eval task {unknown[0]!r}; offline tasks shipped: "
                           f"{', '.join(OFFLINE_TASKS)}")
     model, tok = load_for_transformers(model_spec, tokenizer)
+    check_task_context([t for t in tasks if t in OFFLINE_TASKS],
+                       lambda text: tok.encode(text, add_special_tokens=False, verbose=False),
+                       model.config.max_seq_len)
     lm = HFLM(pretrained=model.to(device), tokenizer=tok, backend="causal",
               batch_size=batch_size, max_length=model.config.max_seq_len, device=device)
-    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=manager,
-                                  bootstrap_iters=bootstrap_iters, num_fewshot=num_fewshot,
-                                  log_samples=False)
-    return {task: {k: v for k, v in metrics.items() if k != "alias"}
+    tracker = EvaluationTracker(output_path=str(output_path)) if output_path else None
+    try:
+        out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, task_manager=manager,
+                                      bootstrap_iters=bootstrap_iters, num_fewshot=num_fewshot,
+                                      log_samples=log_samples, evaluation_tracker=tracker)
+    except AssertionError as exc:  # lm-eval checks its requests with bare asserts
+        why = str(exc) or "a bare assertion, e.g. an answer longer than the context"
+        raise ConfigError(f"lm-eval rejected a request of {', '.join(tasks)} for this model "
+                          f"(context {model.config.max_seq_len} tokens): {why}") from None
+    if tracker is not None:
+        samples = out.pop("samples", None) if log_samples else None
+        tracker.save_results_aggregated(results=out, samples=samples)
+        for task in out["configs"] if samples else ():
+            tracker.save_results_samples(task_name=task, samples=samples[task])
+    counts = out.get("n-samples", {})
+    return {task: {**{k: v for k, v in metrics.items() if k != "alias"},
+                   "samples": counts.get(task, {}).get("effective", metrics.get("samples"))}
             for task, metrics in out["results"].items()}
+
+
+def check_task_context(tasks: Sequence[str], encode: Any, context: int) -> None:
+    """Refuse, saying what is needed, a model whose context cannot hold a shipped task's longest
+    answer: lm-eval would stop on a bare ``AssertionError``. (A question + answer longer than the
+    context is scored with the question cut from the left, as lm-eval does; it warns.)"""
+    from .eval_tasks import kjv
+
+    for task in tasks:
+        pairs = kjv.requests(task)
+        answer = max(len(encode(a)) for _, a in pairs)
+        whole = max(len(encode(q + a)) for q, a in pairs)
+        if context < answer:
+            raise ConfigError(f"{task} needs a model context of at least {answer} tokens (its "
+                              f"longest answer; {whole} to score every question uncut), this "
+                              f"model's is {context}: train with --seq-len {whole} or more "
+                              f"(the demo config's 256 is enough)")
 
 
 def format_tasks(results: dict[str, Any]) -> str:

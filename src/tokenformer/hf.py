@@ -50,7 +50,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .config import TokenFormerConfig
 from .errors import CheckpointError, ConfigError
 from .io import atomic_dir
-from .model import LayerNorm, RotaryEmbedding, TokenFormerLM, load_model
+from .model import LayerNorm, RotaryEmbedding, TokenFormerLM
 from .official import load_official, save_official
 from .pattention import Pattention
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
@@ -287,6 +287,7 @@ def load_hf(path: str | Path, **kwargs: Any) -> TokenFormerForCausalLM:
 def load_for_transformers(spec: str | Path, tokenizer: str | Path | None = None
                           ) -> tuple[TokenFormerForCausalLM, PreTrainedTokenizerFast]:
     """Model and tokenizer objects for transformers/lm-eval from any model spec."""
+    from .loading import load_model  # loading imports this module for HF folders: call time only
     from .tokenizer import resolve_tokenizer
 
     model = TokenFormerForCausalLM.from_core(load_model(spec)).eval()
@@ -316,6 +317,8 @@ def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | P
 
 def convert_to_official(model_dir: str | Path, out_path: str | Path) -> Path:
     """An HF folder (or our own folder) → the official ``pytorch_model.bin`` key layout."""
+    from .loading import load_model
+
     model = load_model(model_dir)
     save_official(model, out_path)
     return Path(out_path)

@@ -44,6 +44,7 @@ from . import outputs
 from .config import PRESETS, TokenFormerConfig, flops_per_token
 from .errors import CheckpointError, ConfigError, TokenFormerError
 from .pattention import PATTENTION_IMPLS, set_pattention_impl
+from .progress import progress_bar
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 RUN_CONFIG = "config.json"
@@ -57,63 +58,102 @@ GROW_KEYS = ("qkv", "proj", "ffn", "layers", "strategy")
 class TrainConfig:
     """Everything a training run needs; YAML files and ``--key value`` overrides fill it."""
 
+    # Each field's docstring is its ``tokenformer train --help`` text (cli.field_docs).
     # model: ``model`` is a TokenFormer config (``preset`` plus overrides); a baseline ``arch`` is
     # built matched to it (baselines.matched_config), then ``baseline`` overrides apply.
     arch: str = "tokenformer"
+    """tokenformer, or a FLOP-matched baseline: transformer, transformer++"""
     model: dict = field(default_factory=lambda: {"preset": "small"})
+    """TokenFormer config: a preset plus overrides (--model.KEY VALUE)"""
     baseline: dict = field(default_factory=dict)
-    # data: "default" (the embedded corpus, prepared with ``tokenizer``) or a prepared directory
+    """overrides of the matched baseline's config (--baseline.KEY VALUE)"""
     data: str = "default"
+    """'default' (the embedded corpus, prepared with --tokenizer) or a prepared directory"""
     tokenizer: str = "bytes"
+    """tokenizer of the default corpus: bytes, bpe:VOCAB or a tokenizer.json"""
     seq_len: int = 256
-    batch_size: int = 16  # sequences per optimizer step, all ranks together
+    """tokens per training sequence (<= the model's context)"""
+    batch_size: int = 16
+    """sequences per optimizer step, all ranks together"""
     grad_accum: int = 1
+    """micro-batches per optimizer step"""
     steps: int = 1000
+    """optimizer steps"""
     # optimisation (official recipe: Adam β (0.9, 0.95), eps 1e-8, wd 0.1, clip 1.0)
     lr: float = 1e-3
+    """peak learning rate"""
     min_lr: float = 1e-4
+    """learning rate at the end of the decay"""
     schedule: str = "cosine"
+    """cosine, wsd (warmup-stable-decay) or constant, after a linear warmup"""
     warmup_steps: int = 100
-    decay_fraction: float = 0.2  # wsd: the last fraction of steps decays linearly to min_lr
+    """linear warmup steps"""
+    decay_fraction: float = 0.2
+    """wsd: the last fraction of steps decays linearly to min_lr"""
     weight_decay: float = 0.1
+    """AdamW decoupled weight decay (matrices and parameter tokens; not norms, biases)"""
     beta1: float = 0.9
+    """AdamW β1"""
     beta2: float = 0.95
+    """AdamW β2"""
     eps: float = 1e-8
+    """AdamW ε"""
     grad_clip: float = 1.0
-    # growth inside the run: "STEP:qkv=..,proj=..,ffn=..,layers=..,strategy=.."
+    """clip the global gradient norm to this (0: off)"""
     grow_at: list[str] = field(default_factory=list)
-    growth_lr: str = "continue"  # continue: one schedule; restart: warmup + decay per stage
-    # carry the AdamW moments over (new rows zero), the same with new rows' second moments at
-    # the old rows' mean (carry-mean, grow.grow_with_optimizer), or reset them
+    """growth inside the run: STEP:qkv=..,proj=..,ffn=..,layers=..,strategy=.. (--grow-at)"""
+    growth_lr: str = "continue"
+    """continue: one schedule over the run; restart: warmup + decay per stage"""
     growth_optimizer: str = "carry"
+    """AdamW moments at a growth: carry (new rows zero), carry-mean (new rows' second moments at
+    the old rows' mean, grow.grow_with_optimizer) or reset"""
     # execution
     device: str = "auto"
-    precision: str = "fp32"  # fp32 | bf16 (autocast)
+    """auto, cpu, cuda or cuda:N"""
+    precision: str = "fp32"
+    """fp32, or bf16 (autocast)"""
     compile: bool = False
-    # Pattention implementation (pattention.PATTENTION_IMPLS) set on every Pattention before
-    # training; "kernel" = the C++ Θ kernel, built on first use (tokenformer.kernels,
-    # docs/performance.md); "auto" leaves each module's own setting (by default auto)
+    """torch.compile the model"""
     pattention_impl: str = "auto"
+    """Pattention implementation set on every Pattention (pattention.PATTENTION_IMPLS):
+    reference, fused, kernel (the C++ Θ kernel, built on first use, docs/performance.md), or auto
+    (each module's own setting)"""
     activation_checkpointing: bool = False
-    strategy: str = "auto"  # single | ddp | fsdp; auto = ddp under torchrun
-    threads: int = 0  # torch threads; 0 = torch's default
+    """recompute each block's activations in the backward pass (less memory, one more forward)"""
+    strategy: str = "auto"
+    """single, ddp or fsdp; auto = ddp under torchrun"""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)"""
     seed: int = 0
+    """seed of the initialisation, data order and samples"""
     # evaluation, logging, checkpoints
     eval_interval: int = 100
+    """evaluate every this many steps (0: only at eval_at and the end)"""
     eval_batches: int = 16
+    """validation batches per evaluation"""
     eval_at: list[int] = field(default_factory=list)
-    eval_after_growth: list[int] = field(default_factory=list)  # offsets after each growth step
-    checkpoint_interval: int = 0  # 0: only the final checkpoint
+    """extra steps to evaluate at"""
+    eval_after_growth: list[int] = field(default_factory=list)
+    """evaluate at these offsets after each growth step"""
+    checkpoint_interval: int = 0
+    """save a resumable checkpoint every this many steps (0: only the final one)"""
     keep_last: int = 2
+    """periodic checkpoints kept"""
     out: str = "runs/run"
-    # start from a model directory (e.g. what `tokenformer grow` wrote): its weights, and its
-    # optimizer.pt when present; ``model``/``arch`` then come from the directory
+    """run directory"""
     init_from: str = ""
+    """start from a model directory (e.g. what `tokenformer grow` wrote): its weights, and its
+    optimizer.pt when present; model/arch then come from the directory"""
     tensorboard: bool = False
+    """also write TensorBoard events to OUT/tensorboard (needs the tensorboard extra)"""
     samples: int = 2
+    """text samples generated after training"""
     sample_tokens: int = 200
+    """tokens per sample"""
     sample_prompt: str = "And"
+    """prompt of the samples"""
     temperature: float = 0.8
+    """sampling temperature of the samples (0: greedy)"""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -481,10 +521,6 @@ def _prepare(model: nn.Module, cfg: TrainConfig, world: dist_.World,
     return torch.compile(module) if cfg.compile else module
 
 
-def _progress_enabled(progress: bool | None) -> bool:
-    return sys.stderr.isatty() if progress is None else progress
-
-
 def fit(
     model: nn.Module,
     batch_fn: Callable[[int], dict[str, torch.Tensor]],
@@ -619,11 +655,9 @@ def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], c
     autocast = functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16,
                                  enabled=cfg.precision == "bf16")
     bar = None
-    if world.is_main and _progress_enabled(progress):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, initial=start_step, desc="train", unit="step",
-                   dynamic_ncols=True)
+    if world.is_main:  # a bar on a terminal, plain lines in a log, nothing if progress=False
+        bar = progress_bar(cfg.steps, "train", progress=progress, unit="step",
+                           initial=start_step)
 
     def emit(record: dict[str, Any]) -> None:
         records.append(record)
@@ -929,7 +963,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         device = resolve_device(cfg.device, world)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        show = _progress_enabled(progress) and world.is_main
+        show = progress if world.is_main else False
         dataset = open_dataset(cfg, progress=show)
         tokenizer = dataset.tokenizer
         initial = _initial_model(cfg) if cfg.init_from and not resume else None

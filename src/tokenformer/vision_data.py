@@ -7,9 +7,12 @@ resumable. Needs the ``vision`` extra (scikit-learn for digits, Pillow for folde
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -186,19 +189,63 @@ class ImageFolder(torch.utils.data.Dataset):
         img = img.resize((size, size), Image.BICUBIC, box=(left, top, left + cw, top + ch))
         return img.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else img
 
-    def batch_fn(self, batch_size: int, seed: int = 0
+    def batch(self, batch_size: int, seed: int, step: int) -> dict[str, torch.Tensor]:
+        """Training batch ``step``: a pure function of (seed, step), whoever computes it."""
+        g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        idx = torch.randint(0, len(self), (batch_size,), generator=g).tolist()
+        images = [self.load(self.samples[i][0], np.random.default_rng((seed, step, j))
+                            if self.train else None) for j, i in enumerate(idx)]
+        return {"pixel_values": torch.stack(images),
+                "labels": torch.tensor([self.samples[i][1] for i in idx])}
+
+    def batch_fn(self, batch_size: int, seed: int = 0, workers: int = 0, prefetch: int = 2
                  ) -> Callable[[int], dict[str, torch.Tensor]]:
-        """``step → {"pixel_values", "labels"}``, a pure function of (seed, step)."""
+        """``step → {"pixel_values", "labels"}``, a pure function of (seed, step). With
+        ``workers > 0`` the batches are decoded ahead, in that many DataLoader processes
+        (``prefetch`` batches each), so training is not bound by Pillow; the batches are the
+        same as with ``workers=0``."""
+        if workers <= 0:
+            return functools.partial(self.batch, batch_size, seed)
+        return PrefetchedBatches(self, batch_size, seed, workers, prefetch)
 
-        def make(step: int) -> dict[str, torch.Tensor]:
-            g = torch.Generator().manual_seed(seed * 1_000_003 + step)
-            idx = torch.randint(0, len(self), (batch_size,), generator=g).tolist()
-            images = [self.load(self.samples[i][0], np.random.default_rng((seed, step, j))
-                                if self.train else None) for j, i in enumerate(idx)]
-            return {"pixel_values": torch.stack(images),
-                    "labels": torch.tensor([self.samples[i][1] for i in idx])}
 
-        return make
+class _StepDataset(torch.utils.data.Dataset):
+    """Index = training step, item = that step's whole batch (picklable for worker processes)."""
+
+    def __init__(self, folder: ImageFolder, batch_size: int, seed: int) -> None:
+        self.folder, self.batch_size, self.seed = folder, batch_size, seed
+
+    def __getitem__(self, step: int) -> dict[str, torch.Tensor]:
+        return self.folder.batch(self.batch_size, self.seed, step)
+
+
+class PrefetchedBatches:
+    """``step → batch`` like :meth:`ImageFolder.batch`, computed ahead by a ``DataLoader``.
+
+    The loader walks the steps from the first one asked for; asking for any other step than
+    the next (a resumed run, a rerun) restarts it there, so the result never depends on the
+    order of calls. Worker processes end with :meth:`close` or when this object is collected.
+    """
+
+    def __init__(self, folder: ImageFolder, batch_size: int, seed: int, workers: int,
+                 prefetch: int = 2) -> None:
+        self.dataset = _StepDataset(folder, batch_size, seed)
+        self.workers, self.prefetch = workers, prefetch
+        self._iter: Any = None
+        self._next = -1
+
+    def __call__(self, step: int) -> dict[str, torch.Tensor]:
+        if self._iter is None or step != self._next:
+            self.close()
+            loader = torch.utils.data.DataLoader(
+                self.dataset, batch_size=None, sampler=itertools.count(step),
+                num_workers=self.workers, prefetch_factor=self.prefetch)
+            self._iter = iter(loader)
+        self._next = step + 1
+        return next(self._iter)
+
+    def close(self) -> None:
+        self._iter = None  # the last reference: the iterator's finaliser stops its workers
 
 
 def _class_folders(root: Path, split: str) -> list[str]:

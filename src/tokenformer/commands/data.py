@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import argparse
 
-from ..data import default_dataset, prepare, summary, unigram_entropy
+from ..cli import DeprecatedFlag
 from ..errors import ConfigError
 
 
 def prepare_command(args: argparse.Namespace) -> None:
+    from ..data import default_dataset, prepare, summary, unigram_entropy
+
     if args.default:
         if args.inputs or args.out:
             raise ConfigError("--default prepares the embedded corpus into the cache; "
                               "give no inputs and no --out with it")
         dataset = default_dataset(args.tokenizer, cache_dir=args.cache_dir,
-                                  progress=not args.quiet)
+                                  progress=not args.no_progress)
     else:
         if not args.inputs or not args.out:
             raise ConfigError("give input files or directories and --out DIR "
                               "(or --default for the embedded corpus)")
         dataset = prepare(args.inputs, args.tokenizer, args.out, val_fraction=args.val_fraction,
-                          progress=not args.quiet, overwrite=args.overwrite)
+                          progress=not args.no_progress, overwrite=args.overwrite)
     print(summary(dataset))
     print(f"unigram entropy (train) {unigram_entropy(dataset):.4f} nats/token")
 
@@ -45,5 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="prepare the embedded King James Bible corpus into the cache instead")
     p.add_argument("--cache-dir", default=None,
                    help="cache for --default (default $TOKENFORMER_CACHE or ~/.cache/tokenformer)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", dest="no_progress", action=DeprecatedFlag, new="--no-progress")
     p.set_defaults(func=prepare_command)

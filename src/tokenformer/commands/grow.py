@@ -26,6 +26,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                     layers: int | str | None = None, strategy: str = "exact",
                     positions: list[int] | None = None, seed: int = 0,
                     reset_optimizer: bool = False, overwrite: bool = False,
+                    progress: bool = True,
                     **unsupported: Any) -> dict[str, Any]:
     """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
 
@@ -39,7 +40,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     """
     from ..grow import check_memory, plan_growth
     from ..io import atomic_dir
-    from ..model import load_model
+    from ..loading import load_model
     from ..outputs import check_output, write_marker
 
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
@@ -58,7 +59,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                      4 if carried else 2, "the grown model")
     kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
                   positions=positions, generator=torch.Generator().manual_seed(seed),
-                  copy=False, progress=True, **unsupported)  # the input model is only read
+                  copy=False, progress=progress, **unsupported)  # the input model is only read
     optimizer = None
     if source.is_dir() and ckpt.has_optimizer_state(source):
         optimizer = _optimizer_from_checkpoint(model, source)
@@ -178,7 +179,7 @@ def run(args: argparse.Namespace) -> None:
                               ffn=args.ffn, layers=args.layers, strategy=args.strategy,
                               positions=positions, seed=args.seed,
                               reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
-                              **unsupported)
+                              progress=not args.no_progress, **unsupported)
     c = summary["config"]
     before, after = summary["params_before"], summary["params_after"]
     rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
@@ -217,4 +218,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out if an earlier tokenformer grow wrote it (never a folder "
                         "it did not write)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

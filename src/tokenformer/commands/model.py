@@ -20,7 +20,7 @@ def info(spec: str, seq_len: int | None = None) -> str:
     elif Path(spec).suffix in (".json", ".yaml", ".yml"):  # never a weights file
         config = TokenFormerConfig.load(spec)
     else:
-        from ..model import load_model
+        from ..loading import load_model
 
         config = load_model(spec).config
     T = seq_len or config.max_seq_len
@@ -60,7 +60,7 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
                   top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                   tokenizer: str | None = None, device: str = "cpu") -> str:
     """Load a model (a preset gives a randomly initialised one) and continue ``prompt``."""
-    from ..model import load_model
+    from ..loading import load_model
     from ..tokenizer import resolve_tokenizer
 
     torch.manual_seed(seed)

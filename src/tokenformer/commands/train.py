@@ -13,24 +13,57 @@ _NESTED = ("model", "baseline", "grow_at")
 
 def _add_overrides(p: argparse.ArgumentParser) -> None:
     """One ``--key`` (and ``--key-with-dashes``) per TrainConfig field and ``--model.KEY`` /
-    ``--baseline.KEY`` per model field; values are parsed by the config loader."""
+    ``--baseline.KEY`` per model field, each with its type, default and docstring; values are
+    parsed by the config loader."""
     from ..baselines import TransformerConfig
+    from ..cli import describe_field, field_docs
     from ..config import TokenFormerConfig
     from ..train import TrainConfig
 
-    group = p.add_argument_group("config overrides (any key of the YAML file)")
+    group = p.add_argument_group(
+        "config overrides (any key of the YAML file; defaults below are TrainConfig's, a "
+        "--config file sets its own)")
+    docs = field_docs(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         if f.name in _NESTED:
             continue
         flags = {f"--{f.name}", f"--{f.name.replace('_', '-')}"}
-        group.add_argument(*sorted(flags), dest=f"set:{f.name}", metavar="VALUE",
-                           default=argparse.SUPPRESS)
+        metavar, help_ = describe_field(f, docs)
+        group.add_argument(*sorted(flags), dest=f"set:{f.name}", metavar=metavar,
+                           default=argparse.SUPPRESS, help=help_)
     for prefix, cls in (("model", TokenFormerConfig), ("baseline", TransformerConfig)):
-        names = [f.name for f in dataclasses.fields(cls)] + (["preset"] if prefix == "model"
-                                                             else [])
-        for name in names:
-            p.add_argument(f"--{prefix}.{name}", dest=f"set:{prefix}.{name}", metavar="VALUE",
-                           default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        docs = field_docs(cls)
+        title = ("--model.KEY: the TokenFormer config (defaults: --model.preset's)"
+                 if prefix == "model" else
+                 "--baseline.KEY: the baseline of --arch transformer or transformer++ (defaults: "
+                 "matched to the model's size)")
+        nested = p.add_argument_group(title)
+        if prefix == "model":
+            nested.add_argument("--model.preset", dest="set:model.preset", metavar="NAME",
+                                default=argparse.SUPPRESS,
+                                help="preset the other model keys start from (default: "
+                                     "'small')")
+        for f in dataclasses.fields(cls):
+            metavar, help_ = describe_field(f, docs, show_default=False)
+            nested.add_argument(f"--{prefix}.{f.name}", dest=f"set:{prefix}.{f.name}",
+                                metavar=metavar, default=argparse.SUPPRESS, help=help_)
+
+
+def _finished(run_dir: Path, steps: int) -> bool:
+    """True (and says so) when ``run_dir``'s newest checkpoint already holds all ``steps``."""
+    from .. import checkpoint as ckpt
+    from ..errors import CheckpointError
+
+    try:
+        step = int(ckpt.read_state(ckpt.latest_checkpoint(run_dir, quiet=True)).get("step", 0))
+    except (CheckpointError, TypeError, ValueError):
+        return False  # nothing usable to resume from: train() says so, under the run's lock
+    if step < steps:
+        return False
+    print(f"{run_dir} is finished: {step} of {steps} steps done, nothing to resume; the model "
+          f"is {run_dir / ckpt.FINAL} (to train further: --resume {run_dir} --steps N, N > "
+          f"{step})")
+    return True
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -47,6 +80,8 @@ def run_train(args: argparse.Namespace) -> int:
             raise ConfigError(f"{run_dir} is not a training run directory (no {RUN_CONFIG})")
         overrides["out"] = str(run_dir)
         cfg = load_config(run_dir / RUN_CONFIG, overrides)
+        if _finished(run_dir, cfg.steps):
+            return 0
     else:
         if args.config is None:
             raise ConfigError("pass --config (a YAML file or a shipped name such as demo), "
@@ -59,6 +94,8 @@ def run_train(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train", help="train a TokenFormer (or a Transformer baseline) from a YAML config",
+        usage="tokenformer train (--config CONFIG | --resume RUN_DIR) [--grow-at STEP:SPEC] "
+              "[--no-progress] [--KEY VALUE ...]",
         description="Train from a YAML config (a file, or a shipped name: demo, tiny). Any key "
                     "can be overridden: --lr 3e-4, --model.ffn_tokens 512, --arch transformer. "
                     "Under torchrun the same command trains with DDP or FSDP (--strategy).")

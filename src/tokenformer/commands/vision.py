@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,7 +104,8 @@ class VisionData:
 
 def open_vision_data(data: str, config: TokenFormerViTConfig | ViTConfig, batch_size: int,
                      seed: int = 0, max_shift: int = 1, workers: int = 0) -> VisionData:
-    """``digits`` (embedded) or an ImageNet-layout folder, sized for ``config``."""
+    """``digits`` (embedded) or an ImageNet-layout folder, sized for ``config``; a folder's
+    images are decoded in ``workers`` DataLoader processes (0: in this one)."""
     from .. import vision_data as vd
 
     if data == "digits":
@@ -130,8 +132,8 @@ def open_vision_data(data: str, config: TokenFormerViTConfig | ViTConfig, batch_
     def folder_eval() -> Iterable[tuple[torch.Tensor, torch.Tensor]]:
         return torch.utils.data.DataLoader(val_set, batch_size=EVAL_BATCH, num_workers=workers)
 
-    return VisionData(train_set.batch_fn(batch_size, seed), folder_eval, train_set.classes,
-                      len(train_set))
+    return VisionData(train_set.batch_fn(batch_size, seed, workers), folder_eval,
+                      train_set.classes, len(train_set))
 
 
 # -------------------------------------------------------------------------------------- training
@@ -147,14 +149,15 @@ class VisionRun:
 def train_vision(preset: str = "vit-digits-tiny", data: str = "digits", *,
                  arch: str = "tokenformer", out: str | Path | None = None,
                  max_shift: int = 1, progress: bool | None = None,
-                 model_overrides: dict[str, Any] | None = None, **train_overrides: Any
-                 ) -> VisionRun:
+                 model_overrides: dict[str, Any] | None = None, workers: int = 0,
+                 **train_overrides: Any) -> VisionRun:
     """Train a vision model with the trainer's loop; report top-1 and a confusion matrix.
 
     ``train_overrides`` are :class:`tokenformer.train.TrainConfig` fields (steps, batch_size, lr,
     seed, threads, ...); digits runs default to ``DIGITS_TRAIN``, folders to TrainConfig's.
     With ``out``, the run directory holds the trainer's ``metrics.jsonl`` and ``final/``
     checkpoint (loadable with ``load_vision_model``), ``confusion.png`` and ``results.json``.
+    An image folder is decoded in ``workers`` DataLoader processes (same batches as 0).
     """
     from ..train import TrainConfig
 
@@ -166,10 +169,10 @@ def train_vision(preset: str = "vit-digits-tiny", data: str = "digits", *,
     try:
         if out is None:
             return _train_vision(cfg, preset, data, arch, out, max_shift, progress,
-                                 model_overrides)
+                                 model_overrides, workers)
         with _run_folder(Path(out), data):
             return _train_vision(cfg, preset, data, arch, out, max_shift, progress,
-                                 model_overrides)
+                                 model_overrides, workers)
     finally:
         torch.set_num_threads(threads)
 
@@ -186,14 +189,14 @@ def _run_folder(out: Path, data: str) -> contextlib.AbstractContextManager[Path]
 
 
 def _train_vision(cfg: Any, preset: str, data: str, arch: str, out: str | Path | None,
-                  max_shift: int, progress: bool | None, model_overrides: dict[str, Any] | None
-                  ) -> VisionRun:
+                  max_shift: int, progress: bool | None, model_overrides: dict[str, Any] | None,
+                  workers: int = 0) -> VisionRun:
     from ..train import fit
 
     torch.manual_seed(cfg.seed)
     config = TokenFormerViTConfig.from_name(preset, **(model_overrides or {}))
     model = build_vision_model(arch, config)
-    vdata = open_vision_data(data, model.config, cfg.batch_size, cfg.seed, max_shift)
+    vdata = open_vision_data(data, model.config, cfg.batch_size, cfg.seed, max_shift, workers)
 
     def eval_fn(m: nn.Module) -> dict[str, float]:
         return evaluate(m, vdata.eval_batches()).metrics()
@@ -201,8 +204,11 @@ def _train_vision(cfg: Any, preset: str, data: str, arch: str, out: str | Path |
     def flops_fn(m: nn.Module, batch: dict[str, torch.Tensor]) -> float:
         return m.config.training_flops_per_image() * len(batch["labels"])
 
-    result = fit(model, vdata.train_batch_fn, cfg, eval_fn=eval_fn, flops_fn=flops_fn,
-                 out_dir=out, progress=progress)
+    try:
+        result = fit(model, vdata.train_batch_fn, cfg, eval_fn=eval_fn, flops_fn=flops_fn,
+                     out_dir=out, progress=progress)
+    finally:
+        getattr(vdata.train_batch_fn, "close", lambda: None)()  # stop prefetching workers
     evaluation = evaluate(result.model, vdata.eval_batches())
     png = None
     if out is not None:
@@ -272,7 +278,8 @@ def _train_command(a: argparse.Namespace) -> None:
 
         model_overrides.setdefault("num_classes", len(ImageFolder(a.data, "train").classes))
     run = train_vision(a.preset, a.data, arch=a.arch, out=a.out, max_shift=a.max_shift,
-                       model_overrides=model_overrides, **overrides)
+                       model_overrides=model_overrides, workers=_workers(a),
+                       progress=False if a.no_progress else None, **overrides)
     fitted = run.fit
     print(f"{run.model.config.name} ({a.arch}, {run.model.num_parameters():,} parameters): "
           f"top-1 {100 * run.evaluation.accuracy:.2f}% on {a.data} "
@@ -284,6 +291,15 @@ def _train_command(a: argparse.Namespace) -> None:
               "(pip install 'tokenformer[plot]')")
 
 
+def _workers(a: argparse.Namespace) -> int:
+    """--workers, default: every core but one (decoding is per image; digits ignore it)."""
+    if a.workers is not None:
+        if a.workers < 0:
+            raise ConfigError(f"--workers must be >= 0, got {a.workers}")
+        return a.workers
+    return 0 if a.data == "digits" else min(8, max(0, (os.cpu_count() or 1) - 1))
+
+
 def _eval_command(a: argparse.Namespace) -> None:
     if a.confusion_png:
         from ..outputs import check_output
@@ -292,7 +308,7 @@ def _eval_command(a: argparse.Namespace) -> None:
                      command="vision eval", overwrite=a.overwrite, kind="file",
                      flag="--confusion-png")
     model = load_vision_model(a.model)
-    vdata = open_vision_data(a.data, model.config, EVAL_BATCH)
+    vdata = open_vision_data(a.data, model.config, EVAL_BATCH, workers=_workers(a))
     evaluation = evaluate(model, vdata.eval_batches())
     print(f"top-1 {100 * evaluation.accuracy:.2f}%   loss {evaluation.loss:.4f}")
     if a.confusion_png and not save_confusion_png(evaluation.confusion, vdata.classes,
@@ -327,6 +343,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--set", dest="model_set", action="append", default=[], metavar="KEY=VALUE",
                    help="model config override, e.g. --set pool=mean --set image_size=64")
     q.add_argument("--out", default=None, help="run directory (checkpoint, metrics, PNG)")
+    q.add_argument("--workers", type=int, default=None,
+                   help="image folders: DataLoader processes decoding images ahead (default: "
+                        "CPU cores - 1, at most 8; 0: decode in the training process)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
     q.set_defaults(func=_train_command)
 
     q = vsub.add_parser("eval", help="top-1 accuracy of a trained vision model")
@@ -334,5 +354,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--data", default="digits")
     q.add_argument("--confusion-png", default=None)
     q.add_argument("--overwrite", action="store_true", help="replace an existing PNG")
+    q.add_argument("--workers", type=int, default=None,
+                   help="image folders: DataLoader processes decoding images (default: CPU "
+                        "cores - 1, at most 8)")
     q.set_defaults(func=_eval_command)
 

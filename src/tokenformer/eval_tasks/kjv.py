@@ -65,6 +65,15 @@ def choice_docs() -> list[dict[str, Any]]:
     return docs
 
 
+def requests(task: str) -> list[tuple[str, str]]:
+    """Every (context, continuation) pair lm-eval scores for ``task`` (doc_to_text, target)."""
+    if task == "kjv_lastword":
+        return [(d["context"], d["target"]) for d in lastword_docs()]
+    if task == "kjv_choice":
+        return [(d["context"], " " + c) for d in choice_docs() for c in d["choices"]]
+    raise KeyError(task)
+
+
 def _dataset(docs: list[dict[str, Any]]):
     import datasets
 

@@ -33,6 +33,7 @@ from typing import Any
 from ..config import BLOCK_NORMS
 from ..errors import ConfigError, TokenFormerError
 from ..pattention import THETA_VARIANTS
+from ..progress import inner_progress
 from .common import (
     Arm,
     Curve,
@@ -623,7 +624,8 @@ def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", 
         data_info = "scikit-learn digits (8×8, 1437 train / 360 test)"
     seed_list = list(range(p.seeds))
     arms = [Arm(n, lambda seed, _shared, n=n: train_variant(
-        task, st, n, p, seed, out / "runs" / f"{n}-seed{seed}", data=data, progress=progress),
+        task, st, n, p, seed, out / "runs" / f"{n}-seed{seed}", data=data,
+        progress=inner_progress(progress)),
         label=st.labels[n]) for n in names]
     settings = {"study": study, "task": task, "preset": dataclasses.asdict(p), "data": data_info,
                 "variants": names, "version": __version__}

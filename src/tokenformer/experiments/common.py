@@ -259,7 +259,7 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
     the next seed. With ``partial``, each finished (arm, seed) is saved there atomically and a
     rerun with the same ``settings`` skips what is already done (a long run survives a crash).
     """
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     key = fingerprint(settings or {})
     done: dict[str, dict[int, Curve]] = {arm.name: {} for arm in arms}
@@ -271,13 +271,16 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
                     done[name] = {int(s): Curve.from_dict(c) for s, c in runs.items()}
     jobs = [(seed, arm) for i, seed in enumerate(seeds) for arm in arms
             if arm.seeds is None or i < arm.seeds]
-    bar = tqdm(total=len(jobs), desc="arms", unit="run", disable=progress_disabled(progress))
+    # A line per finished run when stderr is not a terminal (a log, nohup, CI).
+    bar = progress_bar(len(jobs), "arms", progress=progress, unit="run", every=1)
     for i, seed in enumerate(seeds):
         shared: dict[str, Any] = {}
         for arm in arms:
             if arm.seeds is not None and i >= arm.seeds:
                 continue
-            if seed not in done[arm.name]:
+            if seed in done[arm.name]:
+                bar.set_postfix_str(f"{arm.name} seed {seed} (saved earlier)")
+            else:
                 bar.set_postfix_str(f"{arm.name} seed {seed}")
                 done[arm.name][seed] = arm.run(seed, shared)
                 if partial is not None:
@@ -288,11 +291,6 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
         shared.clear()
     bar.close()
     return done
-
-
-def progress_disabled(progress: bool | None) -> bool | None:
-    """tqdm's ``disable``: None (auto) hides the bar when stderr is not a terminal."""
-    return None if progress is None else not progress
 
 
 # ------------------------------------------------------------------------------------- tables
