@@ -61,7 +61,7 @@ __all__ = [
     "AUTO_MAP", "REMOTE_MODULE", "TokenFormerForCausalLM", "TokenFormerForSequenceClassification",
     "TokenFormerHFConfig", "TokenFormerModel", "TokenFormerPreTrainedModel", "convert_official",
     "convert_to_hf", "convert_to_official", "default_generation_config", "load_for_transformers",
-    "load_hf", "save_hf", "to_hf_tokenizer",
+    "load_hf", "lora_target_parameters", "save_hf", "to_hf_tokenizer",
 ]
 
 EOS_TOKEN = "<|endoftext|>"
@@ -159,6 +159,24 @@ def load_for_transformers(spec: str | Path, tokenizer: str | Path | None = None
     model = TokenFormerForCausalLM.from_core(load_model(spec)).eval()
     tok = resolve_tokenizer(spec, model.config.to_core(), tokenizer)
     return model, to_hf_tokenizer(tok, model.config.max_seq_len)
+
+
+# ----------------------------------------------------------------------------------------- PEFT
+PATTENTION_NAMES = ("query", "key", "value", "proj", "mlp")  # the Pattentions of a block
+
+
+def lora_target_parameters(modules: tuple[str, ...] | list[str] = PATTENTION_NAMES) -> list[str]:
+    """``LoraConfig(target_parameters=...)`` for the parameter tokens of the named Pattentions.
+
+    PEFT's ``target_modules`` route accepts only its known layer types (``nn.Linear`` …) and
+    refuses a Pattention; its ``target_parameters`` route adds a low-rank update to a parameter
+    itself, ``K_P + B·A``, which is exactly a LoRA of the token matrices, and merges exactly.
+    """
+    unknown = sorted(set(modules) - set(PATTENTION_NAMES))
+    if unknown:
+        raise ConfigError(f"unknown Pattention {unknown[0]!r}; choose from "
+                          f"{', '.join(PATTENTION_NAMES)}")
+    return [f"{m}.{t}" for m in modules for t in ("key_param_tokens", "value_param_tokens")]
 
 
 # ---------------------------------------------------------------------------------- conversions

@@ -370,7 +370,7 @@ class TokenFormerForSequenceClassification(TokenFormerPreTrainedModel):
         positions = torch.arange(T, device=logits.device)
         if attention_mask is not None:
             last = (attention_mask.to(logits.device).long() * positions).argmax(-1)
-        elif input_ids is not None and self.config.pad_token_id is not None:
+        elif input_ids is not None and getattr(self.config, "pad_token_id", None) is not None:
             last = ((input_ids != self.config.pad_token_id).long() * positions).argmax(-1)
         else:
             last = torch.full((B,), T - 1, device=logits.device)
