@@ -304,6 +304,9 @@ def test_peft_target_modules_and_tied_embedding(folder):
     model = AutoModelForCausalLM.from_pretrained(folder)
     with pytest.raises(ValueError, match=r"Target module Pattention.* is not supported"):
         peft.get_peft_model(model, peft.LoraConfig(target_modules=["query"]))
+    with pytest.raises(ValueError, match="no `target_parameters` found"):  # there is no Linear
+        peft.get_peft_model(AutoModelForCausalLM.from_pretrained(folder),
+                            peft.LoraConfig(target_modules="all-linear"))
     with pytest.raises(ConfigError, match="unknown Pattention 'ffn'"):
         H.lora_target_parameters(["ffn"])
     model = AutoModelForCausalLM.from_pretrained(folder)
