@@ -158,11 +158,20 @@ def test_pipeline_text_generation(core, hf_dir):
 
 
 def run_without_tokenformer(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    """``script`` in a fresh interpreter that sees the virtualenv's packages but not tokenformer:
-    ``-I -S`` ignores PYTHONPATH and skips site (so no .pth: not the editable install either);
-    only site-packages is put back on the path. The script fails if tokenformer is importable."""
-    site = sysconfig.get_paths()["purelib"]
-    code = (f"import sys\nsys.path.append({site!r})\n"
+    """``script`` in a fresh interpreter that sees the virtualenv's packages but not tokenformer.
+
+    ``-I -S`` ignores PYTHONPATH (our source tree) and skips site, so no ``.pth`` runs (not the
+    editable install either); site-packages is put back on the path by hand, and an import hook
+    makes ``tokenformer`` unimportable even where it is installed there (a non-editable install).
+    """
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    code = (f"import sys\nsys.path.extend({paths!r})\n"
+            "class NoTokenformer:\n"
+            "    @staticmethod\n"
+            "    def find_spec(name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'tokenformer':\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+            "sys.meta_path.insert(0, NoTokenformer)\n"
             "try:\n    import tokenformer\nexcept ImportError:\n    pass\n"
             "else:\n    sys.exit('tokenformer is importable: not an isolated test')\n"
             "import torch\ntorch.set_num_threads(1)\n" + script)
