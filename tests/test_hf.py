@@ -31,9 +31,6 @@ from tokenformer import ByteTokenizer, HFTokenizer, TokenFormerConfig, TokenForm
 from tokenformer.cli import main
 from tokenformer.official import load_official
 
-NEOX_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/data/gpt-neox-20b-tokenizer.json"
-
-
 def tiny_config(**overrides) -> TokenFormerConfig:
     base = dict(vocab_size=257, hidden_size=32, num_layers=2, num_heads=2, qkv_tokens=16,
                 proj_tokens=16, ffn_tokens=48, max_seq_len=64, eos_token_id=256)
@@ -273,9 +270,8 @@ def test_byte_tokenizer_special_tokens(hf_dir):
     assert tok.decode([104, 105, 256], skip_special_tokens=True) == "hi"
 
 
-@pytest.mark.skipif(not NEOX_TOKENIZER.is_file(), reason="shared GPT-NeoX tokenizer not present")
-def test_neox_tokenizer_as_pretrained_tokenizer_fast():
-    ours = HFTokenizer(NEOX_TOKENIZER)
+def test_neox_tokenizer_as_pretrained_tokenizer_fast(shared_dir):
+    ours = HFTokenizer(shared_dir / "data" / "gpt-neox-20b-tokenizer.json")
     tok = H.to_hf_tokenizer(ours)
     text = "TokenFormer scales by adding parameter tokens. Ünïcödé too!"
     assert tok(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
