@@ -31,6 +31,7 @@ from tokenformer import ByteTokenizer, HFTokenizer, TokenFormerConfig, TokenForm
 from tokenformer.cli import main
 from tokenformer.official import load_official
 
+
 def tiny_config(**overrides) -> TokenFormerConfig:
     base = dict(vocab_size=257, hidden_size=32, num_layers=2, num_heads=2, qkv_tokens=16,
                 proj_tokens=16, ffn_tokens=48, max_seq_len=64, eos_token_id=256)
@@ -71,6 +72,10 @@ def test_config_round_trip_and_auto_registration(tmp_path):
     assert type(loaded) is H.TokenFormerHFConfig
     assert loaded.to_core() == core_cfg
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "tokenformer"
+    # A config saved alone carries the remote code its auto_map names, too.
+    assert json.loads((tmp_path / "config.json").read_text())["auto_map"] == H.AUTO_MAP
+    assert (tmp_path / "modeling_tokenformer.py").is_file()
+    assert (tmp_path / "configuration_tokenformer.py").is_file()
     assert type(AutoConfig.for_model("tokenformer")) is H.TokenFormerHFConfig
 
 

@@ -115,6 +115,20 @@ class TokenFormerHFConfig(PretrainedConfig):
     def from_core(cls, config: Any) -> TokenFormerHFConfig:
         return cls(**config.to_dict())
 
+    def save_pretrained(self, save_directory: Any, push_to_hub: bool = False,
+                        **kwargs: Any) -> None:
+        """``config.json`` with an ``auto_map``, plus the self-contained ``modeling_tokenformer.py``
+        / ``configuration_tokenformer.py`` it names: ``trust_remote_code=True`` then loads the
+        folder with nothing but torch and transformers installed. A model's ``save_pretrained``
+        (so every ``Trainer`` checkpoint, and ``push_to_hub``) saves its config through here."""
+        self.auto_map = dict(AUTO_MAP)
+        super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        try:
+            from .hf_remote import write_remote_code
+        except ImportError:  # running from the generated files: transformers copies them
+            return
+        write_remote_code(save_directory)
+
 
 def default_generation_config(config: TokenFormerHFConfig) -> GenerationConfig:
     """Greedy by default; never emit the embedding's padding rows (as our own ``generate``)."""
@@ -127,8 +141,8 @@ def default_generation_config(config: TokenFormerHFConfig) -> GenerationConfig:
 
 # ----------------------------------------------------------------------------------------- model
 class TokenFormerPreTrainedModel(PreTrainedModel):
-    """What every class shares: the core as ``model``, init, gradient checkpointing, the
-    argument checks, and ``save_pretrained`` writing the self-contained remote code."""
+    """What every class shares: the core as ``model``, init, gradient checkpointing and the
+    argument checks. (The remote code is written by the config's ``save_pretrained``.)"""
 
     config: TokenFormerHFConfig
     config_class = TokenFormerHFConfig
@@ -235,24 +249,6 @@ class TokenFormerPreTrainedModel(PreTrainedModel):
     def _return(self, result: Any, return_dict: bool | None) -> Any:
         return_dict = self.config.return_dict if return_dict is None else return_dict
         return result if return_dict else result.to_tuple()
-
-    # ------------------------------------------------------------------ saving
-    def save_pretrained(self, save_directory: Any, *args: Any, is_main_process: bool = True,
-                        **kwargs: Any) -> Any:
-        """transformers' ``save_pretrained`` (so every ``Trainer`` checkpoint), plus the
-        self-contained ``modeling_tokenformer.py`` / ``configuration_tokenformer.py`` that
-        ``config.json``'s ``auto_map`` names: ``trust_remote_code=True`` loads the folder with
-        nothing but torch and transformers installed."""
-        self.config.auto_map = dict(AUTO_MAP)
-        out = super().save_pretrained(save_directory, *args, is_main_process=is_main_process,
-                                      **kwargs)
-        if is_main_process:
-            try:
-                from .hf_remote import write_remote_code
-            except ImportError:  # running from the generated files: transformers copies them
-                return out
-            write_remote_code(save_directory)
-        return out
 
 
 class TokenFormerModel(TokenFormerPreTrainedModel):
