@@ -236,22 +236,55 @@ def test_remote_code_is_generated_from_the_package_source():
     compile(text, "modeling_tokenformer.py", "exec")
 
 
-def test_trainer_checkpoint_loads_where_tokenformer_is_not_installed(tmp_path):
+@pytest.fixture(scope="module")
+def trainer_checkpoint(tmp_path_factory) -> tuple[Path, TokenFormerLM]:
+    """A ``Trainer`` run's ``checkpoint-2`` and the trained core model (what it should hold)."""
     from transformers import Trainer, TrainingArguments
 
+    out = tmp_path_factory.mktemp("trainer")
     torch.manual_seed(0)
     model = H.TokenFormerForCausalLM(H.TokenFormerHFConfig.from_core(tiny_config()))
     g = torch.Generator().manual_seed(0)
     data = [{"input_ids": ids, "labels": ids}
             for ids in torch.randint(0, 257, (8, 24), generator=g)]
-    args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=2, save_steps=2,
+    args = TrainingArguments(output_dir=str(out / "run"), max_steps=2, save_steps=2,
                              per_device_train_batch_size=4, learning_rate=1e-2, report_to=[],
                              use_cpu=True, logging_steps=1, disable_tqdm=True)
     Trainer(model=model, args=args, train_dataset=data).train()
-    checkpoint = tmp_path / "run" / "checkpoint-2"
+    H.to_hf_tokenizer(ByteTokenizer()).save_pretrained(out / "run" / "checkpoint-2")
+    return out / "run" / "checkpoint-2", model.model.eval()
+
+
+def test_trainer_checkpoint_loads_where_tokenformer_is_not_installed(trainer_checkpoint,
+                                                                     tmp_path):
+    checkpoint, core = trainer_checkpoint
     assert (checkpoint / "modeling_tokenformer.py").is_file()
     assert (checkpoint / "configuration_tokenformer.py").is_file()
-    assert_remote_logits_equal(checkpoint, model.model, tmp_path)
+    assert_remote_logits_equal(checkpoint, core, tmp_path)
+
+
+def test_lm_eval_scores_a_trainer_checkpoint_without_tokenformer(trainer_checkpoint, tmp_path):
+    """What ``lm_eval --model hf --model_args pretrained=checkpoint-2,trust_remote_code=True``
+    does, where tokenformer is not installed: the loglikelihood is the core model's, by hand."""
+    pytest.importorskip("lm_eval")
+    checkpoint, core = trainer_checkpoint
+    context, continuation = b"In the beginning", b" God"
+    ids = torch.tensor([list(context + continuation)])
+    with torch.no_grad():
+        logp = core(ids).logits[0, :-1].double().log_softmax(-1)
+    targets = ids[0, 1:]
+    expected = logp[torch.arange(len(targets)), targets][-len(continuation):].sum().item()
+    script = (
+        "from lm_eval.api.instance import Instance\n"
+        "from lm_eval.models.huggingface import HFLM\n"
+        f"lm = HFLM(pretrained={str(checkpoint)!r}, trust_remote_code=True, batch_size=1, "
+        "device='cpu')\n"
+        "request = Instance(request_type='loglikelihood', doc={}, idx=0, "
+        f"arguments=({context.decode()!r}, {continuation.decode()!r}))\n"
+        "print(lm.loglikelihood([request])[0][0])\n")
+    done = run_without_tokenformer(script, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert float(done.stdout.strip().splitlines()[-1]) == pytest.approx(expected, abs=1e-4)
 
 
 # --------------------------------------------------------------------------------- tokenizers
