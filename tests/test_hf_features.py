@@ -111,6 +111,30 @@ def test_trainer_gradient_checkpointing_same_loss(tmp_path):
     assert plain[-1] < plain[0]  # it trained
 
 
+def test_trainer_gradient_accumulation_equals_the_big_batch(tmp_path):
+    """Trainer passes num_items_in_batch and leaves the loss unscaled: 2 micro-batches of 2 must
+    update the weights like one batch of 4 (same samples, same order; SGD, whose update is linear
+    in the gradient, so that rounding is not amplified as Adam does for near-zero gradients)."""
+    data = [{"input_ids": ids, "labels": ids} for ids in batch(seed=8, B=8, T=20)]
+    trained = []
+    for per_device, accumulate in ((4, 1), (2, 2)):
+        model = causal_lm()
+        args = TrainingArguments(output_dir=str(tmp_path / f"ga{accumulate}"), max_steps=2,
+                                 per_device_train_batch_size=per_device,
+                                 gradient_accumulation_steps=accumulate, learning_rate=0.5,
+                                 optim="sgd", lr_scheduler_type="constant",
+                                 report_to=[], use_cpu=True, save_strategy="no",
+                                 disable_tqdm=True)
+        Trainer(model=model, args=args, train_dataset=data).train()
+        trained.append(model)
+    moved = 0
+    for (name, a), b, start in zip(trained[0].named_parameters(), trained[1].parameters(),
+                                   causal_lm().parameters(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6, msg=name)
+        moved += not torch.equal(a, start)
+    assert moved > 0
+
+
 # -------------------------------------------------------------------------------- hidden states
 def block_io(core: TokenFormerLM, ids: torch.Tensor) -> list[torch.Tensor]:
     """The core's own block inputs and final-norm output, captured with hooks."""

@@ -303,11 +303,20 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         return_dict: bool | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
-        out = self.model(labels=labels, **self._core_kwargs(
+        # Trainer with gradient accumulation passes the number of target tokens of the whole
+        # accumulated batch (and then does not divide the loss itself): the loss is then the sum
+        # over this micro-batch divided by it (transformers' causal-LM loss), so that micro-batches
+        # are weighted by their tokens. Otherwise the core's mean, as always.
+        num_items = kwargs.get("num_items_in_batch")
+        out = self.model(labels=labels if num_items is None else None, **self._core_kwargs(
             input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache,
             output_attentions, output_hidden_states))
+        loss = out.loss
+        if labels is not None and num_items is not None:
+            loss = self.loss_function(out.logits, labels, vocab_size=out.logits.shape[-1],
+                                      num_items_in_batch=num_items)
         return self._return(CausalLMOutputWithPast(
-            loss=out.loss, logits=out.logits, past_key_values=out.past_key_values,
+            loss=loss, logits=out.logits, past_key_values=out.past_key_values,
             hidden_states=out.hidden_states), return_dict)
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None,
