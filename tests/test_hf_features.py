@@ -240,7 +240,7 @@ def test_sequence_classification_pools_the_last_real_token(folder, tmp_path):
         assert torch.equal(again(ids, attention_mask=mask).logits, out.logits)
 
 
-def test_sequence_classification_trains():
+def test_sequence_classification_trains(tmp_path):
     torch.manual_seed(0)
     config = H.TokenFormerHFConfig.from_core(TokenFormerConfig(**CONFIG))
     config.num_labels = 2
@@ -256,6 +256,9 @@ def test_sequence_classification_trains():
         opt.zero_grad()
         losses.append(loss.item())
     assert losses[0] > 0.5 and losses[-1] < 0.1 * losses[0]
+    # Its loss is a batch mean: Trainer must scale it for gradient accumulation itself.
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    assert Trainer(model=model, args=args).model_accepts_loss_kwargs is False
 
 
 # ------------------------------------------------------------------------------------- resize

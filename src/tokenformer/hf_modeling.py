@@ -346,6 +346,10 @@ class TokenFormerForSequenceClassification(TokenFormerPreTrainedModel):
     position with ``attention_mask`` 1; without a mask, the last token that is not
     ``pad_token_id``, as transformers' decoders do; else the last position)."""
 
+    # The loss is a mean over the batch and ignores num_items_in_batch: Trainer must divide it by
+    # the gradient accumulation steps itself (it would not, seeing forward's **kwargs).
+    accepts_loss_kwargs = False
+
     def __init__(self, config: TokenFormerHFConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
