@@ -190,6 +190,14 @@ def test_attn_implementation_accepted(folder, attn):
         assert torch.equal(model(ids).logits, reference(ids).logits)
 
 
+@pytest.mark.parametrize(("attn", "message"), [
+    ("flash_attention_2", "does not support Flash Attention 2 yet"),
+    ("flex_attention", "does not support an attention implementation through torch's flex")])
+def test_other_attn_implementations_refused_by_transformers(folder, attn, message):
+    with pytest.raises(ValueError, match=message):
+        AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attn)
+
+
 def test_inputs_embeds_forward_and_generate(folder):
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     ids = torch.tensor([list(b"The beginning")])
@@ -211,6 +219,7 @@ def test_automodel_is_the_base_model(folder):
     with torch.no_grad():
         hidden = base(ids).last_hidden_state
         assert torch.equal(F.linear(hidden, lm.model.word_embeddings.weight), lm(ids).logits)
+    assert lm.get_output_embeddings() is None  # the head is the input embedding matrix
 
 
 # ------------------------------------------------------------------------ sequence classification
