@@ -140,9 +140,8 @@ def test_overwrite_replaces_only_the_commands_own_output(capsys, tmp_path, corpu
 def test_convert_never_deletes_or_replaces_its_input(capsys, tmp_path, model_dir):
     pytest.importorskip("transformers")
     release = tmp_path / "release"
-    release.mkdir()
     bin_file = release / "pytorch_model.bin"
-    assert run(capsys, "convert", "to-official", model_dir, bin_file)[0] == 0
+    assert run(capsys, "convert", "to-official", model_dir, release)[0] == 0
     before = snapshot(release)
     refused(capsys, "convert", "official", bin_file, bin_file, "--overwrite",
             match="is the input")
@@ -150,16 +149,21 @@ def test_convert_never_deletes_or_replaces_its_input(capsys, tmp_path, model_dir
             match="is the input")
     assert snapshot(release) == before
 
-    # to-official: an existing file is replaced only with --overwrite
-    other = tmp_path / "other.bin"
-    other.write_bytes(b"precious")
+    # to-official writes a folder: an existing one is replaced only when to-official wrote it
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("precious")
     refused(capsys, "convert", "to-official", model_dir, other, match="already exists")
-    assert other.read_bytes() == b"precious"
-    refused(capsys, "convert", "to-official", model_dir, model_dir / "x.bin",
+    refused(capsys, "convert", "to-official", model_dir, other, "--overwrite",
+            match="was not written by tokenformer convert to-official")
+    assert snapshot(other) == {"notes.txt": b"precious"}
+    refused(capsys, "convert", "to-official", model_dir, model_dir / "release",
             match="lies inside the input")
-    assert not (model_dir / "x.bin").exists()
-    assert run(capsys, "convert", "to-official", model_dir, other, "--overwrite")[0] == 0
-    assert other.read_bytes()[:2] == b"PK"  # a torch zip file now
+    assert not (model_dir / "release").exists()
+    again = tmp_path / "again"
+    assert run(capsys, "convert", "to-official", model_dir, again)[0] == 0
+    assert run(capsys, "convert", "to-official", model_dir, again, "--overwrite")[0] == 0
+    assert (again / "pytorch_model.bin").read_bytes()[:2] == b"PK"  # a torch zip file
 
     hf = tmp_path / "hf"
     assert run(capsys, "convert", "official", bin_file, hf)[0] == 0
@@ -488,8 +492,7 @@ def test_broken_model_files_are_one_clear_line(capsys, tmp_path, model_dir):
 
 def test_official_config_with_fractional_heads(capsys, tmp_path, model_dir):
     release = tmp_path / "release"
-    release.mkdir()
-    assert run(capsys, "convert", "to-official", model_dir, release / "pytorch_model.bin")[0] == 0
+    assert run(capsys, "convert", "to-official", model_dir, release)[0] == 0
     (release / "config.json").write_text(json.dumps({"num_attention_heads": 2.5}))
     refused(capsys, "info", release, match="num_attention_heads must be a positive integer")
 

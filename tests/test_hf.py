@@ -6,8 +6,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
+import sysconfig
 from collections import OrderedDict
 from pathlib import Path
 
@@ -28,8 +30,6 @@ import tokenformer.hf as H
 from tokenformer import ByteTokenizer, HFTokenizer, TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
 from tokenformer.official import load_official
-
-NEOX_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/data/gpt-neox-20b-tokenizer.json"
 
 
 def tiny_config(**overrides) -> TokenFormerConfig:
@@ -72,6 +72,10 @@ def test_config_round_trip_and_auto_registration(tmp_path):
     assert type(loaded) is H.TokenFormerHFConfig
     assert loaded.to_core() == core_cfg
     assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "tokenformer"
+    # A config saved alone carries the remote code its auto_map names, too.
+    assert json.loads((tmp_path / "config.json").read_text())["auto_map"] == H.AUTO_MAP
+    assert (tmp_path / "modeling_tokenformer.py").is_file()
+    assert (tmp_path / "configuration_tokenformer.py").is_file()
     assert type(AutoConfig.for_model("tokenformer")) is H.TokenFormerHFConfig
 
 
@@ -155,27 +159,132 @@ def test_pipeline_text_generation(core, hf_dir):
     assert out[0]["generated_text"] == ByteTokenizer().decode(expected[0].tolist())
 
 
-def test_trust_remote_code_loads_without_importing_tokenformer_hf(core, hf_dir, tmp_path):
-    ids = torch.arange(0, 40, 3)[None]
+def run_without_tokenformer(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter that sees the virtualenv's packages but not tokenformer.
+
+    ``-I -S`` ignores PYTHONPATH (our source tree) and skips site, so no ``.pth`` runs (not the
+    editable install either); site-packages is put back on the path by hand, and an import hook
+    makes ``tokenformer`` unimportable even where it is installed there (a non-editable install).
+    """
+    paths = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    code = (f"import sys\nsys.path.extend({paths!r})\n"
+            "class NoTokenformer:\n"
+            "    @staticmethod\n"
+            "    def find_spec(name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'tokenformer':\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+            "sys.meta_path.insert(0, NoTokenformer)\n"
+            "try:\n    import tokenformer\nexcept ImportError:\n    pass\n"
+            "else:\n    sys.exit('tokenformer is importable: not an isolated test')\n"
+            "import torch\ntorch.set_num_threads(1)\n" + script)
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1",
+           "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HOME": str(tmp_path / "hf")}
+    return subprocess.run([sys.executable, "-I", "-S", "-c", code], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+
+
+def assert_remote_logits_equal(folder: Path, reference: TokenFormerLM, tmp_path: Path,
+                               auto: str = "AutoModelForCausalLM", extra: str = "") -> str:
+    """Load ``folder`` with trust_remote_code=True where tokenformer is not installed; its logits
+    must equal ``reference``'s (to float rounding: another process may pick other CPU kernels).
+    """
+    ids = torch.arange(0, 60, 3)[None] % reference.config.vocab_size
     with torch.no_grad():
-        torch.save(core(ids).logits, tmp_path / "ref.pt")
-    # A fresh interpreter: nothing registered, only the folder's auto_map. (Another process may
-    # pick other CPU kernels, so the logits agree to float rounding rather than bit for bit.)
+        torch.save(reference.eval()(ids).logits, tmp_path / "ref.pt")
     script = (
-        "import sys, torch\n"
-        "from transformers import AutoModelForCausalLM\n"
-        "torch.set_num_threads(1)\n"
-        f"m = AutoModelForCausalLM.from_pretrained({str(hf_dir)!r}, trust_remote_code=True)\n"
+        f"from transformers import {auto}\n"
+        f"m = {auto}.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()\n"
         f"ref = torch.load({str(tmp_path / 'ref.pt')!r})\n"
-        f"out = m(torch.tensor({ids.tolist()})).logits\n"
+        f"with torch.no_grad():\n    out = m(torch.tensor({ids.tolist()})).logits\n"
         "print(type(m).__module__, (out - ref).abs().max().item())\n"
-        "sys.exit(0 if torch.allclose(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max()) "
-        "else 3)\n")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    assert done.stdout.startswith("tokenformer.hf ")
+        "assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max()), 'logits differ'\n"
+        + extra)
+    done = run_without_tokenformer(script, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert done.stdout.startswith("transformers_modules."), done.stdout  # the folder's own code
+    return done.stdout
+
+
+def test_save_hf_folder_loads_where_tokenformer_is_not_installed(core, hf_dir, tmp_path):
+    modeling = (hf_dir / "modeling_tokenformer.py").read_text()
+    assert "tokenformer/pattention.py" in modeling and "\nfrom ." not in modeling
+    assert json.loads((hf_dir / "config.json").read_text())["auto_map"] == H.AUTO_MAP
+    # Also: the base model, and a re-save from the remote classes loads again.
+    extra = (f"from transformers import AutoModel\n"
+             f"b = AutoModel.from_pretrained({str(hf_dir)!r}, trust_remote_code=True)\n"
+             f"h = b(torch.tensor([[1, 2, 3]])).last_hidden_state\n"
+             f"assert tuple(h.shape) == (1, 3, 32), h.shape\n"
+             f"m.save_pretrained({str(tmp_path / 'again')!r})\n"
+             f"again = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'again')!r}, "
+             f"trust_remote_code=True)\n"
+             f"assert torch.equal(again(torch.tensor([[5, 6]])).logits, "
+             f"m(torch.tensor([[5, 6]])).logits)\n")
+    assert_remote_logits_equal(hf_dir, core, tmp_path, extra=extra)
+
+
+def test_remote_code_is_generated_from_the_package_source():
+    from tokenformer import hf_remote, model, pattention
+
+    text = hf_remote.generate()["modeling_tokenformer.py"]
+    # The core classes are in the file verbatim (those without imports of the package).
+    for module, cls in ((model, "class Attention("), (pattention, "class Pattention(")):
+        source = Path(module.__file__).read_text()
+        block = source[source.index(cls):].split("\n\n\n")[0]
+        assert block in text
+    # The package's own relative imports are all gone (transformers would look for the files).
+    assert not re.search(r"^\s*from\s+\.", text, flags=re.MULTILINE)
+    compile(text, "modeling_tokenformer.py", "exec")
+
+
+@pytest.fixture(scope="module")
+def trainer_checkpoint(tmp_path_factory) -> tuple[Path, TokenFormerLM]:
+    """A ``Trainer`` run's ``checkpoint-2`` and the trained core model (what it should hold)."""
+    from transformers import Trainer, TrainingArguments
+
+    out = tmp_path_factory.mktemp("trainer")
+    torch.manual_seed(0)
+    model = H.TokenFormerForCausalLM(H.TokenFormerHFConfig.from_core(tiny_config()))
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids}
+            for ids in torch.randint(0, 257, (8, 24), generator=g)]
+    args = TrainingArguments(output_dir=str(out / "run"), max_steps=2, save_steps=2,
+                             per_device_train_batch_size=4, learning_rate=1e-2, report_to=[],
+                             use_cpu=True, logging_steps=1, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=data).train()
+    H.to_hf_tokenizer(ByteTokenizer()).save_pretrained(out / "run" / "checkpoint-2")
+    return out / "run" / "checkpoint-2", model.model.eval()
+
+
+def test_trainer_checkpoint_loads_where_tokenformer_is_not_installed(trainer_checkpoint,
+                                                                     tmp_path):
+    checkpoint, core = trainer_checkpoint
+    assert (checkpoint / "modeling_tokenformer.py").is_file()
+    assert (checkpoint / "configuration_tokenformer.py").is_file()
+    assert_remote_logits_equal(checkpoint, core, tmp_path)
+
+
+def test_lm_eval_scores_a_trainer_checkpoint_without_tokenformer(trainer_checkpoint, tmp_path):
+    """What ``lm_eval --model hf --model_args pretrained=checkpoint-2,trust_remote_code=True``
+    does, where tokenformer is not installed: the loglikelihood is the core model's, by hand."""
+    pytest.importorskip("lm_eval")
+    checkpoint, core = trainer_checkpoint
+    context, continuation = b"In the beginning", b" God"
+    ids = torch.tensor([list(context + continuation)])
+    with torch.no_grad():
+        logp = core(ids).logits[0, :-1].double().log_softmax(-1)
+    targets = ids[0, 1:]
+    expected = logp[torch.arange(len(targets)), targets][-len(continuation):].sum().item()
+    script = (
+        "from lm_eval.api.instance import Instance\n"
+        "from lm_eval.models.huggingface import HFLM\n"
+        f"lm = HFLM(pretrained={str(checkpoint)!r}, trust_remote_code=True, batch_size=1, "
+        "device='cpu')\n"
+        "request = Instance(request_type='loglikelihood', doc={}, idx=0, "
+        f"arguments=({context.decode()!r}, {continuation.decode()!r}))\n"
+        "print(lm.loglikelihood([request])[0][0])\n")
+    done = run_without_tokenformer(script, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    assert float(done.stdout.strip().splitlines()[-1]) == pytest.approx(expected, abs=1e-4)
 
 
 # --------------------------------------------------------------------------------- tokenizers
@@ -199,9 +308,8 @@ def test_byte_tokenizer_special_tokens(hf_dir):
     assert tok.decode([104, 105, 256], skip_special_tokens=True) == "hi"
 
 
-@pytest.mark.skipif(not NEOX_TOKENIZER.is_file(), reason="shared GPT-NeoX tokenizer not present")
-def test_neox_tokenizer_as_pretrained_tokenizer_fast():
-    ours = HFTokenizer(NEOX_TOKENIZER)
+def test_neox_tokenizer_as_pretrained_tokenizer_fast(shared_dir):
+    ours = HFTokenizer(shared_dir / "data" / "gpt-neox-20b-tokenizer.json")
     tok = H.to_hf_tokenizer(ours)
     text = "TokenFormer scales by adding parameter tokens. Ünïcödé too!"
     assert tok(text, add_special_tokens=False)["input_ids"] == ours.encode(text)
@@ -250,24 +358,46 @@ def test_to_official_round_trip_identical(official_folder, tmp_path):
     folder, state = official_folder
     assert main(["convert", "official", str(folder / "pytorch_model.bin"),
                  str(tmp_path / "hf")]) == 0
-    assert main(["convert", "to-official", str(tmp_path / "hf"), str(tmp_path / "back.bin")]) == 0
-    back = torch.load(tmp_path / "back.bin", weights_only=True)
+    assert main(["convert", "to-official", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    back = torch.load(tmp_path / "back" / "pytorch_model.bin", weights_only=True)
     assert list(back) == list(state)  # same keys, same order as the released files
     for key, tensor in state.items():
         assert back[key].dtype == torch.float32 and torch.equal(back[key], tensor), key
 
 
-def test_to_official_from_our_own_folder(core, tmp_path):
+def test_to_official_keeps_vocabulary_eos_and_tokenizer(core, tmp_path):
+    """Our byte-level model (257 tokens, padded to 384 rows, eos 256) → official → HF: the
+    config says 257 and 256 again, not 384 and 0, and the same logits and ids come back."""
     core.save(tmp_path / "ours")
-    assert main(["convert", "to-official", str(tmp_path / "ours"), str(tmp_path / "o.bin")]) == 0
-    reloaded = load_official(tmp_path / "o.bin", num_heads=2, max_seq_len=64)
+    assert main(["convert", "to-official", str(tmp_path / "ours"), str(tmp_path / "o")]) == 0
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert (config["vocab_size"], config["eos_token_id"], config["num_attention_heads"],
+            config["seq_length"]) == (257, 256, 2, 64)
+    reloaded = load_official(tmp_path / "o")
+    assert (reloaded.config.vocab_size, reloaded.config.padded_vocab_size,
+            reloaded.config.eos_token_id) == (257, 384, 256)
     ids = torch.randint(0, 257, (1, 30), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, core(ids).logits)
+    assert main(["convert", "official", str(tmp_path / "o"), str(tmp_path / "hf")]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert (hf.config.vocab_size, hf.generation_config.eos_token_id) == (257, 256)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tok("héllo", add_special_tokens=False)["input_ids"] == list("héllo".encode())
+
+
+def test_to_official_refuses_what_the_official_code_cannot_compute(tmp_path, capsys):
+    TokenFormerLM(tiny_config(qkv_scale=3.0)).save(tmp_path / "grown")
+    assert main(["convert", "to-official", str(tmp_path / "grown"), str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("error: the official layout cannot express qkv_scale=3.0: "
+                                       "use to-hf\n")
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("argv", [
     ["convert", "official", "{tmp}/missing.bin", "{tmp}/out"],
+    ["convert", "to-official", "{tmp}/not-a-model", "{tmp}/x"],
+    ["convert", "to-hf", "{tmp}/not-a-model", "{tmp}/out"],
     ["convert", "to-official", "{tmp}/not-a-model", "{tmp}/x.bin"],
     ["convert", "official", "{tmp}/garbage.bin", "{tmp}/out"],
 ])
@@ -286,3 +416,31 @@ def test_convert_refuses_to_overwrite(official_folder, tmp_path, capsys):
     (tmp_path / "hf").mkdir()
     assert main(["convert", "official", str(folder), str(tmp_path / "hf")]) != 0
     assert "already exists" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- to-hf
+@pytest.mark.parametrize("arch", ["tokenformer", "transformer++"])
+def test_convert_to_hf_of_a_trained_model(arch, dataset_dir, tmp_path, capsys):
+    """`train` → `convert to-hf` → AutoModelForCausalLM: the same logits and the same tokenizer
+    ids as the trained model; the baseline also through its remote code, without tokenformer."""
+    from tokenformer.loading import load_model
+    from tokenformer.train import load_config, train
+
+    cfg = load_config("tiny", {"data": str(dataset_dir), "out": str(tmp_path / "run"),
+                               "threads": 1, "samples": 0, "eval_batches": 1, "steps": 2,
+                               "eval_interval": 0, "arch": arch})
+    train(cfg, progress=False, print_fn=lambda s: None)
+    final = tmp_path / "run" / "final"
+    assert main(["convert", "to-hf", str(final), str(tmp_path / "hf")]) == 0
+    assert "trust_remote_code=True" in capsys.readouterr().out
+    ours = load_model(final).eval()
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert type(model.model) is type(ours) and model.config.arch == arch
+    ids = torch.randint(0, 257, (2, 20), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, ours(ids).logits)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tok("In the beginning", add_special_tokens=False)["input_ids"] == \
+        list(b"In the beginning")
+    if arch != "tokenformer":
+        assert_remote_logits_equal(tmp_path / "hf", ours, tmp_path)

@@ -1,25 +1,26 @@
-"""Hugging Face ``transformers`` integration (the only module of the package that imports it).
+"""Hugging Face ``transformers`` integration: registration, tokenizers, saving, conversions.
 
-Importing this module registers ``model_type = "tokenformer"`` with ``AutoConfig`` and
-``AutoModelForCausalLM``, so a folder written by ``save_pretrained`` (or by
-``tokenformer convert official``) loads with::
+Importing this module registers ``model_type = "tokenformer"`` with ``AutoConfig``, ``AutoModel``,
+``AutoModelForCausalLM`` and ``AutoModelForSequenceClassification``, so a folder written by
+``save_pretrained`` (or ``save_hf``, a ``Trainer`` checkpoint, ``tokenformer convert``) loads with::
 
     import tokenformer.hf
     from transformers import AutoModelForCausalLM, AutoTokenizer
     model = AutoModelForCausalLM.from_pretrained("out_dir")
     tokenizer = AutoTokenizer.from_pretrained("out_dir")
 
-``TokenFormerForCausalLM`` wraps the core :class:`~tokenformer.model.TokenFormerLM` as its
-``model`` attribute; nothing is re-implemented. The folder's weights are therefore named
-``model.<core name>`` (``model.layers.0.attention.query.key_param_tokens``), and going back to the
-official layout is a rename (:func:`tokenformer.official.ours_to_official`).
+Every save also writes self-contained ``modeling_tokenformer.py`` / ``configuration_tokenformer.py``
+(:mod:`tokenformer.hf_remote`), so ``trust_remote_code=True`` loads the folder where this package
+is not installed. The classes are in :mod:`tokenformer.hf_modeling`; they wrap the core
+:class:`~tokenformer.model.TokenFormerLM` (or a Transformer baseline) as their ``model``
+attribute, so weights are named ``model.<core name>`` and going back to the official layout is a
+rename (:func:`tokenformer.official.ours_to_official`).
 
 Decisions worth knowing:
 
 * Logits cover the padded vocabulary (50304 rows for the released models), exactly as the official
-  model and :class:`TokenFormerLM` compute them. Generation never emits the padding ids: the saved
-  ``generation_config.json`` lists them in ``suppress_tokens`` — the same rule as our own
-  ``generate``.
+  model and :class:`TokenFormerLM` compute them. Generation never emits the padding ids: the
+  generation config lists them in ``suppress_tokens`` — the same rule as our own ``generate``.
 * The output head *is* the embedding matrix (``F.linear(h, E)``): there is no second tensor, so
   ``_tied_weights_keys`` is empty and nothing needs tying after loading.
 * Our attention calls ``cache.update(k, v, layer_idx)`` and ``cache.get_seq_length(layer_idx)``,
@@ -28,177 +29,47 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-import torch
-from torch import nn
 from transformers import (
     AutoConfig,
+    AutoModel,
     AutoModelForCausalLM,
-    DynamicCache,
-    GenerationConfig,
-    GenerationMixin,
-    PretrainedConfig,
-    PreTrainedModel,
+    AutoModelForSequenceClassification,
     PreTrainedTokenizerFast,
 )
-from transformers import initialization as init
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .config import TokenFormerConfig
 from .errors import CheckpointError, ConfigError
+from .hf_modeling import (
+    AUTO_MAP,
+    REMOTE_MODULE,
+    TokenFormerForCausalLM,
+    TokenFormerForSequenceClassification,
+    TokenFormerHFConfig,
+    TokenFormerModel,
+    TokenFormerPreTrainedModel,
+    default_generation_config,
+)
 from .io import atomic_dir
-from .model import LayerNorm, RotaryEmbedding, TokenFormerLM
-from .official import load_official, save_official
-from .pattention import Pattention
+from .model import TokenFormerLM
+from .official import load_official, official_config, save_official
 from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
+__all__ = [
+    "AUTO_MAP", "REMOTE_MODULE", "TokenFormerForCausalLM", "TokenFormerForSequenceClassification",
+    "TokenFormerHFConfig", "TokenFormerModel", "TokenFormerPreTrainedModel", "convert_official",
+    "convert_to_hf", "convert_to_official", "default_generation_config", "load_for_transformers",
+    "load_hf", "lora_target_parameters", "save_hf", "to_hf_tokenizer",
+]
+
 EOS_TOKEN = "<|endoftext|>"
-REMOTE_MODULE = "modeling_tokenformer"
-REMOTE_CODE = (
-    '"""TokenFormer for transformers\' trust_remote_code=True: pip install "tokenformer[hf]"."""\n'
-    "from tokenformer.hf import TokenFormerForCausalLM, TokenFormerHFConfig\n\n"
-    '__all__ = ["TokenFormerForCausalLM", "TokenFormerHFConfig"]\n')
-_CORE_FIELDS = tuple(f.name for f in dataclasses.fields(TokenFormerConfig))
-
-
-# ---------------------------------------------------------------------------------------- config
-class TokenFormerHFConfig(PretrainedConfig):
-    """A ``PretrainedConfig`` holding every :class:`TokenFormerConfig` field under the same name.
-
-    The fields are read from the dataclass rather than listed here, so the two cannot drift apart.
-    The usual transformers names (``num_hidden_layers``, ``num_attention_heads``,
-    ``max_position_embeddings``) are aliases of ours. ``vocab_size`` is the tokenizer's vocabulary;
-    the embedding (and the logits) have ``padded_vocab_size`` rows.
-    """
-
-    model_type = "tokenformer"
-    attribute_map: ClassVar[dict[str, str]] = {
-        "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
-        "max_position_embeddings": "max_seq_len"}
-    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
-
-    def __init__(self, use_cache: bool = True, tie_word_embeddings: bool = True,
-                 **kwargs: Any) -> None:
-        defaults = TokenFormerConfig()
-        for name in _CORE_FIELDS:
-            setattr(self, name, kwargs.pop(name, getattr(defaults, name)))
-        self.use_cache = use_cache
-        # Informational: the head reads the embedding matrix itself (see the module docstring).
-        self.tie_word_embeddings = tie_word_embeddings
-        super().__init__(**kwargs)
-
-    @property
-    def padded_vocab_size(self) -> int:
-        return self.to_core().padded_vocab_size
-
-    def to_core(self) -> TokenFormerConfig:
-        return TokenFormerConfig(**{name: getattr(self, name) for name in _CORE_FIELDS})
-
-    @classmethod
-    def from_core(cls, config: TokenFormerConfig) -> TokenFormerHFConfig:
-        return cls(**config.to_dict())
-
-
-# ----------------------------------------------------------------------------------------- model
-class TokenFormerPreTrainedModel(PreTrainedModel):
-    config: TokenFormerHFConfig
-    config_class = TokenFormerHFConfig
-    base_model_prefix = "model"
-    main_input_name = "input_ids"
-    _no_split_modules: ClassVar[list[str]] = ["Block"]
-    _skip_keys_device_placement: ClassVar[list[str]] = ["past_key_values"]
-    _tied_weights_keys = None  # the head is the embedding matrix itself: nothing to tie
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        """Official init; also refills the rotary tables, which transformers creates on the meta
-        device and (being non-persistent buffers) never finds in the checkpoint."""
-        if isinstance(module, Pattention):
-            module.reset_parameters()  # torch.nn.init here is guarded by transformers: loaded
-            # tensors (flagged ``_is_hf_initialized``) are left alone
-        elif isinstance(module, nn.Embedding):
-            init.normal_(module.weight, std=self.config.init_std)
-        elif isinstance(module, LayerNorm):
-            if module.weight is not None:
-                init.ones_(module.weight)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, RotaryEmbedding):
-            fresh = RotaryEmbedding(module.dim, module.max_seq_len, self.config.rotary_base)
-            init.copy_(module.cos_cached, fresh.cos_cached.to(module.cos_cached.device))
-            init.copy_(module.sin_cached, fresh.sin_cached.to(module.sin_cached.device))
-
-
-class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
-    """The core :class:`TokenFormerLM` behind the transformers ``PreTrainedModel`` API."""
-
-    def __init__(self, config: TokenFormerHFConfig) -> None:
-        super().__init__(config)
-        self.model = TokenFormerLM(config.to_core())
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.model.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.model.word_embeddings = value
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Any | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs: Any,
-    ) -> CausalLMOutputWithPast | tuple:
-        if input_ids is None:
-            raise ConfigError("TokenFormerForCausalLM needs input_ids (inputs_embeds is not "
-                              "supported)")
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        if attention_mask is not None and position_ids is None:
-            # Left padding: real tokens count positions from 0, as in TokenFormerLM.generate.
-            T = input_ids.shape[1]
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
-        if attention_mask is not None and bool(attention_mask.all()):
-            attention_mask = None  # all ones: let the core take its fused causal path
-        out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, labels=labels, use_cache=use_cache)
-        result = CausalLMOutputWithPast(loss=out.loss, logits=out.logits,
-                                        past_key_values=out.past_key_values)
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        return result if return_dict else result.to_tuple()
-
-    # ------------------------------------------------------------------ conversion
-    @classmethod
-    def from_core(cls, core: TokenFormerLM) -> TokenFormerForCausalLM:
-        """Wrap an existing core model (no copy: the wrapper shares its tensors)."""
-        config = TokenFormerHFConfig.from_core(core.config)
-        with torch.device("meta"), init.no_init_weights():
-            wrapper = cls(config)
-        wrapper.model = core
-        wrapper.generation_config = default_generation_config(config)
-        return wrapper.to(dtype=next(core.parameters()).dtype)
-
-
-def default_generation_config(config: TokenFormerHFConfig) -> GenerationConfig:
-    """Greedy by default; never emit the embedding's padding rows (as our own ``generate``)."""
-    padded = config.padded_vocab_size
-    return GenerationConfig(
-        eos_token_id=config.eos_token_id, pad_token_id=config.eos_token_id,
-        bos_token_id=None, do_sample=False,
-        suppress_tokens=list(range(config.vocab_size, padded)) or None)
-
 
 AutoConfig.register("tokenformer", TokenFormerHFConfig, exist_ok=True)
-AutoModelForCausalLM.register(TokenFormerHFConfig, TokenFormerForCausalLM, exist_ok=True)
+for _auto, _cls in ((AutoModel, TokenFormerModel), (AutoModelForCausalLM, TokenFormerForCausalLM),
+                    (AutoModelForSequenceClassification, TokenFormerForSequenceClassification)):
+    _auto.register(TokenFormerHFConfig, _cls, exist_ok=True)
 
 
 # ------------------------------------------------------------------------------------- tokenizer
@@ -242,31 +113,27 @@ def to_hf_tokenizer(tokenizer: Tokenizer, max_seq_len: int | None = None
 
 
 # ------------------------------------------------------------------------------ saving, loading
-def save_hf(model: TokenFormerLM | TokenFormerForCausalLM, out_dir: str | Path,
+def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Path,
             tokenizer: Tokenizer | PreTrainedTokenizerFast | None = None,
             overwrite: bool = False) -> Path:
-    """Write a ``from_pretrained``-loadable folder (safetensors, config, generation config and,
-    when given, the tokenizer); built under a temporary name and renamed when complete."""
-    hf = model if isinstance(model, TokenFormerForCausalLM) else \
+    """Write a ``from_pretrained``-loadable folder (safetensors, config, generation config, the
+    remote code and, when given, the tokenizer); built under a temporary name and renamed when
+    complete. A core model (TokenFormer or a baseline) is saved as ``TokenFormerForCausalLM``."""
+    hf = model if isinstance(model, TokenFormerPreTrainedModel) else \
         TokenFormerForCausalLM.from_core(model)
     if tokenizer is not None and not isinstance(tokenizer, PreTrainedTokenizerFast):
         tokenizer = to_hf_tokenizer(tokenizer, hf.config.max_seq_len)
     if tokenizer is not None and len(tokenizer) > hf.config.padded_vocab_size:
         raise ConfigError(f"tokenizer has {len(tokenizer)} tokens but the model's vocabulary has "
                           f"{hf.config.padded_vocab_size} rows")
-    if tokenizer is not None and tokenizer.pad_token_id is not None:
-        hf.generation_config.pad_token_id = tokenizer.pad_token_id  # <|padding|> for GPT-NeoX
-    out_dir = Path(out_dir)
-    # auto_map + a two-line modeling file: trust_remote_code=True loads the folder without a
-    # prior ``import tokenformer.hf`` (e.g. lm-eval's own CLI); the package must be installed.
-    hf.config.auto_map = {"AutoConfig": f"{REMOTE_MODULE}.TokenFormerHFConfig",
-                          "AutoModelForCausalLM": f"{REMOTE_MODULE}.TokenFormerForCausalLM"}
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        hf.save_pretrained(tmp, safe_serialization=True)
-        (tmp / f"{REMOTE_MODULE}.py").write_text(REMOTE_CODE)
+    generation = getattr(hf, "generation_config", None)
+    if tokenizer is not None and tokenizer.pad_token_id is not None and generation is not None:
+        generation.pad_token_id = tokenizer.pad_token_id  # <|padding|> for GPT-NeoX
+    with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
+        hf.save_pretrained(tmp)  # + modeling_tokenformer.py, configuration_tokenformer.py
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-    return out_dir
+    return Path(out_dir)
 
 
 def load_hf(path: str | Path, **kwargs: Any) -> TokenFormerForCausalLM:
@@ -295,6 +162,24 @@ def load_for_transformers(spec: str | Path, tokenizer: str | Path | None = None
     return model, to_hf_tokenizer(tok, model.config.max_seq_len)
 
 
+# ----------------------------------------------------------------------------------------- PEFT
+PATTENTION_NAMES = ("query", "key", "value", "proj", "mlp")  # the Pattentions of a block
+
+
+def lora_target_parameters(modules: tuple[str, ...] | list[str] = PATTENTION_NAMES) -> list[str]:
+    """``LoraConfig(target_parameters=...)`` for the parameter tokens of the named Pattentions.
+
+    PEFT's ``target_modules`` route accepts only its known layer types (``nn.Linear`` …) and
+    refuses a Pattention; its ``target_parameters`` route adds a low-rank update to a parameter
+    itself, ``K_P + B·A``, which is exactly a LoRA of the token matrices, and merges exactly.
+    """
+    unknown = sorted(set(modules) - set(PATTENTION_NAMES))
+    if unknown:
+        raise ConfigError(f"unknown Pattention {unknown[0]!r}; choose from "
+                          f"{', '.join(PATTENTION_NAMES)}")
+    return [f"{m}.{t}" for m in modules for t in ("key_param_tokens", "value_param_tokens")]
+
+
 # ---------------------------------------------------------------------------------- conversions
 def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | Path | None = None,
                      overwrite: bool = False, **official_kwargs: Any) -> Path:
@@ -315,10 +200,56 @@ def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | P
     return save_hf(core, out_dir, tok, overwrite=overwrite)
 
 
-def convert_to_official(model_dir: str | Path, out_path: str | Path) -> Path:
-    """An HF folder (or our own folder) → the official ``pytorch_model.bin`` key layout."""
+def convert_to_hf(model_dir: str | Path, out_dir: str | Path, *,
+                  tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Any model directory we write (``train``'s ``final`` or a checkpoint, ``grow``'s output; a
+    TokenFormer or a Transformer baseline), or a preset, → a Hugging Face folder with its
+    tokenizer (the one saved beside the model, ``tokenizer``, or bytes for 257 tokens)."""
     from .loading import load_model
+    from .tokenizer import resolve_tokenizer
 
+    core = load_model(model_dir)
+    tok = resolve_tokenizer(model_dir, core.config, tokenizer)
+    return save_hf(core, out_dir, tok, overwrite=overwrite)
+
+
+def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
+                        tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+    """A TokenFormer folder (ours or Hugging Face) → a folder laid out like the released repos:
+    ``pytorch_model.bin`` (official key names and order, fp32), ``config.json`` (the NeoX keys plus
+    ``vocab_size``/``eos_token_id``, so converting back restores them) and, when the model has one,
+    ``tokenizer.json``."""
+    from .loading import load_model
+    from .tokenizer import resolve_tokenizer
+
+    out_dir = Path(out_dir)
+    if out_dir.suffix == ".bin":
+        raise ConfigError(f"to-official writes a folder like the released repos "
+                          f"(pytorch_model.bin, config.json, tokenizer.json): give a folder "
+                          f"name, not {out_dir.name}")
     model = load_model(model_dir)
-    save_official(model, out_path)
-    return Path(out_path)
+    if type(model) is not TokenFormerLM:
+        raise ConfigError(f"{model_dir} holds a {model.config.arch} baseline: the official "
+                          f"layout exists only for TokenFormer (use to-hf)")
+    c = model.config
+    beyond = [f"{k}={getattr(c, k)}" for k, official in (
+        ("qkv_scale", None), ("proj_scale", None), ("ffn_scale", None), ("theta_eps", 0.0),
+        ("block_norm", "none"), ("rotary_base", 10000.0), ("layernorm_eps", 1e-5))
+        if getattr(c, k) != official]
+    if beyond:  # the official code would load the weights and compute another function
+        raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
+    tok: Tokenizer | None = None
+    try:
+        tok = resolve_tokenizer(model_dir, model.config, tokenizer)
+    except ConfigError:
+        if tokenizer is not None:
+            raise
+        # none beside the model (e.g. an official checkpoint converted without one): the
+        # folder holds the weights and the config only
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        save_official(model, tmp / "pytorch_model.bin")
+        (tmp / "config.json").write_text(json.dumps(official_config(model.config), indent=2)
+                                         + "\n")
+        if tok is not None:
+            to_hf_tokenizer(tok).backend_tokenizer.save(str(tmp / "tokenizer.json"))
+    return out_dir

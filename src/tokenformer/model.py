@@ -189,6 +189,17 @@ class CausalLMOutput:
     logits: torch.Tensor
     loss: torch.Tensor | None = None
     past_key_values: Any | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class BodyOutput:
+    """What :meth:`TokenFormerLM.body` returns: the final-normed hidden state (what the head reads)
+    and, when asked for, every block's input plus that final state (transformers' convention)."""
+
+    last_hidden_state: torch.Tensor
+    past_key_values: Any | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 class TokenFormerLM(nn.Module):
@@ -213,17 +224,51 @@ class TokenFormerLM(nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(
         self,
-        input_ids: torch.Tensor,
+        input_ids: torch.Tensor | None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         past_key_values: Any | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool = False,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
     ) -> CausalLMOutput:
-        if input_ids.dim() != 2:
-            raise TokenFormerError(f"input_ids must be [batch, seq], got shape "
-                                   f"{tuple(input_ids.shape)}")
-        B, T = input_ids.shape
+        body = self.body(input_ids, attention_mask, position_ids, past_key_values, use_cache,
+                         inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
+        logits = F.linear(body.last_hidden_state, self.word_embeddings.weight)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                   ignore_index=-100)
+        return CausalLMOutput(logits=logits, loss=loss, past_key_values=body.past_key_values,
+                              hidden_states=body.hidden_states)
+
+    def body(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any | None = None,
+        use_cache: bool = False,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> BodyOutput:
+        """Everything but the output head: embeddings (or ``inputs_embeds`` [B, T, d]), the
+        blocks, the final norm. ``output_hidden_states``: the L block inputs, then the final-normed
+        last block output (L + 1 tensors, as transformers models return them)."""
+        if inputs_embeds is None:
+            if input_ids is None or input_ids.dim() != 2:
+                raise TokenFormerError(f"input_ids must be [batch, seq], got "
+                                       f"{'None' if input_ids is None else tuple(input_ids.shape)}")
+            x = self.word_embeddings(input_ids)
+        elif input_ids is not None or inputs_embeds.dim() != 3:
+            raise TokenFormerError("give input_ids [batch, seq] or inputs_embeds [batch, seq, "
+                                   "hidden], not both")
+        else:
+            x = inputs_embeds
+        B, T = x.shape[:2]
         if use_cache and past_key_values is None:
             past_key_values = KVCache(self.config.num_layers, self.config.max_seq_len)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -232,17 +277,18 @@ class TokenFormerLM(nn.Module):
                 f"sequence of {past + T} tokens exceeds the model's context of "
                 f"{self.config.max_seq_len} tokens (max_seq_len, the size of the rotary cache)")
         if position_ids is None:
-            position_ids = torch.arange(past, past + T, device=input_ids.device).expand(B, T)
-        x = self.word_embeddings(input_ids)
+            position_ids = torch.arange(past, past + T, device=x.device).expand(B, T)
+        hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
         for block in self.layers:
+            if hidden is not None:
+                hidden.append(x)
             x = block(x, self.rotary, position_ids, attention_mask, past_key_values)
-        logits = F.linear(self.final_norm(x), self.word_embeddings.weight)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
-                                   ignore_index=-100)
-        return CausalLMOutput(logits=logits, loss=loss,
-                              past_key_values=past_key_values if use_cache else None)
+        x = self.final_norm(x)
+        if hidden is not None:
+            hidden.append(x)
+        return BodyOutput(last_hidden_state=x,
+                          past_key_values=past_key_values if use_cache else None,
+                          hidden_states=tuple(hidden) if hidden is not None else None)
 
     # ------------------------------------------------------------------ sizes
     def num_parameters(self, non_embedding: bool = False) -> int:

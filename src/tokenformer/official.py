@@ -128,9 +128,16 @@ def infer_config(state: dict[str, torch.Tensor], config_json: dict[str, Any] | N
     if isinstance(heads, bool) or not isinstance(heads, int) or heads <= 0:
         raise CheckpointError(f"config.json: num_attention_heads must be a positive integer, got "
                               f"{heads!r}")
-    vocab = OFFICIAL_VOCAB_SIZE if vocab_rows == 50304 else vocab_rows
+    # The tokenizer's vocabulary and eos: config.json when it says (to-official writes them),
+    # else the released models' values.
+    vocab = int(cfg.get("vocab_size") or (OFFICIAL_VOCAB_SIZE if vocab_rows == 50304
+                                          else vocab_rows))
+    multiple = int(cfg.get("vocab_multiple") or (128 if vocab_rows % 128 == 0 else 1))
+    if -(-vocab // multiple) * multiple != vocab_rows:
+        raise CheckpointError(f"config.json's vocab_size={vocab} (padded to a multiple of "
+                              f"{multiple}) does not match the embedding's {vocab_rows} rows")
     return TokenFormerConfig(
-        vocab_size=vocab, vocab_multiple=128 if vocab_rows % 128 == 0 else 1,
+        vocab_size=vocab, vocab_multiple=multiple, eos_token_id=cfg.get("eos_token_id", 0),
         hidden_size=int(d), num_layers=len(layers), num_heads=int(heads),
         qkv_tokens=tokens("attention.query"), proj_tokens=tokens("attention.proj"),
         ffn_tokens=tokens("mlp"),
@@ -173,3 +180,15 @@ def save_official(model: TokenFormerLM, path: str | Path) -> None:
     state = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     out = ours_to_official(state, model.config.num_layers)
     atomic_write(path, lambda tmp: torch.save(out, tmp))
+
+
+def official_config(config: TokenFormerConfig) -> dict[str, Any]:
+    """``config.json`` as the released repos write it (the NeoX keys :func:`infer_config` reads),
+    plus ``vocab_size``, ``vocab_multiple`` and ``eos_token_id``: the tokenizer's facts, which the
+    padded embedding cannot tell."""
+    return {"num_layers": config.num_layers, "hidden_size": config.hidden_size,
+            "num_attention_heads": config.num_heads, "qkv_slot_num": config.qkv_tokens,
+            "proj_slot_num": config.proj_tokens, "ffn_slot_num": config.ffn_tokens,
+            "seq_length": config.max_seq_len, "rotary_pct": config.rotary_pct,
+            "norm_activation_type": config.norm, "vocab_size": config.vocab_size,
+            "vocab_multiple": config.vocab_multiple, "eos_token_id": config.eos_token_id}

@@ -1,4 +1,4 @@
-"""``tokenformer convert official`` and ``tokenformer convert to-official`` (needs the hf extra)."""
+"""``tokenformer convert official | to-hf | to-official`` (needs the hf extra)."""
 
 from __future__ import annotations
 
@@ -25,23 +25,41 @@ def convert_official(args: argparse.Namespace) -> None:
                                  overwrite=args.overwrite, num_heads=args.num_heads,
                                  rotary_pct=args.rotary_pct, max_seq_len=args.max_seq_len,
                                  norm=args.norm)
-    print(f"wrote {out} (load with: import tokenformer.hf; "
-          f"AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    _print_loadable(out)
     write_marker(out, "convert official")
 
 
-def convert_to_official(args: argparse.Namespace) -> None:
-    from ..outputs import check_output
+def convert_to_hf(args: argparse.Namespace) -> None:
+    from ..outputs import check_output, write_marker
 
-    check_output(args.out, [args.model_dir], command="convert to-official",
-                 overwrite=args.overwrite, kind="file", flag="out")
-    out = _hf().convert_to_official(args.model_dir, args.out)
-    print(f"wrote {out} (official GPT-NeoX TokenFormer key layout, fp32)")
+    check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-hf",
+                 overwrite=args.overwrite, flag="out_dir")
+    out = _hf().convert_to_hf(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
+                              overwrite=args.overwrite)
+    _print_loadable(out)
+    write_marker(out, "convert to-hf")
+
+
+def _print_loadable(out: object) -> None:
+    print(f"wrote {out} (load with AutoModelForCausalLM.from_pretrained({str(out)!r}, "
+          f"trust_remote_code=True), or without trust_remote_code after import tokenformer.hf)")
+
+
+def convert_to_official(args: argparse.Namespace) -> None:
+    from ..outputs import check_output, write_marker
+
+    check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-official",
+                 overwrite=args.overwrite, flag="out_dir")
+    out = _hf().convert_to_official(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
+                                    overwrite=args.overwrite)
+    print(f"wrote {out} (pytorch_model.bin in the official GPT-NeoX TokenFormer key layout, fp32; "
+          f"config.json)")
+    write_marker(out, "convert to-official")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("convert", help="convert between official checkpoints and "
-                                       "Hugging Face folders")
+    p = sub.add_parser("convert", help="convert between official checkpoints, our model "
+                                       "directories and Hugging Face folders")
     conv = p.add_subparsers(dest="direction", metavar="DIRECTION", parser_class=type(p))
     conv.required = True
 
@@ -62,9 +80,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "folder it did not write)")
     q.set_defaults(func=convert_official)
 
-    q = conv.add_parser("to-official", help="Hugging Face or tokenformer folder -> official "
-                                            "pytorch_model.bin")
+    q = conv.add_parser("to-hf", help="a model directory of ours (TokenFormer or a Transformer "
+                                      "baseline: train's final/ or a checkpoint, grow's output) "
+                                      "-> Hugging Face folder")
+    q.add_argument("model_dir", help="model directory (config.json + model.safetensors)")
+    q.add_argument("out_dir", help="output folder (safetensors, config, remote code, tokenizer)")
+    q.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json or 'bytes' (default: the one saved beside the model, "
+                        "else bytes for a 257-token vocabulary)")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing out_dir")
+    q.set_defaults(func=convert_to_hf)
+
+    q = conv.add_parser("to-official", help="TokenFormer folder (ours or Hugging Face) -> folder "
+                                            "like the released repos (pytorch_model.bin, "
+                                            "config.json, tokenizer.json)")
     q.add_argument("model_dir")
-    q.add_argument("out", help="output .bin file")
-    q.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    q.add_argument("out_dir", help="output folder")
+    q.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json or 'bytes' to include (default: the model's own)")
+    q.add_argument("--overwrite", action="store_true", help="replace an existing out_dir")
     q.set_defaults(func=convert_to_official)
