@@ -13,7 +13,7 @@ from tokenformer import ConfigError, Pattention
 from tokenformer.pattention import PATTENTION_IMPLS
 
 VARIANTS = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
-IMPLS = [i for i in PATTENTION_IMPLS if i != "auto"]  # every path, each against the formulas
+IMPLS = list(PATTENTION_IMPLS)  # every path (the default auto too), each against the formulas
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:

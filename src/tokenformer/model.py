@@ -219,7 +219,10 @@ class TokenFormerLM(nn.Module):
         past_key_values: Any | None = None,
         labels: torch.Tensor | None = None,
         use_cache: bool = False,
+        logits_to_keep: int = 0,
     ) -> CausalLMOutput:
+        """``logits_to_keep`` > 0: logits of the last that many positions only (Hugging Face's
+        argument of the same name; generation needs one and saves the [T, vocab] projection)."""
         if input_ids.dim() != 2:
             raise TokenFormerError(f"input_ids must be [batch, seq], got shape "
                                    f"{tuple(input_ids.shape)}")
@@ -236,6 +239,11 @@ class TokenFormerLM(nn.Module):
         x = self.word_embeddings(input_ids)
         for block in self.layers:
             x = block(x, self.rotary, position_ids, attention_mask, past_key_values)
+        if logits_to_keep > 0:
+            if labels is not None:
+                raise ConfigError("logits_to_keep needs every position's logits when labels "
+                                  "are given; pass one or the other")
+            x = x[:, -logits_to_keep:]
         logits = F.linear(self.final_norm(x), self.word_embeddings.weight)
         loss = None
         if labels is not None:
@@ -321,6 +329,7 @@ class TokenFormerLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        past_key_values: Any | None = None,
     ) -> torch.Tensor:
         """Continue ``input_ids`` [B, T]; returns [B, T + generated].
 
@@ -328,6 +337,8 @@ class TokenFormerLM(nn.Module):
         ``top_p`` (nucleus). Rows that emit ``eos_token_id`` are padded with it until every row
         has finished. Generation stops early at the model's context length. Batched prompts of
         different lengths are left-padded with ``attention_mask`` marking the real tokens.
+        ``past_key_values``: a cache (:class:`KVCache`) already holding the first
+        ``get_seq_length()`` tokens of ``input_ids``; only the rest is run through the model.
         """
         if max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -343,16 +354,21 @@ class TokenFormerLM(nn.Module):
                                    f"{self.config.max_seq_len} tokens (rotary cache)")
         max_new_tokens = min(max_new_tokens, self.config.max_seq_len - T)
         vocab = self.config.vocab_size  # never sample the padding rows of the embedding
-        tokens, cache, finished = input_ids, None, torch.zeros(B, dtype=torch.bool,
-                                                               device=input_ids.device)
+        tokens, cache = input_ids, past_key_values if use_cache else None
+        finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         step_input = input_ids
+        if cache is not None:
+            if cache.get_seq_length() >= T:
+                raise TokenFormerError(f"the cache already holds {cache.get_seq_length()} "
+                                       f"positions; input_ids must have more than that ({T})")
+            step_input = input_ids[:, cache.get_seq_length():]
         for _ in range(max_new_tokens):
             position_ids = None
             if attention_mask is not None:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
                 position_ids = position_ids[:, -step_input.shape[1]:]
             out = self(step_input, attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=cache, use_cache=use_cache)
+                       past_key_values=cache, use_cache=use_cache, logits_to_keep=1)
             logits = out.logits[:, -1, :vocab].float()
             next_token = (_sample(logits, temperature, top_k, top_p, generator) if do_sample
                           else logits.argmax(dim=-1))
