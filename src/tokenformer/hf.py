@@ -155,6 +155,7 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         return_dict: bool | None = None,
+        logits_to_keep: int = 0,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
         if input_ids is None:
@@ -170,7 +171,8 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # all ones: let the core take its fused causal path
         out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, labels=labels, use_cache=use_cache)
+                         past_key_values=past_key_values, labels=labels, use_cache=use_cache,
+                         logits_to_keep=logits_to_keep)
         result = CausalLMOutputWithPast(loss=out.loss, logits=out.logits,
                                         past_key_values=out.past_key_values)
         return_dict = self.config.return_dict if return_dict is None else return_dict
