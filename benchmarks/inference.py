@@ -59,6 +59,16 @@ def build_models(context: int):
     return core.eval(), wrapper.eval(), neox.eval()
 
 
+def matmul_macs_per_token(models) -> tuple[int, int]:
+    """Multiply-adds per decoded token outside attention: every Pattention's K_P and V_P plus
+    the tied output projection (TokenFormer); every Linear, embed_out included (GPT-NeoX)."""
+    core, _, neox = models
+    tokenformer = sum(p.numel() for m in core.modules() if isinstance(m, Pattention)
+                      for p in m.parameters()) + core.word_embeddings.weight.numel()
+    gpt_neox = sum(m.weight.numel() for m in neox.modules() if isinstance(m, torch.nn.Linear))
+    return tokenformer, gpt_neox
+
+
 def fill(cache, layers: int, batch: int, heads: int, head_dim: int, position: int,
          dtype: torch.dtype):
     """Put ``position`` random keys/values into every layer of ``cache``."""
@@ -161,13 +171,19 @@ def main(argv: list[str] | None = None) -> None:
           f"cache holding `position` tokens; prefill: a {args.prefill}-token prompt at batch 1 "
           f"and its first token. Tokens/s of the median of {args.rounds} interleaved rounds; "
           f"ratio = TokenFormer / GPT-NeoX.\n")
+    ours, theirs = matmul_macs_per_token(models)
+    work = ours / theirs
+    print(f"Matmul work per token outside attention: TokenFormer {ours / 1e6:.1f}M multiply-adds, "
+          f"GPT-NeoX {theirs / 1e6:.1f}M ({work:.3f}x): at equal efficiency the ratio would be "
+          f"{1 / work:.2f}x. Last column: core / NeoX × {work:.3f}, i.e. multiply-adds per second "
+          f"relative to GPT-NeoX.\n")
     print("| dtype | case | core tok/s | HF wrapper tok/s | GPT-NeoX tok/s | core / NeoX | "
-          "wrapper / NeoX |")
-    print("|---|---|---|---|---|---|---|")
+          "wrapper / NeoX | core / NeoX per multiply-add |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, label, rate in rows:
         print(f"| {name} | {label} | {rate['core']:.1f} | {rate['hf']:.1f} | "
               f"{rate['neox']:.1f} | {rate['core'] / rate['neox']:.2f}x | "
-              f"{rate['hf'] / rate['neox']:.2f}x |")
+              f"{rate['hf'] / rate['neox']:.2f}x | {work * rate['core'] / rate['neox']:.2f}x |")
     print()
 
 

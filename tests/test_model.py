@@ -340,3 +340,32 @@ def test_logits_to_keep_is_the_last_positions() -> None:
     torch.testing.assert_close(last, full[:, -3:], rtol=1e-5, atol=1e-5)
     with pytest.raises(ConfigError, match="logits_to_keep"):
         model(seq, labels=seq, logits_to_keep=1)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_bf16_cached_decoding_is_as_close_to_fp32_as_a_full_forward(masked: bool) -> None:
+    """bf16 decoding steps (attention over the cache in float32, the rest in bf16), with and
+    without an attention mask: as close to the fp32 model's logits as the bf16 model's own
+    uncached forward is."""
+    model = random_model()
+    seq = ids(2, 20)
+    with torch.no_grad():
+        truth = model(seq).logits.double()
+        model = model.to(torch.bfloat16)
+        full = model(seq).logits.double()
+
+        def mask(t: int) -> torch.Tensor | None:
+            return torch.ones(2, t, dtype=torch.long) if masked else None
+
+        out = model(seq[:, :8], attention_mask=mask(8), use_cache=True)
+        steps = [out.logits]
+        for t in range(8, 20):
+            out = model(seq[:, t: t + 1], attention_mask=mask(t + 1),
+                        past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    cached = torch.cat(steps, dim=1).double()
+
+    def err(a: torch.Tensor) -> float:
+        return (torch.linalg.vector_norm(a - truth) / torch.linalg.vector_norm(truth)).item()
+
+    assert err(cached) < 2e-2 and err(cached) <= 1.5 * err(full) + 1e-3, (err(cached), err(full))

@@ -129,11 +129,24 @@ class Attention(nn.Module):
         if attention_mask is None and past == 0:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
         elif attention_mask is None and T == 1:
-            out = F.scaled_dot_product_attention(q, k, v)
+            out = _decode_attention(q, k, v)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask(attention_mask, B, T,
-                                                                         past, x.device))
+            mask = _mask(attention_mask, B, T, past, x.device)
+            out = (_decode_attention(q, k, v, mask) if T == 1 else
+                   F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
         return self.proj(out.transpose(1, 2).reshape(B, T, d))
+
+
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query row over the cache. In bf16/fp16 on the CPU, SDPA's reduced-
+    precision kernel is 2–4x slower for a single row than float32 SDPA on upcast copies (at 1000
+    cached positions, 1.2 vs 0.3 ms per layer; docs/performance.md, "Inference"), and float32 is
+    the more accurate of the two; longer inputs (prefill) are faster in bf16 and stay there."""
+    if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                              attn_mask=mask).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def _mask(attention_mask: torch.Tensor | None, B: int, T: int, past: int,
