@@ -59,14 +59,18 @@ def build_models(context: int):
     return core.eval(), wrapper.eval(), neox.eval()
 
 
-def matmul_macs_per_token(models) -> tuple[int, int]:
-    """Multiply-adds per decoded token outside attention: every Pattention's K_P and V_P plus
-    the tied output projection (TokenFormer); every Linear, embed_out included (GPT-NeoX)."""
+def matmul_macs(models) -> tuple[int, int, int]:
+    """Multiply-adds per token outside attention and the output projection: every Pattention's
+    K_P and V_P (TokenFormer), every Linear but embed_out (GPT-NeoX); and the output projection
+    (the same vocab × hidden in both: tied in TokenFormer, embed_out in GPT-NeoX)."""
     core, _, neox = models
     tokenformer = sum(p.numel() for m in core.modules() if isinstance(m, Pattention)
-                      for p in m.parameters()) + core.word_embeddings.weight.numel()
-    gpt_neox = sum(m.weight.numel() for m in neox.modules() if isinstance(m, torch.nn.Linear))
-    return tokenformer, gpt_neox
+                      for p in m.parameters())
+    head = neox.get_output_embeddings().weight.numel()
+    gpt_neox = sum(m.weight.numel() for m in neox.modules()
+                   if isinstance(m, torch.nn.Linear)) - head
+    assert head == core.word_embeddings.weight.numel()
+    return tokenformer, gpt_neox, head
 
 
 def fill(cache, layers: int, batch: int, heads: int, head_dim: int, position: int,
@@ -147,12 +151,14 @@ def main(argv: list[str] | None = None) -> None:
         dtype = DTYPES[name]
         for model in models:
             model.to(dtype)
-        cases = [(f"decode b{b} @{p}", b * args.new, decode_fns(models, b, p, args.new, dtype))
+        # (label, tokens per call, output projections per token, functions)
+        cases = [(f"decode b{b} @{p}", b * args.new, 1.0,
+                  decode_fns(models, b, p, args.new, dtype))
                  for b in args.batches for p in args.positions]
         if args.prefill:
-            cases.append((f"prefill {args.prefill}", args.prefill,
+            cases.append((f"prefill {args.prefill}", args.prefill, 1 / args.prefill,
                           prefill_fns(models, 1, args.prefill)))
-        for label, tokens, fns in cases:
+        for label, tokens, heads, fns in cases:
             log(f"{name} {label} ...")
             with torch.inference_mode():
                 if args.profile and label.startswith("decode"):
@@ -160,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                         log(f"### {who}, {name}, {label}\n{profile(fns[who])}")
                 t = interleaved(fns, args.rounds, warmup=1)
             rate = {who: tokens / t[who]["median"] for who in CANDIDATES}
-            rows.append((name, label, rate))
+            rows.append((name, label, heads, rate))
             log(f"  {rate}")
 
     print("## Inference (issue 17)\n")
@@ -171,16 +177,20 @@ def main(argv: list[str] | None = None) -> None:
           f"cache holding `position` tokens; prefill: a {args.prefill}-token prompt at batch 1 "
           f"and its first token. Tokens/s of the median of {args.rounds} interleaved rounds; "
           f"ratio = TokenFormer / GPT-NeoX.\n")
-    ours, theirs = matmul_macs_per_token(models)
-    work = ours / theirs
+    ours, theirs, head = matmul_macs(models)
     print(f"Matmul work per token outside attention: TokenFormer {ours / 1e6:.1f}M multiply-adds, "
-          f"GPT-NeoX {theirs / 1e6:.1f}M ({work:.3f}x): at equal efficiency the ratio would be "
-          f"{1 / work:.2f}x. Last column: core / NeoX × {work:.3f}, i.e. multiply-adds per second "
-          f"relative to GPT-NeoX.\n")
+          f"GPT-NeoX {theirs / 1e6:.1f}M ({ours / theirs:.3f}x), plus the output projection of "
+          f"{head / 1e6:.1f}M in both (once per decoded token, once per prompt in prefill): "
+          f"TokenFormer does {(ours + head) / (theirs + head):.3f}x GPT-NeoX's work per decoded "
+          f"token and {ours / theirs:.3f}x per prefilled one, so at equal efficiency the ratios "
+          f"would be {(theirs + head) / (ours + head):.2f}x and {theirs / ours:.2f}x. Last "
+          f"column: core / NeoX × that work ratio, i.e. multiply-adds per second relative to "
+          f"GPT-NeoX.\n")
     print("| dtype | case | core tok/s | HF wrapper tok/s | GPT-NeoX tok/s | core / NeoX | "
           "wrapper / NeoX | core / NeoX per multiply-add |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, label, rate in rows:
+    for name, label, heads, rate in rows:
+        work = (ours + heads * head) / (theirs + heads * head)
         print(f"| {name} | {label} | {rate['core']:.1f} | {rate['hf']:.1f} | "
               f"{rate['neox']:.1f} | {rate['core'] / rate['neox']:.2f}x | "
               f"{rate['hf'] / rate['neox']:.2f}x | {work * rate['core'] / rate['neox']:.2f}x |")
