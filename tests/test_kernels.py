@@ -210,6 +210,19 @@ def test_auto_without_a_kernel_runs_fused_silently(monkeypatch, caplog, kernel_c
     assert len(notes) == 1 and notes[0].levelno == logging.DEBUG
 
 
+def test_kernel_impl_without_a_kernel_infers_with_fused(monkeypatch):
+    """impl="kernel" on a machine without the kernel: fused in training and inference alike."""
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "could not build: no c++"})
+    layer = Pattention(8, 4, 16, impl="kernel")
+    x = torch.randn(5, 8)
+    with pytest.warns(RuntimeWarning, match="falls back to 'fused'"), torch.no_grad():
+        y = layer(x)
+    with torch.no_grad():
+        expected = fused_pattention(x, layer.key_param_tokens, layer.value_param_tokens,
+                                    "l2_norm_gelu", layer.scale)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("compiler", ["missing", "failing"])
 def test_missing_compiler_in_a_fresh_process(tmp_path, compiler):
     """No working compiler and an empty extension cache (a fresh machine): a tiny LM trains one

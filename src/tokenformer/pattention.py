@@ -81,7 +81,7 @@ def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0) -> to
 
 def _reference(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
                eps: float) -> torch.Tensor:
-    return torch.matmul(theta(F.linear(x, key), norm, scale, eps), value)
+    return torch.matmul(theta(torch.matmul(x, key.t()), norm, scale, eps), value)
 
 
 def check_impl(impl: str) -> None:
@@ -163,10 +163,12 @@ class Pattention(nn.Module):
             theta_ = kernels.theta_forward(scores.view(-1, scores.shape[-1]), self.scale,
                                            self.eps)[0]
             return torch.matmul(theta_.view(scores.shape), self._inference_value())
-        if kernel or records or impl == "fused":
+        if kernel or records or impl in ("fused", "kernel"):
             return fused_pattention(x, key, value, self.norm, self.scale, self.eps,
                                     kernel=kernel)
-        return _reference(x, key, self._inference_value(), self.norm, self.scale, self.eps)
+        if impl == "auto":  # "torch" keeps the layout too: it reproduces the old results exactly
+            value = self._inference_value()
+        return _reference(x, key, value, self.norm, self.scale, self.eps)
 
     def _inference_value(self) -> torch.Tensor:
         """V for a matmul autograd does not record. In bf16/fp16, the CPU's matrix-vector
