@@ -330,3 +330,19 @@ def test_other_isa_builds_match_the_reference(target):
     proc = subprocess.run([sys.executable, "-c", _OTHER_ISA_CHECK, target], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_build_kernels_command(monkeypatch, capsys):
+    """`tokenformer build-kernels` reports the build it made or loaded, or says in one error
+    line why there is none (exit 2)."""
+    from tokenformer.cli import main
+
+    if kernels.available():
+        assert main(["build-kernels"]) == 0
+        out = capsys.readouterr().out
+        assert kernels.build_name() in out and out.strip().endswith(".so")
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "disabled by "
+                                            "TOKENFORMER_KERNELS=0"})
+    assert main(["build-kernels"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "TOKENFORMER_KERNELS=0" in err[0]
