@@ -137,6 +137,11 @@ def available() -> bool:
     """True once the kernel is built and loaded (builds it on the first call)."""
     if "ok" in _state:  # lock-free once decided (torch.compile traces this call)
         return bool(_state["ok"])
+    return _decide()
+
+
+@torch.compiler.disable  # a first call inside torch.compile's tracing builds eagerly
+def _decide() -> bool:
     with _lock:
         if "ok" not in _state:
             if os.environ.get("TOKENFORMER_KERNELS", "1") == "0":
@@ -178,7 +183,8 @@ def usable(x: torch.Tensor, norm: str) -> bool:
         return True
     if not _state.get("logged"):
         _state["logged"] = True
-        _log.debug("Pattention impl 'auto' runs 'fused': %s", unavailable_reason())
+        _log.debug("Pattention impl 'auto' runs the PyTorch paths (fused, reference): %s",
+                   unavailable_reason())
     return False
 
 
