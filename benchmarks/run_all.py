@@ -39,6 +39,7 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
     "fused": ("fused.py", ["--cpu-time"]),
     "compile": ("compile.py", ["--cpu-time"]),
     "decode": ("decode.py", ["--cpu-time"]),
+    "inference": ("inference.py", ["--cpu-time"]),
     "train_throughput": ("train_throughput.py", ["--cpu-time"]),
     "theta_passes": ("theta_passes.py", ["--cpu-time"]),
     "attention": ("attention.py", ["--cpu-time"]),

@@ -30,6 +30,15 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def theta_kernel_built():
+    """Build (or load) the C++ Θ kernel once, before any test: the default Pattention impl uses
+    it, and a first-use compile must not land inside one test's time."""
+    from tokenformer import kernels
+
+    kernels.available()
+
+
 @pytest.fixture(scope="session")
 def dataset_dir(tmp_path_factory) -> Path:
     """A small byte-level prepared dataset: the first 200 kB of the embedded corpus."""

@@ -63,6 +63,9 @@ def test_every_variant_trains_to_a_finite_metric(toy_runs, study, task):
         # the variant really was trained: the saved model's config carries it
         config = json.loads((out / "runs" / f"{v}-seed0" / "final" / "config.json").read_text())
         assert config[STUDIES[study].key] == v
+        if task == "lm":  # the pinned Pattention impl reached the trainer
+            run_config = json.loads((out / "runs" / f"{v}-seed0" / "config.json").read_text())
+            assert run_config["pattention_impl"] == "torch"
         runs = saved["variants"][v]["runs"]
         assert [p["step"] for p in runs["0"]["points"]] == [TOY[task].steps]
         assert metric in results["summary"]["metric"]
@@ -73,6 +76,8 @@ def test_every_variant_trains_to_a_finite_metric(toy_runs, study, task):
         for png in ("final.png", "curves.png"):
             assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert not (out / ablate.PARTIAL).exists()
+    # documented runs predate the kernel default: the impl they ran with is pinned and recorded
+    assert saved["pattention_impl"] == "torch" == TOY[task].pattention_impl
     umask = os.umask(0)
     os.umask(umask)
     for name in ("report.md", "results.json"):  # written atomically, readable like open()'s

@@ -8,7 +8,10 @@ autocast be within bf16 tolerance and no worse than the reference path's.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -30,7 +33,7 @@ from test_fused import (
 )
 from tokenformer import TokenFormerConfig, TokenFormerLM, kernels
 from tokenformer.fused import fused_pattention
-from tokenformer.pattention import Pattention, set_pattention_impl
+from tokenformer.pattention import THETA_VARIANTS, Pattention, set_pattention_impl
 
 
 def kernel_pattention(x, k, v, norm, scale, eps):
@@ -142,6 +145,108 @@ def test_kernel_impl_falls_back_where_it_does_not_apply():
             assert max_rel(a, b) < 1e-12
 
 
+def default_pattention(x, k, v, norm, scale, eps):
+    """A Pattention with every setting at its default (impl="auto") holding K and V."""
+    layer = Pattention(k.shape[1], v.shape[1], k.shape[0], norm, scale=scale, eps=eps,
+                       dtype=k.dtype)
+    return torch.func.functional_call(layer, {"key_param_tokens": k, "value_param_tokens": v},
+                                      (x,))
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """How many times the kernel's forward ran (a list that grows by one per call)."""
+    calls = []
+    forward = kernels.theta_forward
+    monkeypatch.setattr(kernels, "theta_forward",
+                        lambda *a: calls.append(1) or forward(*a))
+    return calls
+
+
+@pytest.mark.parametrize("norm", THETA_VARIANTS)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_default_impl_matches_float64_reference(norm, precision, kernel_calls):
+    """The default (auto) path, training and inference, on every Θ variant: within the
+    tolerances the fused and kernel paths are held to against the float64 truth; it runs the
+    kernel exactly where the kernel covers the variant and is available."""
+    x, k, v, gy = inputs(2, (3, 40, 64), 96, 48)  # test_fused's bf16 case, the same tolerances
+    scale = math.sqrt(96) if "l2" in norm else 96.0
+    truth = value_and_grads(reference, x, k, v, gy, norm, scale, 1e-6)
+    f32 = (x.float(), k.float(), v.float(), gy)
+    context = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
+               else contextlib.nullcontext())
+    with context:
+        ours = value_and_grads(default_pattention, *f32, norm, scale, 1e-6)
+        ref = value_and_grads(reference, *f32, norm, scale, 1e-6)
+        with torch.no_grad():
+            inferred = default_pattention(*f32[:3], norm, scale, 1e-6)
+    for name, a, r, b in zip(("y", "dx", "dk", "dv"), ours, ref, truth, strict=True):
+        if precision == "fp32":
+            assert norm_rel(a, b) <= 2e-5 + 4 * norm_rel(r, b), name
+        else:
+            assert max_rel(a, b) < 3e-2 and max_rel(a, b) <= 1.5 * max_rel(r, b) + 4e-3, name
+    tol = 2e-5 if precision == "fp32" else 3e-2
+    assert norm_rel(inferred, truth[0]) <= tol + 4 * norm_rel(ref[0], truth[0])
+    assert len(kernel_calls) == (2 if norm == "l2_norm_gelu" and kernels.available() else 0)
+
+
+def test_auto_without_a_kernel_runs_fused_silently(monkeypatch, caplog, kernel_calls):
+    """A machine without a compiler: the default impl gives fused's result (training) and the
+    reference's (inference), no warning, one debug line."""
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "could not build: no c++"})
+    x, k, v, _ = inputs(6, (5, 8), 16, 4, dtype=torch.float32)
+    with warnings.catch_warnings(), caplog.at_level(logging.DEBUG, logger=kernels.__name__):
+        warnings.simplefilter("error")
+        trained = value_and_grads(default_pattention, x, k, v, torch.ones(5, 4), "l2_norm_gelu",
+                                  4.0, 0.0)
+        with torch.no_grad():
+            inferred = default_pattention(x, k, v, "l2_norm_gelu", 4.0, 0.0)
+    torch.testing.assert_close(trained[0], fused_pattention(x, k, v, "l2_norm_gelu", 4.0),
+                               rtol=0, atol=0)
+    torch.testing.assert_close(inferred, reference(x, k, v, "l2_norm_gelu", 4.0, 0.0),
+                               rtol=0, atol=0)
+    assert kernel_calls == []
+    notes = [r for r in caplog.records if "could not build" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == logging.DEBUG
+
+
+def test_kernel_impl_without_a_kernel_infers_with_fused(monkeypatch):
+    """impl="kernel" on a machine without the kernel: fused in training and inference alike."""
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "could not build: no c++"})
+    layer = Pattention(8, 4, 16, impl="kernel")
+    x = torch.randn(5, 8)
+    with pytest.warns(RuntimeWarning, match="falls back to 'fused'"), torch.no_grad():
+        y = layer(x)
+    with torch.no_grad():
+        expected = fused_pattention(x, layer.key_param_tokens, layer.value_param_tokens,
+                                    "l2_norm_gelu", layer.scale)
+    torch.testing.assert_close(y, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("compiler", ["missing", "failing"])
+def test_missing_compiler_in_a_fresh_process(tmp_path, compiler):
+    """No working compiler and an empty extension cache (a fresh machine): a tiny LM trains one
+    step and generates with the defaults, without a warning."""
+    code = textwrap.dedent("""
+        import warnings, torch
+        warnings.simplefilter("error")
+        from tokenformer import TokenFormerConfig, TokenFormerLM, kernels
+        model = TokenFormerLM(TokenFormerConfig.from_name("tiny"))
+        ids = torch.randint(0, 100, (2, 12))
+        model(ids, labels=ids).loss.backward()
+        model.generate(ids[:, :4], 3)
+        assert not kernels.available()
+        print(kernels.unavailable_reason())
+    """)
+    cxx = str(tmp_path / "no-such-compiler") if compiler == "missing" else shutil.which("false")
+    env = {**os.environ, "CXX": cxx,
+           "TORCH_EXTENSIONS_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "could not build" in proc.stdout
+
+
 def test_unavailable_kernel_warns_once_and_uses_fused(monkeypatch):
     monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "could not build: no c++"})
     x, k, v, _ = inputs(6, (5, 8), 16, 4, dtype=torch.float32)
@@ -197,7 +302,7 @@ _OTHER_ISA_CHECK = textwrap.dedent("""
     from tokenformer.pattention import theta
     with mock.patch.object(kernels, "isa", lambda: sys.argv[1]), \\
             mock.patch.object(kernels, "_cpu_has", lambda flag: False):
-        assert kernels.build_name() == "tokenformer_theta_" + sys.argv[1].lower()
+        assert kernels.build_name().startswith("tokenformer_theta_" + sys.argv[1].lower() + "_")
         assert kernels.available(), kernels.unavailable_reason()
     g = torch.Generator().manual_seed(0)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
@@ -225,3 +330,19 @@ def test_other_isa_builds_match_the_reference(target):
     proc = subprocess.run([sys.executable, "-c", _OTHER_ISA_CHECK, target], capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_build_kernels_command(monkeypatch, capsys):
+    """`tokenformer build-kernels` reports the build it made or loaded, or says in one error
+    line why there is none (exit 2)."""
+    from tokenformer.cli import main
+
+    if kernels.available():
+        assert main(["build-kernels"]) == 0
+        out = capsys.readouterr().out
+        assert kernels.build_name() in out and out.strip().endswith(".so")
+    monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "disabled by "
+                                            "TOKENFORMER_KERNELS=0"})
+    assert main(["build-kernels"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "TOKENFORMER_KERNELS=0" in err[0]

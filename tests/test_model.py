@@ -314,3 +314,58 @@ def test_loss_backward_reaches_every_parameter() -> None:
     model(x, labels=x).loss.backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_generate_continues_a_filled_cache() -> None:
+    """generate(past_key_values=cache) runs only the uncached tail of the prompt and gives what
+    generating from the whole prompt gives; a cache holding the whole prompt is refused."""
+    model = random_model(torch.float64)
+    prompt = ids(2, 9)
+    with torch.no_grad():
+        cache = model(prompt[:, :6], use_cache=True).past_key_values
+    continued = model.generate(prompt, max_new_tokens=7, past_key_values=cache)
+    assert torch.equal(continued, model.generate(prompt, max_new_tokens=7))
+    assert cache.get_seq_length() == 9 + 7 - 1  # the last token is never run through the model
+    with pytest.raises(TokenFormerError, match="already holds"):
+        model.generate(prompt[:, :5], max_new_tokens=2, past_key_values=cache)
+
+
+def test_logits_to_keep_is_the_last_positions() -> None:
+    model = random_model()
+    seq = ids(2, 12)
+    with torch.no_grad():
+        full = model(seq).logits
+        last = model(seq, logits_to_keep=3).logits
+    assert last.shape == (2, 3, full.shape[-1])
+    torch.testing.assert_close(last, full[:, -3:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="logits_to_keep"):
+        model(seq, labels=seq, logits_to_keep=1)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_bf16_cached_decoding_is_as_close_to_fp32_as_a_full_forward(masked: bool) -> None:
+    """bf16 decoding steps (attention over the cache in float32, the rest in bf16), with and
+    without an attention mask: as close to the fp32 model's logits as the bf16 model's own
+    uncached forward is."""
+    model = random_model()
+    seq = ids(2, 20)
+    with torch.no_grad():
+        truth = model(seq).logits.double()
+        model = model.to(torch.bfloat16)
+        full = model(seq).logits.double()
+
+        def mask(t: int) -> torch.Tensor | None:
+            return torch.ones(2, t, dtype=torch.long) if masked else None
+
+        out = model(seq[:, :8], attention_mask=mask(8), use_cache=True)
+        steps = [out.logits]
+        for t in range(8, 20):
+            out = model(seq[:, t: t + 1], attention_mask=mask(t + 1),
+                        past_key_values=out.past_key_values, use_cache=True)
+            steps.append(out.logits)
+    cached = torch.cat(steps, dim=1).double()
+
+    def err(a: torch.Tensor) -> float:
+        return (torch.linalg.vector_norm(a - truth) / torch.linalg.vector_norm(truth)).item()
+
+    assert err(cached) < 2e-2 and err(cached) <= 1.5 * err(full) + 1e-3, (err(cached), err(full))

@@ -13,7 +13,7 @@ from tokenformer import ConfigError, Pattention
 from tokenformer.pattention import PATTENTION_IMPLS
 
 VARIANTS = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
-IMPLS = [i for i in PATTENTION_IMPLS if i != "auto"]  # every path, each against the formulas
+IMPLS = list(PATTENTION_IMPLS)  # every path (the default auto too), each against the formulas
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
@@ -164,3 +164,24 @@ def test_bad_sizes(args: tuple) -> None:
 def test_unknown_variant() -> None:
     with pytest.raises(ConfigError, match="unknown Θ variant"):
         Pattention(4, 4, 4, "relu")
+
+
+def test_bf16_inference_stores_values_column_major_without_changing_them() -> None:
+    """bf16 inference re-lays V out column by column (the faster matrix-vector layout on the
+    CPU): values, shape and results are unchanged, and the layer still trains."""
+    torch.manual_seed(0)
+    layer = Pattention(16, 8, 24).to(torch.bfloat16)
+    x = torch.randn(3, 16).to(torch.bfloat16)
+    before = layer.value_param_tokens.detach().clone()
+    layer.impl = "reference"
+    with torch.no_grad():
+        expected = layer(x)
+    layer.impl = "auto"
+    with torch.inference_mode():
+        got = layer(x)
+    value = layer.value_param_tokens
+    assert value.shape == (24, 8) and value.stride() == (1, 24)
+    assert torch.equal(value, before)
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-3)
+    layer(x).float().sum().backward()  # a normal tensor again, not an inference tensor
+    assert value.grad is not None and torch.isfinite(value.grad).all()

@@ -301,16 +301,21 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        logits_to_keep: int = 0,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
-        # Trainer with gradient accumulation passes the number of target tokens of the whole
-        # accumulated batch (and then does not divide the loss itself): the loss is then the sum
-        # over this micro-batch divided by it (transformers' causal-LM loss), so that micro-batches
-        # are weighted by their tokens. Otherwise the core's mean, as always.
+        # logits_to_keep: generate asks for the last position's logits only (with labels every
+        # position is kept). Trainer with gradient accumulation passes the number of target
+        # tokens of the whole accumulated batch (and then does not divide the loss itself): the
+        # loss is then the sum over this micro-batch divided by it (transformers' causal-LM loss),
+        # so that micro-batches are weighted by their tokens. Otherwise the core's mean, as always.
         num_items = kwargs.get("num_items_in_batch")
-        out = self.model(labels=labels if num_items is None else None, **self._core_kwargs(
-            input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache,
-            output_attentions, output_hidden_states))
+        core_kwargs = self._core_kwargs(input_ids, inputs_embeds, attention_mask, position_ids,
+                                        past_key_values, use_cache, output_attentions,
+                                        output_hidden_states)
+        out = self.model(labels=labels if num_items is None else None,
+                         logits_to_keep=0 if labels is not None else logits_to_keep,
+                         **core_kwargs)
         loss = out.loss
         if labels is not None and num_items is not None:
             loss = self.loss_function(out.logits, labels, vocab_size=out.logits.shape[-1],

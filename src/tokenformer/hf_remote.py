@@ -34,6 +34,9 @@ STUBS = {
         "    # is compiled by the package): impl='kernel' runs the fused PyTorch path here\n"
         "    @staticmethod\n"
         "    def supports(x, norm):\n"
+        "        return False\n\n"
+        "    @staticmethod\n"
+        "    def usable(x, norm):  # impl='auto': the PyTorch paths\n"
         "        return False\n"),
 }
 

@@ -1,17 +1,22 @@
-"""A hand-written CPU kernel for Θ = ``l2_norm_gelu`` (``csrc/theta_cpu.cpp``), built on first use.
+"""A hand-written CPU kernel for Θ = ``l2_norm_gelu`` (``csrc/theta_cpu.cpp``), built once.
 
 PyTorch runs Θ as separate elementwise kernels, each a pass over the [L, n] scores; on a CPU those
 passes are memory-bound and cost a Pattention step 5–10 % over a GELU MLP of the same shapes
 (docs/performance.md). The kernel does the whole Θ — row norm, scale, GELU — in one pass per
 direction, a row at a time while the row sits in cache, so a Pattention step costs what the MLP's
-does. It is what ``impl="kernel"`` (:mod:`tokenformer.pattention`) uses.
+does. The default ``impl="auto"`` (:mod:`tokenformer.pattention`) uses it wherever it applies.
 
 It is compiled from source with :func:`torch.utils.cpp_extension.load` the first time it is asked
-for (≈ 15 s; later processes reuse the build in torch's extension cache, ``TORCH_EXTENSIONS_DIR``),
-for the vector ISA torch itself uses on this CPU. That needs a C++ compiler and ninja, which is why
-it is opt-in: without them (or with ``TOKENFORMER_KERNELS=0`` in the environment) :func:`available`
-is False, the reason is in :func:`unavailable_reason`, and ``impl="kernel"`` runs the PyTorch
-``fused`` path after one warning.
+for (≈ 15 s, with one line on stderr; ``tokenformer build-kernels`` does it ahead of time) for the
+vector ISA torch itself uses on this CPU, into torch's extension cache (``TORCH_EXTENSIONS_DIR``)
+under a name carrying a hash of the source, the flags and the torch version: later processes load
+that build directly (milliseconds), and a changed source or torch gets a build of its own. It is
+not built at install time: a wheel's C++ extension is tied to the exact torch it was compiled
+against, and building it in pip's isolated environment would download a (CUDA) torch there
+(docs/performance.md, "Build"). Without a C++ compiler and ninja, or with
+``TOKENFORMER_KERNELS=0``, :func:`available` is False and the reason is in
+:func:`unavailable_reason`: ``auto`` then runs the PyTorch ``fused`` path silently (one debug log
+line), ``impl="kernel"`` after one warning.
 
 The two operators are registered as ``torch.ops.tokenformer_kernels.theta_forward`` /
 ``theta_backward`` with fake (meta) implementations, so ``torch.compile`` traces through them.
@@ -20,6 +25,8 @@ The two operators are registered as ``torch.ops.tokenformer_kernels.theta_forwar
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 import os
 import shutil
 import sys
@@ -40,7 +47,8 @@ _ISA_FLAGS = {
 }
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "ok": bool, "reason": str, "warned": bool
+_state: dict[str, object] = {}  # "ok": bool, "reason": str, "warned": bool, "logged": bool
+_log = logging.getLogger(__name__)
 
 
 def isa() -> str:
@@ -58,40 +66,62 @@ def _cpu_has(flag: str) -> bool:
         return False
 
 
-def build_name() -> str:
-    """The extension's name; it says the ISA it is compiled for (tokenformer_theta_avx512_bf16)."""
+def _flags() -> list[str]:
     target = isa()
-    if target == "AVX512" and _cpu_has("avx512_bf16"):
+    flags = ["-O3", *_ISA_FLAGS.get(target, ["-DCPU_CAPABILITY=DEFAULT"])]
+    if target == "AVX512" and _cpu_has("avx512_bf16"):  # native float32 → bf16 (the store)
+        flags.append("-mavx512bf16")
+    return flags
+
+
+def build_name() -> str:
+    """The extension's name: the ISA it is compiled for and a hash of what it is built from
+    (source, flags, torch version), e.g. ``tokenformer_theta_avx512_bf16_1a2b3c4d``."""
+    target = isa()
+    if "-mavx512bf16" in _flags():
         target += "_BF16"
-    return f"tokenformer_theta_{target.lower()}"
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join([*_flags(), torch.__version__]).encode())
+    return f"tokenformer_theta_{target.lower()}_{digest.hexdigest()[:8]}"
 
 
-def _is_built(name: str) -> bool:
-    """Whether torch's extension cache already holds a build of ``name`` (best effort)."""
+def _built_library(name: str) -> Path | None:
+    """The shared library of an earlier build of ``name`` in torch's extension cache, if any."""
     try:
         from torch.utils.cpp_extension import _get_build_directory
 
-        return any(Path(_get_build_directory(name, verbose=False)).glob("*.so"))
+        library = Path(_get_build_directory(name, verbose=False)) / f"{name}.so"
     except Exception:
-        return False
+        return None
+    return library if library.is_file() else None
 
 
 def _build() -> None:
-    from torch.utils.cpp_extension import load
-
-    if shutil.which("ninja") is None:  # the pip package's binary, when the venv is not activated
-        with contextlib.suppress(ImportError):
-            import ninja
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     name = build_name()
-    flags = ["-O3", *_ISA_FLAGS.get(isa(), ["-DCPU_CAPABILITY=DEFAULT"])]
-    if name.endswith("_bf16"):  # native float32 → bf16 conversion (theta_cpu.cpp's store)
-        flags.append("-mavx512bf16")
-    if not _is_built(name):
-        print(f"tokenformer: compiling the Θ kernel {name} (once per machine, ≈ 15 s)",
-              file=sys.stderr, flush=True)
-    load(name, [str(SOURCE)], extra_cflags=flags, is_python_module=False, verbose=False)
+    library = _built_library(name)
+    loaded = False
+    if library is not None:  # the name says it is this source, flags and torch: just load it
+        try:
+            torch.ops.load_library(str(library))
+            loaded = True
+        except OSError:  # e.g. another process is still linking it: load() waits for its lock
+            pass
+    if not loaded:
+        from torch.utils.cpp_extension import load
+
+        if shutil.which("ninja") is None:  # the pip package's binary, venv not activated
+            with contextlib.suppress(ImportError):
+                import ninja
+
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        # Say so plainly (and skip torch's attempt and its warnings) when a tool is missing.
+        compiler = os.environ.get("CXX", "c++")
+        for tool, what in ((compiler, "C++ compiler"), ("ninja", "ninja (pip install ninja)")):
+            if shutil.which(tool) is None:
+                raise RuntimeError(f"no {what} found ({tool!r} is not on PATH)")
+        print(f"tokenformer: compiling the Θ kernel {name} (once per machine, ≈ 15 s; "
+              f"TOKENFORMER_KERNELS=0 skips it)", file=sys.stderr, flush=True)
+        load(name, [str(SOURCE)], extra_cflags=_flags(), is_python_module=False, verbose=False)
 
     # Shapes and dtypes of the outputs, for torch.compile's tracing with fake tensors.
     @torch.library.register_fake("tokenformer_kernels::theta_forward")
@@ -107,6 +137,11 @@ def available() -> bool:
     """True once the kernel is built and loaded (builds it on the first call)."""
     if "ok" in _state:  # lock-free once decided (torch.compile traces this call)
         return bool(_state["ok"])
+    return _decide()
+
+
+@torch.compiler.disable  # a first call inside torch.compile's tracing builds eagerly
+def _decide() -> bool:
     with _lock:
         if "ok" not in _state:
             if os.environ.get("TOKENFORMER_KERNELS", "1") == "0":
@@ -127,10 +162,36 @@ def unavailable_reason() -> str:
     return str(_state["reason"])
 
 
+def build() -> str:
+    """Build (or load) the kernel now; returns its name. Raises RuntimeError saying why not."""
+    if not available():
+        raise RuntimeError(f"the Θ kernel is unavailable: {unavailable_reason()}")
+    return build_name()
+
+
+def covers(x: torch.Tensor, norm: str) -> bool:
+    """Whether the kernel computes Θ ``norm`` for scores of ``x``'s device and dtype."""
+    return norm == "l2_norm_gelu" and x.device.type == "cpu" and x.dtype in DTYPES
+
+
+def usable(x: torch.Tensor, norm: str) -> bool:
+    """:func:`covers` and :func:`available`, silently: what ``impl="auto"`` asks. When the
+    kernel cannot be built, one debug-level log line says why (auto then runs ``fused``)."""
+    if not covers(x, norm):
+        return False
+    if available():
+        return True
+    if not _state.get("logged"):
+        _state["logged"] = True
+        _log.debug("Pattention impl 'auto' runs the PyTorch paths (fused, reference): %s",
+                   unavailable_reason())
+    return False
+
+
 def supports(x: torch.Tensor, norm: str) -> bool:
     """Whether the kernel computes Θ ``norm`` for scores of ``x``'s device and dtype; warns once
     when it would but cannot be built."""
-    if norm != "l2_norm_gelu" or x.device.type != "cpu" or x.dtype not in DTYPES:
+    if not covers(x, norm):
         return False
     if available():
         return True

@@ -129,11 +129,24 @@ class Attention(nn.Module):
         if attention_mask is None and past == 0:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
         elif attention_mask is None and T == 1:
-            out = F.scaled_dot_product_attention(q, k, v)
+            out = _decode_attention(q, k, v)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=_mask(attention_mask, B, T,
-                                                                         past, x.device))
+            mask = _mask(attention_mask, B, T, past, x.device)
+            out = (_decode_attention(q, k, v, mask) if T == 1 else
+                   F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
         return self.proj(out.transpose(1, 2).reshape(B, T, d))
+
+
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query row over the cache. In bf16/fp16 on the CPU, SDPA's reduced-
+    precision kernel is 2–4x slower for a single row than float32 SDPA on upcast copies (at 1000
+    cached positions, 1.2 vs 0.3 ms per layer; docs/performance.md, "Inference"), and float32 is
+    the more accurate of the two; longer inputs (prefill) are faster in bf16 and stay there."""
+    if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                              attn_mask=mask).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def _mask(attention_mask: torch.Tensor | None, B: int, T: int, past: int,
@@ -233,10 +246,19 @@ class TokenFormerLM(nn.Module):
         *,
         inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        logits_to_keep: int = 0,
     ) -> CausalLMOutput:
+        """``logits_to_keep`` > 0: logits of the last that many positions only (Hugging Face's
+        argument of the same name; generation needs one and saves the [T, vocab] projection)."""
+        if logits_to_keep > 0 and labels is not None:
+            raise ConfigError("logits_to_keep needs every position's logits when labels "
+                              "are given; pass one or the other")
         body = self.body(input_ids, attention_mask, position_ids, past_key_values, use_cache,
                          inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
-        logits = F.linear(body.last_hidden_state, self.word_embeddings.weight)
+        x = body.last_hidden_state
+        if logits_to_keep > 0:
+            x = x[:, -logits_to_keep:]
+        logits = F.linear(x, self.word_embeddings.weight)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
@@ -369,6 +391,7 @@ class TokenFormerLM(nn.Module):
         attention_mask: torch.Tensor | None = None,
         use_cache: bool = True,
         generator: torch.Generator | None = None,
+        past_key_values: Any | None = None,
     ) -> torch.Tensor:
         """Continue ``input_ids`` [B, T]; returns [B, T + generated].
 
@@ -376,6 +399,8 @@ class TokenFormerLM(nn.Module):
         ``top_p`` (nucleus). Rows that emit ``eos_token_id`` are padded with it until every row
         has finished. Generation stops early at the model's context length. Batched prompts of
         different lengths are left-padded with ``attention_mask`` marking the real tokens.
+        ``past_key_values``: a cache (:class:`KVCache`) already holding the first
+        ``get_seq_length()`` tokens of ``input_ids``; only the rest is run through the model.
         """
         if max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -391,16 +416,21 @@ class TokenFormerLM(nn.Module):
                                    f"{self.config.max_seq_len} tokens (rotary cache)")
         max_new_tokens = min(max_new_tokens, self.config.max_seq_len - T)
         vocab = self.config.vocab_size  # never sample the padding rows of the embedding
-        tokens, cache, finished = input_ids, None, torch.zeros(B, dtype=torch.bool,
-                                                               device=input_ids.device)
+        tokens, cache = input_ids, past_key_values if use_cache else None
+        finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         step_input = input_ids
+        if cache is not None:
+            if cache.get_seq_length() >= T:
+                raise TokenFormerError(f"the cache already holds {cache.get_seq_length()} "
+                                       f"positions; input_ids must have more than that ({T})")
+            step_input = input_ids[:, cache.get_seq_length():]
         for _ in range(max_new_tokens):
             position_ids = None
             if attention_mask is not None:
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
                 position_ids = position_ids[:, -step_input.shape[1]:]
             out = self(step_input, attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=cache, use_cache=use_cache)
+                       past_key_values=cache, use_cache=use_cache, logits_to_keep=1)
             logits = out.logits[:, -1, :vocab].float()
             next_token = (_sample(logits, temperature, top_k, top_p, generator) if do_sample
                           else logits.argmax(dim=-1))

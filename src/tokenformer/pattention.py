@@ -26,18 +26,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .errors import ConfigError
 from .fused import fused_pattention
 
 THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
 # "fused": tokenformer.fused (one custom autograd Function, analytic backward, few passes over the
 # scores); "reference": theta() below under plain autograd, the ground truth the fused path is
-# tested against. "auto": fused when autograd records the call (training: less time and half the
-# activation memory), reference otherwise (inference: at the few rows per call of decoding the
-# fused path's extra per-call overhead outweighs its one saved pass). "kernel": the fused path
-# with Θ from the C++ CPU kernel (tokenformer.kernels; built on first use, needs a compiler;
-# where it does not apply or cannot be built: "fused"). docs/performance.md.
-PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference", "kernel")
+# tested against. "kernel": the fused path with Θ from the C++ CPU kernel (tokenformer.kernels;
+# built once per machine, needs a compiler; where it does not apply or cannot be built: "fused",
+# after one warning). "auto" (default): the kernel wherever it applies and is available
+# (l2_norm_gelu on the CPU in fp32/bf16/fp16), training and inference; elsewhere fused when
+# autograd records the call (less time and half the activation memory) and reference otherwise
+# (at the few rows per call of decoding the Function's per-call overhead outweighs its one saved
+# pass). "torch": that last rule alone (auto without the kernel; auto before the kernel was the
+# default), what the documented experiments ran with, so they can be rerun bit for bit.
+# docs/performance.md.
+PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference", "kernel", "torch")
 
 
 def default_scale(norm: str, num_tokens: int) -> float:
@@ -72,6 +77,11 @@ def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0) -> to
         return act / (act.sum(dim=-1, keepdim=True) + eps) * scale
     check_theta(norm)
     raise AssertionError("unreachable")
+
+
+def _reference(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
+               eps: float) -> torch.Tensor:
+    return torch.matmul(theta(torch.matmul(x, key.t()), norm, scale, eps), value)
 
 
 def check_impl(impl: str) -> None:
@@ -140,14 +150,39 @@ class Pattention(nn.Module):
         nn.init.normal_(self.value_param_tokens, std=self.value_init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.impl in ("fused", "kernel") or (
-                self.impl == "auto" and torch.is_grad_enabled()
-                and (x.requires_grad or self.key_param_tokens.requires_grad
-                     or self.value_param_tokens.requires_grad)):
-            return fused_pattention(x, self.key_param_tokens, self.value_param_tokens, self.norm,
-                                    self.scale, self.eps, kernel=self.impl == "kernel")
-        scores = torch.matmul(x, self.key_param_tokens.t())
-        return torch.matmul(theta(scores, self.norm, self.scale, self.eps), self.value_param_tokens)
+        impl, key, value = self.impl, self.key_param_tokens, self.value_param_tokens
+        if impl == "reference":
+            return _reference(x, key, value, self.norm, self.scale, self.eps)
+        records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
+                                               or value.requires_grad)
+        kernel = (kernels.usable(x, self.norm) if impl == "auto"  # silent fallback
+                  else impl == "kernel" and kernels.supports(x, self.norm))  # warns once
+        if kernel and not records and not torch.is_autocast_enabled(x.device.type):
+            # Inference (decoding: one row per call): as few Python steps as possible.
+            scores = F.linear(x, key)
+            theta_ = kernels.theta_forward(scores.view(-1, scores.shape[-1]), self.scale,
+                                           self.eps)[0]
+            return torch.matmul(theta_.view(scores.shape), self._inference_value())
+        if kernel or records or impl in ("fused", "kernel"):
+            return fused_pattention(x, key, value, self.norm, self.scale, self.eps,
+                                    kernel=kernel)
+        if impl == "auto":  # "torch" keeps the layout too: it reproduces the old results exactly
+            value = self._inference_value()
+        return _reference(x, key, value, self.norm, self.scale, self.eps)
+
+    def _inference_value(self) -> torch.Tensor:
+        """V for a matmul autograd does not record. In bf16/fp16, the CPU's matrix-vector
+        kernels are 1.3–1.5x faster for Θ·V when V [n, d_out] is stored column by column (Vᵀ
+        contiguous, nn.Linear's layout; docs/performance.md, "Inference"): the first such call
+        changes the parameter's memory layout to that, in place. Same values, shape and size;
+        fp32 (where it makes no difference) and training are left alone."""
+        value = self.value_param_tokens
+        if (value.dtype in (torch.bfloat16, torch.float16) and value.device.type == "cpu"
+                and value.dim() == 2 and min(value.shape) > 1 and value.stride(1) == 1
+                and not torch.compiler.is_compiling()):
+            with torch.inference_mode(False), torch.no_grad():
+                value.data = value.t().contiguous().t()
+        return value
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

@@ -518,6 +518,10 @@ def _prepare(model: nn.Module, cfg: TrainConfig, world: dist_.World,
             if not isinstance(block.forward, functools.partial):
                 block.forward = functools.partial(_checkpointed, block.forward)
     module = dist_.wrap_model(model, world, device)
+    if cfg.compile and cfg.pattention_impl in ("auto", "kernel"):
+        from . import kernels
+
+        kernels.available()  # build/load before tracing: a decision made mid-trace breaks graphs
     return torch.compile(module) if cfg.compile else module
 
 
