@@ -380,13 +380,16 @@ def test_gpu_preset_runs_a_few_steps_on_cpu(dataset_dir, tmp_path):
     assert gpu.expected_hours
 
 
-def test_cli_scale_errors_are_one_line(tiny_run, capsys, dataset_dir):
+def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):
     from tokenformer.cli import main
 
-    assert main(["scale", "--preset", "quick", "--data", str(dataset_dir), "--out",
-                 str(tiny_run[0]), "--no-progress"]) == 2
+    # the quick preset would repeat this 180 k-token corpus > 4 times: refused before any file
+    out = tmp_path / "never"
+    assert main(["scale", "--preset", "quick", "--data", str(dataset_dir), "--out", str(out),
+                 "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "another experiment" in err and len(err.splitlines()) == 1
+    assert err.startswith("error: frontier: ") and "(> 4)" in err and len(err.splitlines()) == 1
+    assert not out.exists()
 
 
 def test_random_seed_of_module_is_untouched():

@@ -49,7 +49,7 @@ class Preset:
     factor: int = 2  # tokens (≈ non-embedding parameters) multiply by this from size to size
     seq_len: int = 128
     batch_size: int = 16
-    max_budget: float = 6e12  # training FLOPs of the largest budget
+    max_budget: float = 4e12  # training FLOPs of the largest budget
     num_budgets: int = 6
     budget_ratio: float = 2.0  # consecutive budgets differ by this factor
     warmup_steps: int = 30
@@ -365,3 +365,30 @@ def extend_grid(grid: list[float], losses: dict[float, float]) -> float | None:
     if best == ordered[-1]:
         return ordered[-1] * ordered[-1] / ordered[-2]
     return None
+
+
+def steps_by_size(run: Run) -> dict[str, int]:
+    """Optimizer steps the run trains at each size: its stable phase and every cooldown."""
+    out: dict[str, int] = {}
+    for i, s in enumerate(run.stages):
+        end = run.stages[i + 1].start if i + 1 < len(run.stages) else run.steps
+        out[s.size] = out.get(s.size, 0) + max(0, min(end, run.steps) - s.start)
+    for b in run.branches:
+        size = size_at(run.stages, max(b.decay_start - 1, 0)).size
+        out[size] = out.get(size, 0) + b.steps - b.decay_start
+    return out
+
+
+def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str, float]
+                     ) -> float:
+    """Training time of ``runs`` from measured seconds per step of each ``"<family>-<size>"``,
+    plus one evaluation per branch (``eval_batches`` forward passes ≈ a third of a step each).
+    Evaluation FLOPs aside, the runner does nothing else of weight."""
+    total = 0.0
+    for run in runs:
+        for size, steps in steps_by_size(run).items():
+            total += steps * seconds_per_step[f"{run.family}-{size}"]
+        last = run.stages[-1].size
+        total += len(run.branches) * preset.eval_batches / 3 * seconds_per_step[
+            f"{run.family}-{last}"]
+    return total
