@@ -35,6 +35,7 @@ def arms(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for b in run["branches"]:
             arm["budgets"].setdefault(b["budget_index"], {})[run["seed"]] = (
                 _loss(b["loss"]), b["flops"], b["tokens"])
+            arm.setdefault("sizes", {})[b["budget_index"]] = b["size"]
     return out
 
 
@@ -97,8 +98,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         env = envs.get(v["family"], {})
         for j, seeds in sorted(v["budgets"].items()):
             if j in env:
-                compare("chain vs envelope", {s: x[0] for s, x in seeds.items()}, env[j]["loss"],
-                        arm, f"{v['family']} envelope ({env[j]['size']})", j)
+                c = compare("chain vs envelope", {s: x[0] for s, x in seeds.items()},
+                            env[j]["loss"], arm, f"{v['family']} envelope ({env[j]['size']})", j)
+                c.update(chain_size=v["sizes"][j], first_size=v["stages"][0]["size"])
     if "chain-exact" in table and "chain-exact-anneal" in table:
         ex, an = table["chain-exact"]["budgets"], table["chain-exact-anneal"]["budgets"]
         for j in sorted(set(ex) & set(an)):
@@ -168,7 +170,8 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     for arm, cs in by_arm.items():
         below = [c for c in cs if c["winner"] == arm]
         above = [c for c in cs if c["winner"] is not None and c["winner"] != arm]
-        best = min(cs, key=lambda c: c["mean"] if c["mean"] is not None and
+        grown = [c for c in cs if c["chain_size"] != c["first_size"]] or cs
+        best = min(grown, key=lambda c: c["mean"] if c["mean"] is not None and
                    math.isfinite(c["mean"]) else math.inf)
         family = "TokenFormer" if arm.startswith("chain") else "Transformer++"
         head = f"**{arm} vs the {family} from-scratch envelope:** "
@@ -183,8 +186,8 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         if above:
             head += ("Resolved above it at " + ", ".join(
                 _budget(results, c["budget_index"]) for c in above) + " FLOPs. ")
-        head += (f"Closest: {_budget(results, best['budget_index'])} FLOPs, Δloss "
-                 f"{describe(best)} vs {best['b']}.")
+        head += (f"Closest once grown: {_budget(results, best['budget_index'])} FLOPs "
+                 f"(chain at {best['chain_size']}), Δloss {describe(best)} vs {best['b']}.")
         lines.append(head)
     for arm, r in summary["reach"].items():
         if r.get("ratio") is not None:
@@ -257,9 +260,13 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
                             [max(x[0] for x in seeds_by_j[j].values()) for j in js],
                             color=kw.get("color"), alpha=0.15, linewidth=0)
 
+    sizes = results["sizes"]
+    shade = colormaps["viridis"]
     for arm, v in table.items():
-        if v["kind"] == "scratch":
-            band(v["budgets"], color="0.6", linestyle=styles[v["family"]], linewidth=0.8,
+        if v["kind"] == "scratch":  # light (small) to dark (large)
+            k = sizes.index(v["stages"][0]["size"])
+            band(v["budgets"], color=shade(0.85 - 0.75 * k / max(len(sizes) - 1, 1)),
+                 linestyle=styles[v["family"]], linewidth=0.9, alpha=0.8,
                  label=f"{arm} (scratch)")
     for family in sorted({v["family"] for v in table.values()}):
         env = envelope(results, family)
