@@ -392,6 +392,18 @@ def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):
     assert not out.exists()
 
 
+def test_cli_plan_prints_every_arm_and_trains_nothing(capsys, tmp_path, monkeypatch):
+    from tokenformer.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["scale", "--preset", "full", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "schedule wsd for all" in out and "48 final runs" in out
+    for arm in ("tokenformer-S5", "transformer++-S1", "chain-exact-anneal", "widen-net2net"):
+        assert f"| {arm} | 3 |" in out
+    assert not list(tmp_path.iterdir())
+
+
 def test_random_seed_of_module_is_untouched():
     random.seed(0)  # the plan is pure data: building it draws nothing from any RNG
     state = torch.random.get_rng_state()

@@ -18,6 +18,16 @@ def scale(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     overrides = {"seeds": args.seeds} if args.seeds else {}
     preset = get_preset(args.preset, **overrides)
+    if args.plan:
+        from ..experiments.frontier.plan import describe
+
+        vocab = 256  # the embedded corpus is byte-level
+        if args.data:
+            from ..data import TokenDataset
+
+            vocab = TokenDataset.open(args.data).vocab_size
+        print(describe(preset, vocab))
+        return 0
     command = "tokenformer scale " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["scale"] \
         else "tokenformer scale"
     run_frontier(preset, data=args.data, out=args.out or f"runs/scale-{args.preset}",
@@ -46,5 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32", "bfloat16", "float32"),
                    help="training precision (default: the preset's)")
     p.add_argument("--threads", type=positive(int), default=None, help="torch CPU threads")
+    p.add_argument("--plan", action="store_true",
+                   help="print every arm's sizes, growth steps, budgets and FLOPs; train nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.set_defaults(func=scale)

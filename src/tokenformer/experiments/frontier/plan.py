@@ -392,3 +392,29 @@ def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str
         total += len(run.branches) * preset.eval_batches / 3 * seconds_per_step[
             f"{run.family}-{last}"]
     return total
+
+
+def describe(preset: Preset, vocab_size: int) -> str:
+    """The plan as text (``tokenformer scale --plan``): every arm's sizes, growth steps, budgets
+    run and FLOPs; sweeps; nothing is trained."""
+    from ..common import markdown_table
+
+    runs = plan(preset, vocab_size)
+    sweeps = sweep_plan(preset, vocab_size)
+    rows = []
+    for run in runs:
+        if run.seed:
+            continue
+        seeds = sum(r.arm == run.arm for r in runs)
+        rows.append([run.arm, str(seeds), " → ".join(f"{s.size}@{s.start}" for s in run.stages),
+                     ", ".join(f"{b.budget:.2g}:{b.steps}" for b in run.branches),
+                     f"{run.total_steps:,}", f"{run.total_flops():.3g}", run.lr_from])
+    total = sum(r.total_flops() for r in runs)
+    sweep_flops = sum(r.total_flops() for r in sweeps)
+    return "\n".join([
+        f"preset {preset.name}: {len(sweeps)} LR-sweep runs ({sweep_flops:.3g} FLOPs), "
+        f"{len(runs)} final runs ({total:.3g} FLOPs), schedule {SCHEDULE_FAMILY} for all",
+        markdown_table(["arm", "seeds", "sizes@start step", "budget:steps", "steps/seed",
+                        "FLOPs/seed", "LR from"], rows, "lrllrrl"),
+        "time: python benchmarks/frontier_steps.py --preset NAME --cpu-time (measures the step "
+        "times here and estimates the whole preset)"])
