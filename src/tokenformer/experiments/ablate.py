@@ -591,7 +591,7 @@ def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", 
     interrupted part-way resumes from ``out/.partial.json`` when rerun with the same settings.
     """
     from .. import __version__
-    from .scale import machine_summary
+    from .common import machine_summary
 
     st, tk = get_study(study), check_task(task)
     if seeds is not None and seeds < 1:

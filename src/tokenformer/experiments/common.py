@@ -336,3 +336,27 @@ def _palette(names: list[str], groups: dict[str, str]) -> dict[str, tuple[Any, s
             shade = 1 - 0.25 * (m // len(styles))
             out[name] = (tuple(c * shade + (1 - shade) for c in base[:3]), styles[m % len(styles)])
     return out
+
+
+# ------------------------------------------------------------------------------------ machine
+def machine_summary() -> dict[str, Any]:
+    """The CPU model, core and thread counts and versions, recorded in every results.json."""
+    import os
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__}
+    info["summary"] = (f"{cpu}, {info['cpus']} CPUs ({info['torch_threads']} torch threads), "
+                       f"torch {torch.__version__}, Python {info['python']}")
+    return info

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, TokenFormerError
-from ..common import fingerprint, to_json
+from ..common import fingerprint, machine_summary, to_json
 from . import plan as plan_
 from .plan import Branch, Preset, Run
 
@@ -392,25 +392,6 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     return sweeps
 
 
-def machine() -> dict[str, Any]:
-    import os
-    import platform
-
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__}
-
-
 def pattention_impl(preset: Preset) -> str:
     """Which Pattention implementation ran (``auto``: fused autograd Function when training,
     reference ops in evaluation; see tokenformer.pattention)."""
@@ -489,7 +470,7 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
         "schema": SCHEMA, "command": command or f"run_frontier({preset.name!r})",
         "version": __version__, "preset": dataclasses.asdict(preset), "data": data_info,
         "device": ctx.device.type, "dtype": ctx.precision,
-        "machine": machine(), "pattention_impl": pattention_impl(preset),
+        "machine": machine_summary(), "pattention_impl": pattention_impl(preset),
         "budgets": preset.budgets, "sizes": list(preset.sizes),
         "sweeps": sweeps, "runs": results_runs,
         # everything below depends on the machine's speed, not on the training
