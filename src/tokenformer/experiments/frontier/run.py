@@ -246,7 +246,7 @@ def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start
 
     _check_lr(cfg, start, cfg.steps, check if cfg.schedule == "constant" else cfg.steps,
               ctx.preset)
-    if cfg.schedule == "constant" and cfg.steps > decay_start_of(check, ctx.preset):
+    if cfg.schedule == "constant" and cfg.steps > plan_.decay_start(check, ctx.preset):
         raise AssertionError("a stable segment runs into the cooldown")
     timing = state["timing"]
 
@@ -272,10 +272,6 @@ def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start
                  device=ctx.device, progress=False, callbacks=[on_record])
     timing["train_time"] += result.train_time
     return result
-
-
-def decay_start_of(steps: int, preset: Preset) -> int:
-    return plan_.decay_start(steps, preset)
 
 
 def _branch(ctx: Context, run: Run, lr: float, model: Any, optimizer: Any, branch: Branch,
