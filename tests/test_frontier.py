@@ -238,6 +238,26 @@ def test_crossing_and_value_at_hand_computed():
     assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 1.5) is None
 
 
+def test_compute_to_reach_by_hand():
+    """Envelope 3.0 → 2.0 nats from 1e10 to 1e12 FLOPs (every seed); the chain ends at 2.5, 2.4
+    and 2.6 with 1e12 FLOPs: the envelope gets there at 1e11, 10^11.2 and 10^10.8 FLOPs, i.e.
+    ln ratios ln 0.1 + (0, +0.2, −0.2)·ln 10: geometric mean ×0.1, t interval on the logs."""
+    env = {0: {"flops": dict.fromkeys(range(3), 1e10), "loss": dict.fromkeys(range(3), 3.0),
+               "mean": 3.0},
+           1: {"flops": dict.fromkeys(range(3), 1e12), "loss": dict.fromkeys(range(3), 2.0),
+               "mean": 2.0}}
+    arm = {"budgets": {1: {0: (2.5, 1e12, 0), 1: (2.4, 1e12, 0), 2: (2.6, 1e12, 0)}}}
+    r = report.compute_to_reach(arm, env)
+    assert r["per_seed"][1] == pytest.approx(10 ** 11.2 / 1e12)
+    assert r["ratio"] == pytest.approx(0.1)
+    half = 4.302653 * 0.2 * math.log(10) / math.sqrt(3)  # sd of the logs = 0.2 · ln 10
+    assert (r["low"], r["high"]) == pytest.approx((0.1 * math.exp(-half),
+                                                   0.1 * math.exp(half)), rel=1e-5)
+    assert r["ratio_of_means"] == pytest.approx(0.1)
+    below = report.compute_to_reach({"budgets": {1: {0: (1.9, 1e12, 0)}}}, env)
+    assert below["more_than"] == pytest.approx(1.0) and "ratio" not in below
+
+
 def test_run_arms_resumes_after_a_crash(tmp_path):
     calls = []
 

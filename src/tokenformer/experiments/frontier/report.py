@@ -141,10 +141,16 @@ def compute_to_reach(arm: dict[str, Any], env: dict[int, dict[str, Any]]) -> dic
     mean_loss = _mean([x[0] for x in seeds.values()])
     mean_x = _crossing_log([_mean(list(env[k]["flops"].values())) for k in js],
                            [env[k]["mean"] for k in js], mean_loss)
+    chain_flops = _mean([x[1] for x in seeds.values()])
     out: dict[str, Any] = {"budget_index": j, "chain_loss": mean_loss,
-                           "chain_flops": _mean([x[1] for x in seeds.values()]),
-                           "per_seed": ratios, "ratio_of_means": None if mean_x is None else
-                           mean_x / _mean([x[1] for x in seeds.values()])}
+                           "chain_flops": chain_flops, "per_seed": ratios,
+                           "ratio_of_means": None if mean_x is None else mean_x / chain_flops}
+    if mean_x is None and js:  # off the grid: a bound from the envelope's first or last point
+        first, last = env[js[0]], env[js[-1]]
+        if mean_loss >= first["mean"]:
+            out["at_most"] = _mean(list(first["flops"].values())) / chain_flops
+        elif mean_loss < min(env[k]["mean"] for k in js):
+            out["more_than"] = _mean(list(last["flops"].values())) / chain_flops
     logs = [math.log(r) for r in ratios.values() if r is not None]
     if len(logs) == len(ratios) and len(logs) >= 2:
         ci = t_interval(logs)
@@ -200,10 +206,17 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
                          f"the envelope**: ×{r['ratio_of_means']:.2f} of the chain's FLOPs "
                          f"(mean curves; no interval: "
                          + ("one seed" if n_seeds < 2 else "some seed is off the grid") + ").")
+        elif r.get("more_than") is not None:
+            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
+                         f"the envelope**: more than ×{r['more_than']:.2f} of the chain's FLOPs "
+                         f"(the chain ends below every envelope point of the grid; mean curves).")
+        elif r.get("at_most") is not None:
+            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
+                         f"the envelope**: at most ×{r['at_most']:.2f} of the chain's FLOPs (the "
+                         f"envelope is already below it at its first budget; mean curves).")
         else:
             lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: not measurable on the budget grid (the mean envelope "
-                         f"does not cross that loss between its first and last budget).")
+                         f"the envelope**: not measurable on the budget grid.")
     anneal = [c for c in comps if c["question"] == "anneal vs held"]
     if anneal:
         last = anneal[-1]
