@@ -1,4 +1,4 @@
-"""``tokenformer scale``: the progressive-scaling experiment (grown TokenFormer vs alternatives)."""
+"""``tokenformer scale``: the loss-vs-compute frontier (from-scratch envelopes vs growth chains)."""
 
 from __future__ import annotations
 
@@ -8,39 +8,34 @@ import sys
 from pathlib import Path
 
 from ..cli import device, positive
-from ..errors import ConfigError
-from ..grow import NEW_ROW_MOMENTS
 
 
 def scale(args: argparse.Namespace) -> int:
     import torch
 
-    from ..experiments.scale import describe_plan, get_preset, run_scale
+    from ..experiments.frontier.plan import get_preset
+    from ..experiments.frontier.run import run_frontier
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    overrides = {}
-    if args.arms:
-        overrides["arms"] = tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    if args.steps:
-        try:
-            overrides["stage_steps"] = tuple(int(s) for s in args.steps.split(","))
-        except ValueError:
-            raise ConfigError(f"--steps expects comma-separated integers, got {args.steps!r}"
-                              ) from None
-    preset = get_preset(args.preset, args.device, new_row_moments=args.new_row_moments,
-                        **overrides)
-    progress = False if args.no_progress else None
+    overrides = {"seeds": args.seeds} if args.seeds else {}
+    preset = get_preset(args.preset, **overrides)
     if args.plan:
-        print(describe_plan(preset, seeds=args.seeds, data=args.data, device=args.device,
-                            dtype=args.dtype, measure=args.measure, progress=progress))
+        from ..experiments.frontier.plan import describe
+
+        vocab = 256  # the embedded corpus is byte-level
+        if args.data:
+            from ..data import TokenDataset
+
+            vocab = TokenDataset.open(args.data).vocab_size
+        print(describe(preset, vocab))
         return 0
     command = "tokenformer scale " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["scale"] \
         else "tokenformer scale"
-    out = args.out or f"runs/scale-{args.preset}"
-    with experiment_folder(out, [args.data], "scale"):
-        run_scale(preset, seeds=args.seeds, data=args.data, out=out, device=args.device,
-                  dtype=args.dtype, progress=progress, command=command)
+    run_frontier(preset, data=args.data, out=args.out or f"runs/scale-{args.preset}",
+                 device=args.device, dtype=args.dtype,
+                 progress=False if args.no_progress else None, command=command,
+                 hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"))
     return 0
 
 
@@ -57,36 +52,26 @@ def experiment_folder(out: str, inputs: list[str | None], command: str
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "scale", help="progressive scaling experiment: grown TokenFormer vs training from scratch, "
-                      "the small model trained longer and Transformer baselines",
-        description="Train every arm of the progressive-scaling experiment (issue 5) and write "
-                    "report.md, results.json and PNG plots into --out. A run interrupted part-way "
-                    "resumes when rerun with the same arguments.")
-    p.add_argument("--preset", choices=("quick", "full"), default="quick",
-                   help="quick: few arms, one seed, <= 15 min on 2 CPU cores (default); full: "
-                        "every arm, 3 seeds for the deciding arms, <= 2 h")
+        "scale", help="loss-vs-compute frontier: TokenFormer and Transformer++ from scratch at "
+                      "every size vs growth chains, tuned LRs, one WSD schedule family",
+        description="LR sweeps, then one stable WSD run per arm and seed with a cooldown branch "
+                    "at each budget; writes results.json, report.md and PNG plots into --out. "
+                    "Rerunning the same command resumes an interrupted run.")
+    p.add_argument("--preset", choices=("quick", "full", "gpu"), default="quick",
+                   help="quick: TokenFormer envelope and one chain, one seed (<= 10 min on 2 "
+                        "CPU cores); full: every arm, 3 seeds (<= 2 h on 2 idle cores); gpu: "
+                        "the same protocol at GPU sizes (needs --data with a large corpus)")
     p.add_argument("--seeds", type=positive(int), default=None,
-                   help="seeds of the deciding arms (default: the preset's)")
+                   help="seeds of every final run (default: the preset's)")
     p.add_argument("--data", default=None,
                    help="prepared dataset directory (default: the embedded corpus, bytes)")
     p.add_argument("--out", default=None, help="output directory (default: runs/scale-PRESET)")
     p.add_argument("--device", type=device, default="cpu",
-                   help="cpu or cuda (cuda uses larger sizes)")
+                   help="cpu or cuda")
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32", "bfloat16", "float32"),
-                   help="training precision (default: the preset's, bf16 autocast)")
-    p.add_argument("--arms", default=None,
-                   help="comma-separated arms to run (default: the preset's; every arm is "
-                        "listed by --plan --preset full)")
-    p.add_argument("--steps", default=None,
-                   help="steps per chain stage, e.g. 200,100,100 (default: the preset's)")
+                   help="training precision (default: the preset's)")
     p.add_argument("--threads", type=positive(int), default=None, help="torch CPU threads")
-    p.add_argument("--new-row-moments", choices=NEW_ROW_MOMENTS, default="zero",
-                   help="grown TokenFormer arms that carry AdamW over: start the new rows' second "
-                        "moments at zero (default) or at the old rows' mean")
     p.add_argument("--plan", action="store_true",
-                   help="print the arms, their steps and FLOPs and a time estimate; train nothing")
-    p.add_argument("--measure", action="store_true",
-                   help="with --plan: measure each model's throughput here (a few steps each) "
-                        "instead of using the reference numbers")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+                   help="print every arm's sizes, growth steps, budgets and FLOPs; train nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
     p.set_defaults(func=scale)

@@ -38,15 +38,13 @@ from .common import (
     Arm,
     Curve,
     Point,
-    Spread,
     have_matplotlib,
     markdown_table,
-    paired,
     plot_curves,
     run_arms,
-    spread,
     to_json,
 )
+from .stats import RULE, Spread, describe, paired, spread
 
 SCHEMA = "tokenformer-ablate/1"
 PARTIAL = ".partial.json"
@@ -353,14 +351,12 @@ def _fmt_spread(task: Task, s: dict[str, Any]) -> str:
 
 
 def _fmt_diff(task: Task, c: dict[str, Any]) -> str:
-    if c["n"] == 0:
-        return "no common seeds"
-    mean, sd = c["mean"], c["spread"]
-    if mean is None or not math.isfinite(mean):
+    """Mean difference, its 95 % t interval and p (:func:`stats.describe`)."""
+    if c["n"] and (c["mean"] is None or not math.isfinite(c["mean"])):
         return "a run diverged"
-    unit, k = (" pt", 100) if task.percent else ("", 1)
-    text = f"{k * mean:+.{2 if task.percent else 4}f}{unit}"
-    return text + (f" ± {k * sd:.{2 if task.percent else 4}f}" if c["n"] > 1 else "")
+    if task.percent:
+        return describe(c, digits=2, scale=100, unit=" pt")
+    return describe(c)
 
 
 def verdict(study: Study, task: Task, summary: dict[str, Any]) -> list[str]:
@@ -402,17 +398,17 @@ def verdict(study: Study, task: Task, summary: dict[str, Any]) -> list[str]:
                          f"{pairs(against)}; {len(agree)} of {len(better)} pairs agree.")
         else:
             lines.append(f"**Not resolved**: {len(agree)} of {len(better)} pairs the paper ranks "
-                         f"are resolved in its direction, none against it; the rest are within "
-                         f"the seed-to-seed spread.")
+                         f"are resolved in its direction, none against it; the rest have a 95 % "
+                         f"interval that includes 0.")
     if ties:
         differ = [c for c in ties if c["status"] == "differs"]
         if not differ:
-            lines.append("**As in the paper**, the variants it finds equal are within the "
-                         "seed-to-seed spread of each other here.")
+            lines.append("**As in the paper**, the variants it finds equal are not resolved "
+                         "apart here (every 95 % interval includes 0).")
         else:
             lines.append("**Unlike the paper**, variants it finds equal differ here (resolved): "
                          + "; ".join(f"{c['a']} vs {c['b']}: {c['comparison']['winner']} better "
-                                     f"by {_fmt_diff(task, c['comparison']).lstrip('+-')}"
+                                     f"({_fmt_diff(task, c['comparison'])})"
                                      for c in differ) + ".")
     ref = study.reference
     for verdict_, word in (("better", "better"), ("worse", "worse")):
@@ -531,8 +527,8 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         "", "## Verdict", "", *[f"- {line}" for line in s["verdict"]], "",
         "## Results", "",
         f"Final {task.label} (mean ± sample std over seeds) and loss; *vs `{ref}`* is the paired "
-        f"difference per seed (variant − `{ref}`, mean ± std), resolved only when at least two "
-        "seeds agree beyond their spread. The paper's column is ImageNet top-1 (%) of its base "
+        f"difference per seed (variant − `{ref}`): mean [95 % interval], p. {RULE} "
+        "The paper's column is ImageNet top-1 (%) of its base "
         "model: a different task and scale, shown for the ordering only.", "",
         markdown_table(["variant", "meaning", task.label, "loss", f"vs `{ref}`",
                         "paper (ImageNet top-1 %)"], rows, "lllrll"), "",
@@ -600,7 +596,7 @@ def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", 
     interrupted part-way resumes from ``out/.partial.json`` when rerun with the same settings.
     """
     from .. import __version__
-    from .scale import machine_summary
+    from .common import machine_summary
 
     st, tk = get_study(study), check_task(task)
     if seeds is not None and seeds < 1:

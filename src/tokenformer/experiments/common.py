@@ -4,8 +4,8 @@ An :class:`Arm` is one training recipe. Running it for a seed returns a :class:`
 points carrying cumulative training FLOPs and wall-clock, plus events (e.g. growth points). All
 arms of a seed see the same data order (the dataset's batches are a pure function of
 (seed, step)) and run in one process one after another, so per-seed differences between arms are
-paired: :func:`paired` compares two arms seed by seed and refuses to name a winner when the
-spread of the paired differences is as large as their mean.
+paired: :func:`tokenformer.experiments.stats.paired` compares two arms seed by seed (a t-based
+95 % interval; resolved only when it excludes 0).
 
 Arms of one seed may share work (e.g. a base model that several growth recipes branch from)
 through the per-seed ``shared`` dict that :func:`run_arms` passes to every arm of that seed.
@@ -138,87 +138,6 @@ def value_at(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None
             x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
             return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
     return None
-
-
-# --------------------------------------------------------------------------------- statistics
-@dataclass
-class Spread:
-    """Mean and spread of one quantity over seeds (``std`` is the sample std; 0 for one seed)."""
-
-    mean: float
-    std: float
-    min: float
-    max: float
-    n: int
-
-    def __str__(self) -> str:
-        return f"{self.mean:.4f}" if self.n == 1 else f"{self.mean:.4f} ± {self.std:.4f}"
-
-
-def spread(values: Iterable[float]) -> Spread:
-    vals = [float(v) for v in values]
-    if not vals:
-        raise ValueError("spread of no values")
-    std = statistics.stdev(vals) if len(vals) > 1 else 0.0
-    return Spread(statistics.fmean(vals), std, min(vals), max(vals), len(vals))
-
-
-@dataclass
-class Paired:
-    """Seed-by-seed comparison of arms ``a`` and ``b`` on one metric (``diffs`` = a - b).
-
-    ``winner`` is ``a`` or ``b`` only when at least two seeds agree well enough that the
-    mean difference exceeds the spread (sample std) of the differences; otherwise ``None``:
-    the comparison is not resolved.
-    """
-
-    a: str
-    b: str
-    metric: str
-    diffs: list[float]
-    mean: float
-    spread: float
-    n: int
-    winner: str | None
-
-    @property
-    def verdict(self) -> str:
-        if self.winner is not None:
-            return f"{self.winner} better"
-        if self.n == 0:
-            return "no common seeds"
-        return "not resolved (one seed)" if self.n == 1 else "not resolved"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "verdict": self.verdict}
-
-
-def paired(a: str, b: str, a_values: dict[int, float], b_values: dict[int, float],
-           metric: str = "loss", lower_is_better: bool = True) -> Paired:
-    """Compare two arms on the seeds both ran; see :class:`Paired` for the decision rule.
-
-    A value may be ``inf`` (e.g. the compute of an arm that never reaches a target): such a seed
-    is an infinite difference, and the arms are resolved only if every seed agrees on the sign.
-    """
-    seeds = sorted(set(a_values) & set(b_values))
-    diffs = [float(a_values[s]) - float(b_values[s]) for s in seeds]
-    diffs = [0.0 if math.isnan(d) else d for d in diffs]  # inf - inf: neither reached
-    if not diffs:
-        return Paired(a, b, metric, [], math.nan, math.nan, 0, None)
-    n = len(diffs)
-    if all(math.isfinite(d) for d in diffs):
-        mean = statistics.fmean(diffs)
-        sd = statistics.stdev(diffs) if n > 1 else math.inf
-        resolved = n > 1 and abs(mean) > sd
-    else:
-        mean = math.inf if all(d > 0 for d in diffs) else (
-            -math.inf if all(d < 0 for d in diffs) else math.nan)
-        sd = math.nan
-        resolved = n > 1 and not math.isnan(mean)
-    winner = None
-    if resolved and mean != 0:
-        winner = a if (mean < 0) == lower_is_better else b
-    return Paired(a, b, metric, diffs, mean, sd, n, winner)
 
 
 # ------------------------------------------------------------------------------------- runner
@@ -415,3 +334,27 @@ def _palette(names: list[str], groups: dict[str, str]) -> dict[str, tuple[Any, s
             shade = 1 - 0.25 * (m // len(styles))
             out[name] = (tuple(c * shade + (1 - shade) for c in base[:3]), styles[m % len(styles)])
     return out
+
+
+# ------------------------------------------------------------------------------------ machine
+def machine_summary() -> dict[str, Any]:
+    """The CPU model, core and thread counts and versions, recorded in every results.json."""
+    import os
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__}
+    info["summary"] = (f"{cpu}, {info['cpus']} CPUs ({info['torch_threads']} torch threads), "
+                       f"torch {torch.__version__}, Python {info['python']}")
+    return info

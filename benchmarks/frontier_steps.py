@@ -1,0 +1,83 @@
+"""Seconds per training step of every (family, size) of a ``tokenformer scale`` preset, and the
+preset's estimated wall time from them (experiments/frontier/plan.estimate_seconds).
+
+    python benchmarks/frontier_steps.py --preset full [--cpu-time]
+
+The LR sweeps' extensions are not known in advance: the estimate adds one extra sweep run per
+(family, size) as a margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from common import (
+    add_clock_args,
+    apply_clock_args,
+    command_line,
+    interleaved,
+    load_average,
+    machine,
+)
+
+from tokenformer.baselines import model_class
+from tokenformer.experiments.frontier.plan import (
+    estimate_seconds,
+    get_preset,
+    model_configs,
+    plan,
+    sweep_plan,
+    sweep_run,
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--preset", default="full")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3, help="training steps per round")
+    add_clock_args(parser)
+    args = parser.parse_args()
+    clock = apply_clock_args(args)
+    preset = get_preset(args.preset)
+    machine_before = machine()  # with the load average at the start
+    seconds: dict[str, float] = {}
+    ids = torch.randint(0, 256, (preset.batch_size, preset.seq_len))
+    for family in preset.families:
+        for size, config in zip(preset.sizes, model_configs(preset, family, 256), strict=True):
+            torch.manual_seed(0)
+            model = model_class(family)(config)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+            def step(model=model, opt=opt) -> None:
+                for _ in range(args.steps):
+                    model(input_ids=ids, labels=ids).loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+
+            t = interleaved({"step": step}, args.rounds, warmup=1)["step"]
+            seconds[f"{family}-{size}"] = t["min"] / args.steps
+    runs = plan(preset, 256)
+    sweeps = sweep_plan(preset, 256)
+    margin = [sweep_run(preset, f, s, 1.0, 256) for f in preset.families for s in preset.sizes]
+    final = estimate_seconds(preset, runs, seconds)
+    sweep = estimate_seconds(preset, sweeps + margin, seconds)
+    print(f"Command: `{command_line()}`  ")
+    print(f"Machine: {machine_before} (at the end: {load_average()}); timing: "
+          f"{clock}, min over {args.rounds} rounds of {args.steps} steps  ")
+    print(f"Preset `{preset.name}`: batch {preset.batch_size} × {preset.seq_len}, "
+          f"{preset.dtype} (this script runs fp32)\n")
+    print("| family-size | ms/step |\n|---|---|")
+    for key, s in seconds.items():
+        print(f"| {key} | {1000 * s:.1f} |")
+    print(f"\nEstimated: LR sweeps {sweep / 60:.1f} min (incl. one extension per size), final "
+          f"runs {final / 60:.1f} min, total {(sweep + final) / 60:.1f} min "
+          f"({len(sweeps)} + {len(runs)} runs).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,420 @@
+"""The frontier experiment's plan: presets → the list of runs (pure data, nothing is trained).
+
+Every run uses one schedule family, warmup–stable–decay (WSD): linear warmup over
+``warmup_steps``, a stable phase at the peak LR, and a linear cooldown to ``min_lr_ratio`` × peak
+over the last ``decay_fraction`` of the run's steps. One *stable run* per (arm, seed) trains at
+the peak LR and, at each budget of a log-spaced FLOP grid, a *cooldown branch* starts from a copy
+of its state and decays for ``decay_fraction`` of that budget's steps. The branch's final
+validation loss is the arm's point at that budget. A growth chain is one stable run that grows
+at fixed fractions of the largest budget; its branches cool down whatever size it has reached.
+
+LR sweeps: per (family, size), a grid of peak LRs at ``sweep_steps`` steps (same WSD family,
+seed 0, one branch at the end); the final runs of that size use the argmin (the runner extends
+the grid when the argmin sits on an edge). A chain uses the LR of its final size for its whole
+run: the LR does not move at growth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ...config import TokenFormerConfig, flops_per_token
+from ...errors import ConfigError
+from ...grow import NEW_ROW_MOMENTS, STRATEGIES
+
+SCHEDULE_FAMILY = "wsd"
+SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")
+FAMILIES = ("tokenformer", "transformer++")
+CHAINS = (*STRATEGIES, "exact-anneal")  # growth recipes of TokenFormer chains
+WIDENINGS = ("zero", "net2net")  # MLP widening of the Transformer++ chain
+MAX_EPOCHS = 4.0  # no run may see the training split more often than this
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything that defines one frontier experiment except the data and the device."""
+
+    name: str
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    # (qkv, proj, ffn) of the smallest size: the smallest whose matched Transformer++ still has an
+    # MLP of a useful width (43 units; its attention alone is 4·d² parameters per block)
+    base_tokens: tuple[int, int, int] = (24, 24, 96)
+    num_sizes: int = 5
+    factor: int = 2  # tokens (≈ non-embedding parameters) multiply by this from size to size
+    seq_len: int = 128
+    batch_size: int = 16
+    max_budget: float = 4e12  # training FLOPs of the largest budget
+    num_budgets: int = 6
+    budget_ratio: float = 2.0  # consecutive budgets differ by this factor
+    warmup_steps: int = 30
+    decay_fraction: float = 0.2
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    min_steps: int = 100  # a size runs a budget only when that is at least this many steps
+    lr_grid: tuple[float, ...] = (1e-3, 2e-3, 4e-3, 8e-3)
+    sweep_steps: int = 250
+    max_extensions: int = 2  # grid points the runner may add beyond an edge, per side
+    seeds: int = 3
+    families: tuple[str, ...] = FAMILIES
+    chains: tuple[str, ...] = CHAINS
+    widenings: tuple[str, ...] = WIDENINGS
+    # cumulative fraction of max_budget at which the chains grow, one per growth: the chain is
+    # S1 → S2 → … → S(len + 1)
+    growth_fractions: tuple[float, ...] = (0.125, 0.25, 0.5)
+    anneal_steps: int = 100  # exact-anneal: steps over which Θ's factor moves to √n
+    new_row_moments: str = "mean"  # carried AdamW state at growth: grow.NEW_ROW_MOMENTS
+    eval_batches: int = 8
+    dtype: str = "fp32"
+    pattention_impl: str = "auto"
+    expected_hours: str = ""  # documented expectation (the gpu preset's, not measured here)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def budgets(self) -> list[float]:
+        """The log-spaced FLOP grid, smallest first, ending at ``max_budget``."""
+        return [self.max_budget / self.budget_ratio ** (self.num_budgets - 1 - i)
+                for i in range(self.num_budgets)]
+
+    @property
+    def sizes(self) -> tuple[str, ...]:
+        return SIZE_NAMES[:self.num_sizes]
+
+    @property
+    def chain_sizes(self) -> tuple[str, ...]:
+        return SIZE_NAMES[:len(self.growth_fractions) + 1]
+
+    def validate(self) -> None:
+        if not 2 <= self.num_sizes <= len(SIZE_NAMES):
+            raise ConfigError(f"frontier: num_sizes must be in 2..{len(SIZE_NAMES)}")
+        if len(self.lr_grid) < 4 or any(
+                b <= a for a, b in itertools.pairwise(self.lr_grid)):
+            raise ConfigError("frontier: lr_grid needs >= 4 increasing values")
+        if self.num_budgets < 2 or self.budget_ratio <= 1:
+            raise ConfigError("frontier: need >= 2 budgets with budget_ratio > 1")
+        if len(self.growth_fractions) + 1 > self.num_sizes or any(
+                not 0 < f < 1 for f in self.growth_fractions) or list(
+                self.growth_fractions) != sorted(set(self.growth_fractions)):
+            raise ConfigError("frontier: growth_fractions must increase inside (0, 1), at most "
+                              "one per size after the first")
+        for family in self.families:
+            if family not in FAMILIES:
+                raise ConfigError(f"frontier: unknown family {family!r}")
+        for chain in self.chains:
+            if chain not in CHAINS:
+                raise ConfigError(f"frontier: unknown chain {chain!r}; choose from {CHAINS}")
+        if (self.chains and "tokenformer" not in self.families) or (
+                self.widenings and "transformer++" not in self.families):
+            raise ConfigError("frontier: a chain needs its family's from-scratch sizes")
+        if self.new_row_moments not in NEW_ROW_MOMENTS:
+            raise ConfigError(f"frontier: new_row_moments must be one of {NEW_ROW_MOMENTS}")
+        if not 0 < self.decay_fraction < 1 or self.seeds < 1:
+            raise ConfigError("frontier: decay_fraction in (0, 1) and seeds >= 1")
+
+
+_CPU = Preset(name="full")
+PRESETS: dict[str, Preset] = {
+    # one seed, TokenFormer sizes S1–S4 and one chain (paper recipe), a shorter grid
+    "quick": dataclasses.replace(
+        _CPU, name="quick", num_sizes=4, max_budget=1.5e12, num_budgets=4, seeds=1,
+        families=("tokenformer",), chains=("paper",), widenings=(), sweep_steps=60,
+        min_steps=60, warmup_steps=20, growth_fractions=(0.125, 0.25, 0.5), anneal_steps=50),
+    "full": _CPU,
+    "gpu": dataclasses.replace(
+        _CPU, name="gpu", hidden_size=256, num_layers=6, num_heads=8,
+        base_tokens=(128, 128, 512), seq_len=512, batch_size=32, max_budget=2e16,
+        warmup_steps=200, min_steps=500, sweep_steps=2000, anneal_steps=500,
+        lr_grid=(2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3), eval_batches=16, dtype="bf16",
+        expected_hours="≈ 3 h of training FLOPs (1.4e18) on one A100-80GB at an assumed 40 % "
+                       "bf16 MFU (125 TFLOP/s achieved), up to ≈ 6 h as the small sizes run "
+                       "below that; not measured; needs --data with >= 2e8 training tokens "
+                       "(<= 4 epochs)"),
+}
+
+
+def get_preset(name: str, **overrides: Any) -> Preset:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown scale preset {name!r}; choose one of {', '.join(PRESETS)}")
+    preset = dataclasses.replace(PRESETS[name], **overrides)
+    preset.validate()
+    return preset
+
+
+# --------------------------------------------------------------------------------- run specs
+@dataclass(frozen=True)
+class Stage:
+    """One model size of a run, trained from step ``start`` on (a scratch run has one)."""
+
+    size: str
+    config: Any  # TokenFormerConfig or baselines.TransformerConfig
+    start: int
+    flops_per_step: float  # training FLOPs of one optimizer step (the analytic count)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """The cooldown at one budget: stable phase to ``decay_start``, linear decay to ``steps``."""
+
+    budget_index: int
+    budget: float
+    steps: int
+    decay_start: int
+    flops: float  # cumulative training FLOPs at the branch's end (≈ budget, whole steps)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One stable run (with its cooldown branches) of one arm and seed."""
+
+    id: str
+    arm: str
+    kind: str  # scratch | chain | widen | sweep
+    family: str
+    seed: int
+    stages: tuple[Stage, ...]
+    branches: tuple[Branch, ...]
+    lr: float | None  # sweeps: the grid value; otherwise the chosen LR of ``lr_from``
+    lr_from: str  # "<family>-<size>": whose sweep sets the LR
+    recipe: str | None = None  # chains: growth recipe (or widening)
+    schedule: str = SCHEDULE_FAMILY
+
+    @property
+    def steps(self) -> int:
+        """Steps the stable phase runs (to the last branch point)."""
+        return max(b.decay_start for b in self.branches)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps + sum(b.steps - b.decay_start for b in self.branches)
+
+    def total_flops(self) -> float:
+        stable = flops_at(self.stages, self.steps)
+        return stable + sum(b.flops - flops_at(self.stages, b.decay_start)
+                            for b in self.branches)
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, "arm": self.arm, "kind": self.kind, "family": self.family,
+                "seed": self.seed, "schedule": self.schedule, "lr": self.lr,
+                "lr_from": self.lr_from, "recipe": self.recipe,
+                "stages": [{"size": s.size, "start": s.start, "flops_per_step": s.flops_per_step,
+                            "parameters": s.config.num_parameters(),
+                            "non_embedding_parameters": s.config.num_parameters(
+                                non_embedding=True), "config": s.config.to_dict()}
+                           for s in self.stages],
+                "branches": [dataclasses.asdict(b) for b in self.branches],
+                "stable_steps": self.steps, "total_steps": self.total_steps,
+                "total_flops": self.total_flops()}
+
+
+def decay_start(steps: int, preset: Preset) -> int:
+    """Where the cooldown of a ``steps``-step WSD run starts (as ``train.lr_at`` computes it)."""
+    decay = max(1, round(preset.decay_fraction * steps))
+    return max(steps - decay, min(preset.warmup_steps, steps))
+
+
+def size_at(stages: tuple[Stage, ...], step: int) -> Stage:
+    """The stage training step ``step`` (a growth at step g happens before step g runs)."""
+    return [s for s in stages if s.start <= step][-1]
+
+
+def flops_at(stages: tuple[Stage, ...], step: int) -> float:
+    """Cumulative training FLOPs of the stable run after ``step`` steps."""
+    total = 0.0
+    for i, s in enumerate(stages):
+        end = stages[i + 1].start if i + 1 < len(stages) else math.inf
+        total += max(0, min(step, end) - s.start) * s.flops_per_step
+    return total
+
+
+def branch_for(stages: tuple[Stage, ...], index: int, budget: float, preset: Preset
+               ) -> Branch | None:
+    """The branch whose total FLOPs are closest to ``budget`` (the branch cools down the size
+    reached at its decay start; no growth inside a cooldown). None below ``min_steps``."""
+    def total(n: int) -> float:
+        start = decay_start(n, preset)
+        return flops_at(stages, start) + (n - start) * size_at(stages, max(start - 1, 0)
+                                                                ).flops_per_step
+
+    lo, hi = 1, 1
+    while total(hi) < budget:
+        hi *= 2
+    while lo < hi:  # smallest n with total(n) >= budget
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if total(mid) < budget else (lo, mid)
+    n = lo if lo == 1 or abs(total(lo) - budget) <= abs(total(lo - 1) - budget) else lo - 1
+    if n < preset.min_steps:
+        return None
+    return Branch(index, budget, n, decay_start(n, preset), total(n))
+
+
+def model_configs(preset: Preset, family: str, vocab_size: int) -> list[Any]:
+    """Every size of ``family``: TokenFormers with ``factor``× the tokens per size, and the
+    Transformer++ matched to each in non-embedding parameters (MLP width)."""
+    from ...baselines import matched_config
+
+    out = []
+    for i, name in enumerate(preset.sizes):
+        q, p, f = (n * preset.factor ** i for n in preset.base_tokens)
+        tf = TokenFormerConfig(vocab_size=vocab_size, hidden_size=preset.hidden_size,
+                               num_layers=preset.num_layers, num_heads=preset.num_heads,
+                               qkv_tokens=q, proj_tokens=p, ffn_tokens=f,
+                               max_seq_len=preset.seq_len, eos_token_id=None,
+                               name=f"tokenformer-{name}")
+        out.append(tf if family == "tokenformer" else
+                   matched_config(tf, family, name=f"{family}-{name}"))
+    return out
+
+
+def _stage(preset: Preset, size: str, config: Any, start: int) -> Stage:
+    per_token = flops_per_token(config, preset.seq_len, training=True)["total"]
+    return Stage(size, config, start, per_token * preset.tokens_per_step)
+
+
+def sweep_run(preset: Preset, family: str, size: str, lr: float, vocab_size: int) -> Run:
+    """One LR sweep point: ``sweep_steps`` WSD steps at peak ``lr``, seed 0, one branch."""
+    config = model_configs(preset, family, vocab_size)[preset.sizes.index(size)]
+    stage = _stage(preset, size, config, 0)
+    n = preset.sweep_steps
+    branch = Branch(0, n * stage.flops_per_step, n, decay_start(n, preset),
+                    n * stage.flops_per_step)
+    return Run(f"sweep/{family}-{size}/lr={lr:.6g}", f"sweep-{family}-{size}", "sweep", family,
+               0, (stage,), (branch,), lr, f"{family}-{size}")
+
+
+def chain_stages(preset: Preset, configs: list[Any]) -> tuple[Stage, ...]:
+    """The chain's sizes and growth steps: it grows when its cumulative FLOPs reach
+    ``growth_fractions`` × ``max_budget``."""
+    stages = [_stage(preset, preset.sizes[0], configs[0], 0)]
+    for i, fraction in enumerate(preset.growth_fractions, start=1):
+        prev = stages[-1]
+        spent = flops_at(tuple(stages), prev.start)  # the earlier stages, in full
+        steps = max(1, round((fraction * preset.max_budget - spent) / prev.flops_per_step))
+        stages.append(_stage(preset, preset.sizes[i], configs[i], prev.start + steps))
+    return tuple(stages)
+
+
+def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None) -> list[Run]:
+    """Every final run (scratch sizes, chains, widenings) for every seed, seed-major. Sweep runs
+    are :func:`sweep_plan`'s. ``train_tokens`` checks that no run repeats the corpus more than
+    ``MAX_EPOCHS`` times."""
+    preset.validate()
+    budgets = preset.budgets
+    runs: list[Run] = []
+    for seed in range(preset.seeds):
+        for family in preset.families:
+            configs = model_configs(preset, family, vocab_size)
+            for size, config in zip(preset.sizes, configs, strict=True):
+                stages = (_stage(preset, size, config, 0),)
+                runs.append(_with_branches(preset, f"{family}-{size}", "scratch", family, seed,
+                                           stages, budgets, f"{family}-{size}"))
+            chain = preset.chain_sizes
+            recipes = (preset.chains if family == "tokenformer" else preset.widenings)
+            for recipe in recipes:
+                arm = (f"chain-{recipe}" if family == "tokenformer" else f"widen-{recipe}")
+                stages = chain_stages(preset, configs[:len(chain)])
+                runs.append(_with_branches(preset, arm, "chain" if family == "tokenformer"
+                                           else "widen", family, seed, stages, budgets,
+                                           f"{family}-{chain[-1]}", recipe))
+    if train_tokens is not None:
+        for run in runs:
+            epochs = run.total_steps * preset.tokens_per_step / train_tokens
+            if epochs > MAX_EPOCHS:
+                raise ConfigError(f"frontier: {run.id} would see the training split "
+                                  f"{epochs:.1f} times (> {MAX_EPOCHS:g}); lower max_budget or "
+                                  f"use a larger corpus (--data)")
+    return runs
+
+
+def _with_branches(preset: Preset, arm: str, kind: str, family: str, seed: int,
+                   stages: tuple[Stage, ...], budgets: list[float], lr_from: str,
+                   recipe: str | None = None) -> Run:
+    branches = tuple(b for i, budget in enumerate(budgets)
+                     if (b := branch_for(stages, i, budget, preset)) is not None)
+    if not branches:
+        raise ConfigError(f"frontier: {arm} has no budget of >= {preset.min_steps} steps")
+    if len(stages) > 1 and kind == "chain":
+        gaps = [b.start - a.start for a, b in itertools.pairwise(stages)]
+        if min(gaps) <= preset.anneal_steps:
+            raise ConfigError("frontier: anneal_steps must be shorter than every chain stage")
+    return Run(f"{arm}/seed{seed}", arm, kind, family, seed, stages, branches, None, lr_from,
+               recipe)
+
+
+def sweep_plan(preset: Preset, vocab_size: int) -> list[Run]:
+    """The initial LR grid of every (family, size) the final runs use."""
+    return [sweep_run(preset, family, size, lr, vocab_size)
+            for family in preset.families for size in preset.sizes for lr in preset.lr_grid]
+
+
+def extend_grid(grid: list[float], losses: dict[float, float]) -> float | None:
+    """The LR to add when the argmin of ``losses`` sits on an edge of ``grid`` (one log step
+    beyond it), else None."""
+    ordered = sorted(grid)
+    best = min(ordered, key=lambda lr: (losses[lr], lr))
+    if best == ordered[0]:
+        return ordered[0] * ordered[0] / ordered[1]
+    if best == ordered[-1]:
+        return ordered[-1] * ordered[-1] / ordered[-2]
+    return None
+
+
+def steps_by_size(run: Run) -> dict[str, int]:
+    """Optimizer steps the run trains at each size: its stable phase and every cooldown."""
+    out: dict[str, int] = {}
+    for i, s in enumerate(run.stages):
+        end = run.stages[i + 1].start if i + 1 < len(run.stages) else run.steps
+        out[s.size] = out.get(s.size, 0) + max(0, min(end, run.steps) - s.start)
+    for b in run.branches:
+        size = size_at(run.stages, max(b.decay_start - 1, 0)).size
+        out[size] = out.get(size, 0) + b.steps - b.decay_start
+    return out
+
+
+def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str, float]
+                     ) -> float:
+    """Training time of ``runs`` from measured seconds per step of each ``"<family>-<size>"``,
+    plus one evaluation per branch (``eval_batches`` forward passes ≈ a third of a step each).
+    Evaluation FLOPs aside, the runner does nothing else of weight."""
+    total = 0.0
+    for run in runs:
+        for size, steps in steps_by_size(run).items():
+            total += steps * seconds_per_step[f"{run.family}-{size}"]
+        last = run.stages[-1].size
+        total += len(run.branches) * preset.eval_batches / 3 * seconds_per_step[
+            f"{run.family}-{last}"]
+    return total
+
+
+def describe(preset: Preset, vocab_size: int) -> str:
+    """The plan as text (``tokenformer scale --plan``): every arm's sizes, growth steps, budgets
+    run and FLOPs; sweeps; nothing is trained."""
+    from ..common import markdown_table
+
+    runs = plan(preset, vocab_size)
+    sweeps = sweep_plan(preset, vocab_size)
+    rows = []
+    for run in runs:
+        if run.seed:
+            continue
+        seeds = sum(r.arm == run.arm for r in runs)
+        rows.append([run.arm, str(seeds), " → ".join(f"{s.size}@{s.start}" for s in run.stages),
+                     ", ".join(f"{b.budget:.2g}:{b.steps}" for b in run.branches),
+                     f"{run.total_steps:,}", f"{run.total_flops():.3g}", run.lr_from])
+    total = sum(r.total_flops() for r in runs)
+    sweep_flops = sum(r.total_flops() for r in sweeps)
+    return "\n".join([
+        f"preset {preset.name}: {len(sweeps)} LR-sweep runs ({sweep_flops:.3g} FLOPs), "
+        f"{len(runs)} final runs ({total:.3g} FLOPs), schedule {SCHEDULE_FAMILY} for all",
+        markdown_table(["arm", "seeds", "sizes@start step", "budget:steps", "steps/seed",
+                        "FLOPs/seed", "LR from"], rows, "lrllrrl"),
+        "time: python benchmarks/frontier_steps.py --preset NAME --cpu-time (measures the step "
+        "times here and estimates the whole preset)"])

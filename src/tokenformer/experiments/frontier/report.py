@@ -1,0 +1,433 @@
+"""``results.json`` → the frontier's summary, verdict, ``report.md`` and plots.
+
+Nothing here trains or reads anything but the results. The from-scratch *envelope* of a family
+at a budget is its size with the lowest mean validation loss over seeds at that budget; its
+per-seed values are that size's seeds, so comparisons with a chain (same seeds, same batches)
+are paired (:mod:`..stats`). Picking the size by the mean of the same seeds favours the envelope
+slightly (a minimum over sizes); the verdict names a chain better only when its interval
+excludes 0 in spite of that.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..common import fmt, have_matplotlib, markdown_table
+from ..stats import RULE, describe, format_p, paired, t_interval
+
+FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++"}
+
+
+# ------------------------------------------------------------------------------------ tables
+def _loss(value: Any) -> float:
+    return math.inf if value is None else float(value)
+
+
+def arms(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per arm: kind, family, sizes, and per budget index {seed: (loss, flops, tokens)}."""
+    out: dict[str, dict[str, Any]] = {}
+    for run in results["runs"].values():
+        arm = out.setdefault(run["arm"], {"kind": run["kind"], "family": run["family"],
+                                          "recipe": run["recipe"], "lr": run["lr"],
+                                          "stages": run["stages"], "budgets": {}})
+        for b in run["branches"]:
+            arm["budgets"].setdefault(b["budget_index"], {})[run["seed"]] = (
+                _loss(b["loss"]), b["flops"], b["tokens"])
+            arm.setdefault("sizes", {})[b["budget_index"]] = b["size"]
+    return out
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def envelope(results: dict[str, Any], family: str) -> dict[int, dict[str, Any]]:
+    """Per budget index: the family's best from-scratch size (lowest mean loss over the seeds
+    every size ran) and its per-seed losses and FLOPs."""
+    table = arms(results)
+    scratch = {a: v for a, v in table.items() if v["kind"] == "scratch" and v["family"] == family}
+    out: dict[int, dict[str, Any]] = {}
+    for j in range(len(results["budgets"])):
+        cands = {a: v["budgets"][j] for a, v in scratch.items() if j in v["budgets"]}
+        if not cands:
+            continue
+        best = min(cands, key=lambda a: (_mean([x[0] for x in cands[a].values()]), a))
+        seeds = cands[best]
+        out[j] = {"arm": best, "size": scratch[best]["stages"][0]["size"],
+                  "loss": {s: x[0] for s, x in seeds.items()},
+                  "flops": {s: x[1] for s, x in seeds.items()},
+                  "tokens": _mean([x[2] for x in seeds.values()]),
+                  "parameters": scratch[best]["stages"][0]["parameters"],
+                  "non_embedding_parameters": scratch[best]["stages"][0][
+                      "non_embedding_parameters"],
+                  "mean": _mean([x[0] for x in seeds.values()])}
+    return out
+
+
+def _crossing_log(flops: list[float], losses: list[float], target: float) -> float | None:
+    """FLOPs where the curve, piecewise linear in log FLOPs, first comes down to ``target``;
+    None when it does not within the grid (never, or already at its first budget)."""
+    for i in range(1, len(flops)):
+        y0, y1 = losses[i - 1], losses[i]
+        if y0 > target >= y1 and math.isfinite(y0):
+            t = (y0 - target) / (y0 - y1)
+            return math.exp(math.log(flops[i - 1]) + t * (math.log(flops[i]) -
+                                                          math.log(flops[i - 1])))
+    return None
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """Envelopes, paired comparisons per budget, compute-to-reach, sweeps and the verdict."""
+    table = arms(results)
+    families = sorted({v["family"] for v in table.values()})
+    envs = {f: envelope(results, f) for f in families}
+    comparisons: list[dict[str, Any]] = []
+
+    def compare(name: str, a: dict[int, float], b: dict[int, float], label_a: str,
+                label_b: str, j: int) -> dict[str, Any]:
+        c = paired(label_a, label_b, a, b).to_dict()
+        c.update(question=name, budget_index=j, budget=results["budgets"][j])
+        comparisons.append(c)
+        return c
+
+    for arm, v in table.items():
+        if v["kind"] not in ("chain", "widen"):
+            continue
+        env = envs.get(v["family"], {})
+        for j, seeds in sorted(v["budgets"].items()):
+            if j in env:
+                c = compare("chain vs envelope", {s: x[0] for s, x in seeds.items()},
+                            env[j]["loss"], arm, f"{v['family']} envelope ({env[j]['size']})", j)
+                c.update(chain_size=v["sizes"][j], first_size=v["stages"][0]["size"])
+    if "chain-exact" in table and "chain-exact-anneal" in table:
+        ex, an = table["chain-exact"]["budgets"], table["chain-exact-anneal"]["budgets"]
+        for j in sorted(set(ex) & set(an)):
+            compare("anneal vs held", {s: x[0] for s, x in an[j].items()},
+                    {s: x[0] for s, x in ex[j].items()}, "chain-exact-anneal", "chain-exact", j)
+    if len(envs) == 2:
+        tf, tpp = envs["tokenformer"], envs["transformer++"]
+        for j in sorted(set(tf) & set(tpp)):
+            compare("tokenformer vs transformer++", tf[j]["loss"], tpp[j]["loss"],
+                    f"TokenFormer envelope ({tf[j]['size']})",
+                    f"Transformer++ envelope ({tpp[j]['size']})", j)
+    reach = {arm: compute_to_reach(table[arm], envs[table[arm]["family"]])
+             for arm, v in table.items() if v["kind"] in ("chain", "widen")
+             and envs.get(v["family"])}
+    summary = {"envelopes": {f: {str(j): {k: e[k] for k in ("arm", "size", "mean", "tokens",
+                                                              "parameters",
+                                                              "non_embedding_parameters")}
+                                  for j, e in env.items()} for f, env in envs.items()},
+               "comparisons": comparisons, "reach": reach,
+               "seeds": sorted({r["seed"] for r in results["runs"].values()})}
+    summary["verdict"] = verdict(results, summary)
+    return summary
+
+
+def compute_to_reach(arm: dict[str, Any], env: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """At the chain's largest budget: the FLOPs the envelope needs to reach the chain's loss,
+    over the chain's FLOPs (< 1: training from scratch at the best size gets there cheaper).
+    Per seed on that seed's envelope curve; the interval is a t interval of log ratios."""
+    j = max(arm["budgets"])
+    seeds = arm["budgets"][j]
+    js = sorted(env)
+    ratios: dict[int, float | None] = {}
+    for s, (loss, flops, _) in seeds.items():
+        xs = [env[k]["flops"][s] for k in js if s in env[k]["flops"]]
+        ys = [env[k]["loss"][s] for k in js if s in env[k]["loss"]]
+        x = _crossing_log(xs, ys, loss)
+        ratios[s] = None if x is None else x / flops
+    mean_loss = _mean([x[0] for x in seeds.values()])
+    mean_x = _crossing_log([_mean(list(env[k]["flops"].values())) for k in js],
+                           [env[k]["mean"] for k in js], mean_loss)
+    chain_flops = _mean([x[1] for x in seeds.values()])
+    out: dict[str, Any] = {"budget_index": j, "chain_loss": mean_loss,
+                           "chain_flops": chain_flops, "per_seed": ratios,
+                           "ratio_of_means": None if mean_x is None else mean_x / chain_flops}
+    if mean_x is None and js:  # off the grid: a bound from the envelope's first or last point
+        first, last = env[js[0]], env[js[-1]]
+        if mean_loss >= first["mean"]:
+            out["at_most"] = _mean(list(first["flops"].values())) / chain_flops
+        elif mean_loss < min(env[k]["mean"] for k in js):
+            out["more_than"] = _mean(list(last["flops"].values())) / chain_flops
+    logs = [math.log(r) for r in ratios.values() if r is not None]
+    if len(logs) == len(ratios) and len(logs) >= 2:
+        ci = t_interval(logs)
+        out.update(ratio=math.exp(ci.mean), low=math.exp(ci.low), high=math.exp(ci.high),
+                   p_value=ci.p_value)
+    return out
+
+
+# ----------------------------------------------------------------------------------- verdict
+def _budget(results: dict[str, Any], j: int) -> str:
+    return f"{results['budgets'][j]:.2g}"
+
+
+def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """Plain-language answers read off the paired comparisons (no other source)."""
+    lines: list[str] = []
+    comps = summary["comparisons"]
+    n_seeds = len(summary["seeds"])
+    chains = [c for c in comps if c["question"] == "chain vs envelope"]
+    by_arm: dict[str, list[dict[str, Any]]] = {}
+    for c in chains:
+        by_arm.setdefault(c["a"], []).append(c)
+    for arm, cs in by_arm.items():
+        below = [c for c in cs if c["winner"] == arm]
+        above = [c for c in cs if c["winner"] is not None and c["winner"] != arm]
+        grown = [c for c in cs if c["chain_size"] != c["first_size"]] or cs
+        best = min(grown, key=lambda c: c["mean"] if c["mean"] is not None and
+                   math.isfinite(c["mean"]) else math.inf)
+        family = "TokenFormer" if arm.startswith("chain") else "Transformer++"
+        head = f"**{arm} vs the {family} from-scratch envelope:** "
+        if below:
+            head += ("below it (resolved) at "
+                     + ", ".join(f"{_budget(results, c['budget_index'])} FLOPs "
+                                 f"(Δloss {describe(c)})" for c in below) + ". ")
+        elif n_seeds < 2:
+            head += "one seed: nothing is resolved. "
+        else:
+            head += (f"not resolved below it at any of its {len(cs)} budgets. ")
+        if above:
+            head += ("Resolved above it at " + ", ".join(
+                _budget(results, c["budget_index"]) for c in above) + " FLOPs. ")
+        head += (f"Closest once grown: {_budget(results, best['budget_index'])} FLOPs "
+                 f"(chain at {best['chain_size']}), Δloss {describe(best)} vs {best['b']}.")
+        lines.append(head)
+    for arm, r in summary["reach"].items():
+        if r.get("ratio") is not None:
+            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
+                         f"the envelope** instead: ×{r['ratio']:.2f} of the chain's FLOPs "
+                         f"[95 % interval ×{r['low']:.2f}–×{r['high']:.2f}, p = "
+                         f"{format_p(r['p_value'])}] (< 1: from scratch is cheaper).")
+        elif r.get("ratio_of_means") is not None:
+            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
+                         f"the envelope**: ×{r['ratio_of_means']:.2f} of the chain's FLOPs "
+                         f"(mean curves; no interval: "
+                         + ("one seed" if n_seeds < 2 else "some seed is off the grid") + ").")
+        elif r.get("more_than") is not None:
+            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
+                         f"the envelope**: more than ×{r['more_than']:.2f} of the chain's FLOPs "
+                         f"(the chain ends below every envelope point of the grid; mean curves).")
+        elif r.get("at_most") is not None:
+            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
+                         f"the envelope**: at most ×{r['at_most']:.2f} of the chain's FLOPs (the "
+                         f"envelope is already below it at its first budget; mean curves).")
+        else:
+            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
+                         f"the envelope**: not measurable on the budget grid.")
+    anneal = [c for c in comps if c["question"] == "anneal vs held"]
+    if anneal:
+        last = anneal[-1]
+        resolved = [c for c in anneal if c["winner"] is not None]
+        lines.append("**Θ's factor annealed to √n after exact growth (point 5's hypothesis):** "
+                     + (f"at the largest budget Δloss {describe(last)} (anneal − held) → "
+                        f"{last['verdict']}; resolved at {len(resolved)} of {len(anneal)} "
+                        f"budgets" + (" (" + ", ".join(f"{c['winner']} better at "
+                                                      f"{_budget(results, c['budget_index'])}"
+                                                      for c in resolved) + ")" if resolved
+                                      else "") + "."))
+    arch = [c for c in comps if c["question"] == "tokenformer vs transformer++"]
+    if arch:
+        tf_better = [c for c in arch if c["winner"] == c["a"]]
+        tpp_better = [c for c in arch if c["winner"] == c["b"]]
+        lines.append("**TokenFormer's envelope vs Transformer++'s:** "
+                     f"TokenFormer lower (resolved) at {len(tf_better)}, Transformer++ lower "
+                     f"(resolved) at {len(tpp_better)} of {len(arch)} budgets; at the largest, "
+                     f"Δloss {describe(arch[-1])} (TokenFormer − Transformer++).")
+    edges = [k for k, s in results["sweeps"].items() if s["at_edge"]]
+    if edges:
+        lines.append("**WARNING: the chosen LR is at the edge of its sweep grid** for "
+                     + ", ".join(edges) + " even after extending it: the optimum may lie "
+                     "beyond; those sizes' points are upper bounds on their tuned loss.")
+    if n_seeds < 2:
+        lines.append("One seed: no interval exists and no difference is resolved; this run "
+                     "shows the shape of the frontier, not a verdict.")
+    return lines
+
+
+# ------------------------------------------------------------------------------------- plots
+def make_plots(results: dict[str, Any], out: Path) -> list[str]:
+    if not have_matplotlib():
+        return []
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+
+    from ...io import atomic_write
+
+    written = []
+    table = arms(results)
+    fig = Figure(figsize=(10, 6), layout="constrained")
+    ax = fig.add_subplot()
+    cmap = colormaps["tab10"]
+    styles = {"tokenformer": "-", "transformer++": "--"}
+
+    def band(seeds_by_j: dict[int, dict[int, Any]], **kw: Any) -> None:
+        js = sorted(seeds_by_j)
+        xs = [_mean([x[1] for x in seeds_by_j[j].values()]) for j in js]
+        ys = [_mean([x[0] for x in seeds_by_j[j].values()]) for j in js]
+        ax.plot(xs, ys, marker=kw.pop("marker", "o"), markersize=3, **kw)
+        if any(len(seeds_by_j[j]) > 1 for j in js):
+            ax.fill_between(xs, [min(x[0] for x in seeds_by_j[j].values()) for j in js],
+                            [max(x[0] for x in seeds_by_j[j].values()) for j in js],
+                            color=kw.get("color"), alpha=0.15, linewidth=0)
+
+    sizes = results["sizes"]
+    shade = colormaps["viridis"]
+    for arm, v in table.items():
+        if v["kind"] == "scratch":  # light (small) to dark (large)
+            k = sizes.index(v["stages"][0]["size"])
+            band(v["budgets"], color=shade(0.85 - 0.75 * k / max(len(sizes) - 1, 1)),
+                 linestyle=styles[v["family"]], linewidth=0.9, alpha=0.8,
+                 label=f"{arm} (scratch)")
+    for family in sorted({v["family"] for v in table.values()}):
+        env = envelope(results, family)
+        js = sorted(env)
+        ax.plot([_mean(list(env[j]["flops"].values())) for j in js], [env[j]["mean"] for j in js],
+                color="black", linestyle=styles[family], linewidth=2.2,
+                label=f"{FAMILY_LABEL[family]} envelope")
+    growing = [a for a, v in table.items() if v["kind"] in ("chain", "widen")]
+    for i, arm in enumerate(growing):
+        band(table[arm]["budgets"], color=cmap(i % 10), linewidth=1.6, marker="s",
+             linestyle=styles[table[arm]["family"]], label=arm)
+    ax.set_xscale("log")
+    ax.set_xlabel("cumulative training FLOPs (the cooldown branch's end)")
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title("Loss-vs-compute frontier (mean over seeds, band: min–max)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    atomic_write(out / "frontier.png", lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    written.append("frontier.png")
+
+    sweeps = results["sweeps"]
+    families = sorted({s["family"] for s in sweeps.values()})
+    fig = Figure(figsize=(5 * len(families), 4), layout="constrained")
+    for k, family in enumerate(families):
+        ax = fig.add_subplot(1, len(families), k + 1)
+        for i, s in enumerate(v for v in sweeps.values() if v["family"] == family):
+            xs = [p["lr"] for p in s["points"]]
+            ys = [_loss(p["loss"]) for p in s["points"]]
+            ax.plot(xs, ys, marker="o", markersize=3, color=cmap(i % 10), label=s["size"])
+            ax.plot([s["chosen"]], [min(ys)], marker="*", markersize=11, color=cmap(i % 10))
+        ax.set_xscale("log")
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel("validation loss after the sweep run")
+        ax.set_title(f"{FAMILY_LABEL[family]} LR sweeps (★ chosen)", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    atomic_write(out / "lr_sweeps.png", lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    written.append("lr_sweeps.png")
+    return written
+
+
+# ------------------------------------------------------------------------------------ report
+def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: list[str]) -> str:
+    p = results["preset"]
+    table = arms(results)
+    m = results["machine"]
+    timing = results["timing"]
+    lines = [f"# Loss-vs-compute frontier: preset `{p['name']}`", "",
+             f"Command: `{results['command']}`  ",
+             f"Machine: {m['cpu']}, {m['cpus']} CPUs, {m['torch_threads']} torch threads, torch "
+             f"{m['torch']}; Pattention implementation: {results['pattention_impl']}; "
+             f"{results['device']} {results['dtype']}.  ",
+             f"Wall-clock: {timing['wall_clock']:.0f} s"
+             + (" (this invocation resumed an earlier one; runs it loaded are not included)"
+                if timing["resumed"] else "") + ".  ",
+             f"Data: {results['data']['name']} ({results['data']['train_tokens']:,} training "
+             f"tokens), seeds {summary['seeds']}.", "", "## Verdict", "",
+             *[f"- {line}" for line in summary["verdict"]], "", RULE, ""]
+    if plots:
+        lines += [f"![{name}]({name})" for name in plots] + [""]
+    lines += ["## Envelopes: the best from-scratch size per budget", "",
+              "Tokens per parameter of the envelope's size (training tokens / non-embedding "
+              "parameters) is this setup's measured compute-optimal ratio at that budget.", ""]
+    rows = []
+    for family, env in summary["envelopes"].items():
+        for j, e in sorted(env.items(), key=lambda kv: int(kv[0])):
+            rows.append([FAMILY_LABEL[family], f"{results['budgets'][int(j)]:.3g}", e["size"],
+                         f"{e['mean']:.4f}", f"{e['non_embedding_parameters']:,}",
+                         f"{e['tokens']:,.0f}",
+                         f"{e['tokens'] / e['non_embedding_parameters']:.1f}"])
+    lines += [markdown_table(["family", "budget (FLOPs)", "best size", "loss",
+                              "non-emb. params", "tokens", "tokens/param"], rows, "llllrrr"), ""]
+    lines += ["## Every arm", "",
+              "Validation loss at each budget (mean ± sample std over seeds; — : the size "
+              "would train fewer than min_steps steps at that budget).", ""]
+    header = ["arm", "LR", *(f"{b:.2g}" for b in results["budgets"])]
+    rows = []
+    for arm, v in table.items():
+        cells = []
+        for j in range(len(results["budgets"])):
+            seeds = v["budgets"].get(j)
+            if not seeds:
+                cells.append("—")
+                continue
+            vals = [x[0] for x in seeds.values()]
+            mean = _mean(vals)
+            sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 \
+                if len(vals) > 1 and math.isfinite(mean) else None
+            cells.append(f"{mean:.4f}" + (f" ± {sd:.4f}" if sd is not None else ""))
+        rows.append([arm, f"{v['lr']:.3g}", *cells])
+    lines += [markdown_table(header, rows, "l" * len(header)), ""]
+    if summary["comparisons"]:
+        rows = [[c["question"], f"{c['budget']:.2g}", c["a"], c["b"], describe(c), str(c["n"]),
+                 c["verdict"]] for c in summary["comparisons"]]
+        lines += ["## Paired comparisons", "", "Δ = a − b in validation loss: mean "
+                  "[95 % interval], p.", "",
+                  markdown_table(["question", "budget", "a", "b", "Δloss", "seeds", "verdict"],
+                                 rows, "lrlllrl"), ""]
+    rows = []
+    for key, s in results["sweeps"].items():
+        rows.append([key, ", ".join(f"{q['lr']:.3g}: {fmt(_loss(q['loss']))}"
+                                    for q in s["points"]), f"{s['chosen']:.3g}",
+                     "**at the edge**" if s["at_edge"] else ("extended: " + ", ".join(
+                         f"{x:.3g}" for x in s["added"]) if s["added"] else "inside")])
+    lines += ["## LR sweeps", "",
+              f"Selection rule: per family and size, {p['sweep_steps']} steps of the same WSD "
+              f"schedule (seed 0) at each peak LR of a factor-2 log grid; the chosen LR is the "
+              f"argmin of the final validation loss. When the argmin is the grid's smallest or "
+              f"largest value the grid is extended by one factor beyond it (at most "
+              f"{p['max_extensions']} times per side); a choice still at an edge is flagged. "
+              f"Growth chains use their final size's LR for the whole run (the LR does not move "
+              f"at growth).", "",
+              markdown_table(["family-size", "LR: loss", "chosen", "grid"], rows, "llll"), ""]
+    lines += ["## Method", "",
+              f"- Sizes: TokenFormer d = {p['hidden_size']}, {p['num_layers']} layers, "
+              f"{p['num_heads']} heads, (qkv, proj, ffn) tokens {tuple(p['base_tokens'])} × "
+              f"{p['factor']}^k for S1… ; Transformer++ matched to each in non-embedding "
+              f"parameters (MLP width). Batch {p['batch_size']} × {p['seq_len']} tokens.",
+              f"- One schedule family for every arm: WSD, {p['warmup_steps']} warmup steps, "
+              f"stable at the peak LR, linear cooldown to {p['min_lr_ratio']} × peak over the "
+              f"last {p['decay_fraction']:.0%} of a budget's steps, branched off the stable run "
+              f"at each budget ({p['num_budgets']} budgets, ×{p['budget_ratio']:g} apart, up to "
+              f"{p['max_budget']:.3g} FLOPs). AdamW β (0.9, 0.95), weight decay "
+              f"{p['weight_decay']}, clipping {p['grad_clip']}.",
+              f"- Growth chains S1 → … grow in the stable phase when their cumulative FLOPs reach "
+              f"{', '.join(f'{x:g}' for x in p['growth_fractions'])} × the largest budget; "
+              f"AdamW moments carried, new rows' second moments `{p['new_row_moments']}`; a "
+              f"branch cools down the size reached at its decay start. `exact-anneal`: exact "
+              f"growth, then Θ's factor moves linearly from its held value to √n of the new "
+              f"size over {p['anneal_steps']} steps. `widen-*`: the Transformer++ chain grown by "
+              f"MLP widening (zero: new units' outgoing weights zero; net2net: duplicated "
+              f"units, split outgoing weights), moments carried (new units zero).",
+              "- FLOPs: `flops_per_token(config, seq_len, training=True)` × tokens (matmuls "
+              "2·m·n·k, token-token attention over the full context T, backward = 2× forward); "
+              "evaluation not counted. Validation loss on "
+              f"{p['eval_batches']} fixed batches of the held-out split at each branch's end.",
+              "- Every run of a seed sees the same batches (a pure function of seed and step), "
+              "so differences between arms are paired by seed.", ""]
+    return "\n".join(lines)
+
+
+def write(results: dict[str, Any], out: str | Path, plots: bool = True) -> dict[str, Any]:
+    """report.md (and the plots unless ``plots`` is False) for ``results``; returns the
+    summary."""
+    from ...io import atomic_write_text
+
+    out = Path(out)
+    summary = summarize(results)
+    names = make_plots(results, out) if plots else []
+    atomic_write_text(out / "report.md", report_markdown(results, summary, names))
+    return summary

