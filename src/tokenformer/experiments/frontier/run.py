@@ -391,11 +391,16 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
 
 
 def pattention_impl(preset: Preset) -> str:
-    """Which Pattention implementation ran (``auto``: fused autograd Function when training,
-    reference ops in evaluation; see tokenformer.pattention)."""
-    if preset.pattention_impl == "auto":
-        return "auto (fused in training, reference in evaluation)"
-    return preset.pattention_impl
+    """Which Pattention implementation ran: ``auto`` resolves to the C++ Θ kernel where it is
+    built (l2_norm_gelu on the CPU), else the PyTorch paths (see tokenformer.pattention)."""
+    if preset.pattention_impl != "auto":
+        return preset.pattention_impl
+    from ... import kernels
+
+    if kernels.available():
+        return "auto (C++ Θ kernel for l2_norm_gelu on the CPU, fused elsewhere)"
+    return (f"auto (fused in training, reference in evaluation: the C++ kernel is unavailable, "
+            f"{kernels.unavailable_reason()})")
 
 
 def context(preset: Preset, data: str | Path | None, device: str, dtype: str | None,
