@@ -123,16 +123,12 @@ def _adapted(model: nn.Module) -> list[tuple[str, AdaptedPattention]]:
 
 
 def adapter_names(model: nn.Module) -> list[str]:
-    """Attached adapters in attachment order."""
-    names: list[str] = []
-    for _, layer in _adapted(model):
-        names += [n for n in layer.adapters if n not in names]
-    return names
+    """Attached adapters in attachment order (the order they are stacked in)."""
+    return list(getattr(core_model(model), "_adapter_order", []))
 
 
 def active_adapters(model: nn.Module) -> list[str]:
-    layers = _adapted(model)
-    return list(layers[0][1].active) if layers else []
+    return list(getattr(core_model(model), "_adapter_active", ()))
 
 
 def set_active(model: nn.Module, names: Iterable[str] | str | None) -> None:
@@ -145,6 +141,8 @@ def set_active(model: nn.Module, names: Iterable[str] | str | None) -> None:
         raise ConfigError(f"no adapter named {unknown[0]!r} (attached: "
                           f"{', '.join(attached) or 'none'})")
     order = tuple(n for n in attached if n in names)
+    if attached:
+        core_model(model)._adapter_active = order
     for _, layer in _adapted(model):
         layer.active = order
 
@@ -200,6 +198,7 @@ def adapt(model: nn.Module, *, qkv: int = 0, proj: int = 0, ffn: int = 0,
         raise ConfigError("adapters need an L2/L1-GELU Θ: with Θ=softmax exp(x·k) > 0, so new "
                           "tokens always take a share of the normalisation and cannot start "
                           "silent (growth's exact softmax recipe changes the base rows)")
+    active = active_adapters(model)
     _freeze_base(model)
     for kind, layers in chosen.items():
         for _, layer in layers:
@@ -209,10 +208,8 @@ def adapt(model: nn.Module, *, qkv: int = 0, proj: int = 0, ffn: int = 0,
                 layer.adapters = nn.ModuleDict()
                 layer.active = ()
             layer.adapters[name] = AdapterTokens(keys, values)
-    active = active_adapters(model)
-    for _, layer in _adapted(model):  # every adapted layer shares one selection
-        layer.active = ()
-    set_active(model, [*active, name])
+    core_model(model)._adapter_order.append(name)
+    set_active(model, [*active, name])  # every adapted layer shares one selection
     return model
 
 
@@ -231,6 +228,7 @@ def _freeze_base(model: nn.Module) -> None:
     core = core_model(model)
     if not hasattr(core, "_adapter_requires_grad"):  # restored when the last adapter goes
         core._adapter_requires_grad = {n: p.requires_grad for n, p in core.named_parameters()}
+        core._adapter_order = []
     for n, p in core.named_parameters():
         if ".adapters." not in n:
             p.requires_grad_(False)
@@ -252,10 +250,11 @@ def remove_adapter(model: nn.Module, name: str) -> nn.Module:
             del layer.active
             layer.__class__ = Pattention
     core = core_model(model)
-    if not _adapted(model) and hasattr(core, "_adapter_requires_grad"):
+    core._adapter_order.remove(name)
+    if not _adapted(model):
         for n, p in core.named_parameters():
             p.requires_grad_(core._adapter_requires_grad.get(n, True))
-        del core._adapter_requires_grad
+        del core._adapter_requires_grad, core._adapter_order, core._adapter_active
     elif _adapted(model):
         set_active(model, active)
     return model

@@ -143,7 +143,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds,
                               progress=False if args.no_progress else None,
-                              threads=args.threads)
+                              threads=args.threads, print_fn=print)
     print(json.dumps(results["verdict_lines"], indent=1) if args.json else
           "\n".join(results["verdict_lines"]))
     print(f"report: {Path(args.out) / 'report.md'}")
