@@ -1,4 +1,4 @@
-"""Parameter-token adapters (tokenformer.adapt): exact start, frozen base, on/off, stacking,
+"""Parameter-token adapters (tokenformer.adapters): exact start, frozen base, on/off, stacking,
 save/load/remove/merge round trips, the CLI, and a tiny adapt-bench end to end."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer import adapt as ad
+from tokenformer import adapters as ad
 from tokenformer.cli import main
 from tokenformer.errors import CheckpointError, ConfigError
 from tokenformer.pattention import Pattention
@@ -350,3 +350,10 @@ def test_adapt_bench_end_to_end(tmp_path: Path, monkeypatch) -> None:
     full = next(c for c in cells if c["arm"] == "full")
     assert full["trainable"] == results["base_parameters"]["tokenformer"]
     assert results["tuning"]["tok-ffn"]["grid"] == [1e-2, 3e-2]
+
+
+def test_public_api() -> None:
+    import tokenformer
+
+    assert tokenformer.adapt is ad.adapt and tokenformer.merge is ad.merge
+    assert tokenformer.load_adapter is ad.load_adapter

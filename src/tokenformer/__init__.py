@@ -1,5 +1,6 @@
 """TokenFormer: Transformers whose every linear projection is attention over parameter tokens."""
 
+from .adapters import adapt, load_adapter, merge, remove_adapter, save_adapter, set_active
 from .config import PRESETS, TokenFormerConfig, flops_per_token
 from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError
 from .grow import grow, grow_with_optimizer
@@ -14,6 +15,7 @@ __all__ = [
     "PRESETS", "THETA_VARIANTS", "ByteTokenizer", "CausalLMOutput", "CheckpointError",
     "ConfigError", "DataError", "GrowthError", "HFTokenizer", "KVCache", "Pattention",
     "TokenFormerConfig", "TokenFormerError", "TokenFormerLM", "TokenFormerViT",
-    "TokenFormerViTConfig", "flops_per_token",
-    "grow", "grow_with_optimizer", "load_model", "load_tokenizer", "theta",
+    "TokenFormerViTConfig", "adapt", "flops_per_token",
+    "grow", "grow_with_optimizer", "load_adapter", "load_model", "load_tokenizer", "merge",
+    "remove_adapter", "save_adapter", "set_active", "theta",
 ]

@@ -47,7 +47,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     (:func:`tokenformer.train.fit`; any TrainConfig key in ``overrides``), save it to ``out``."""
     import torch
 
-    from .. import adapt as ad
+    from .. import adapters as ad
     from .. import checkpoint as ckpt
     from ..model import load_model
     from ..train import fit, lm_evaluator, load_config, resolve_device
@@ -109,7 +109,7 @@ def run_adapt(args: argparse.Namespace) -> int:
 
 def merge_checkpoint(base: str, adapters: list[str], out: str | Path) -> dict[str, Any]:
     """Load ``base`` and ``adapters`` (stacked in order), write the merged plain model."""
-    from .. import adapt as ad
+    from .. import adapters as ad
     from .. import checkpoint as ckpt
     from ..io import atomic_dir
     from .grow import _tokenizer_files

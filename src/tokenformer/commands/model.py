@@ -61,8 +61,8 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
                   tokenizer: str | None = None, device: str = "cpu",
                   adapters: list[str] | None = None) -> str:
     """Load a model (a preset gives a randomly initialised one), with token ``adapters``
-    (tokenformer.adapt) stacked on it, and continue ``prompt``."""
-    from ..adapt import load_adapted
+    (tokenformer.adapters) stacked on it, and continue ``prompt``."""
+    from ..adapters import load_adapted
     from ..tokenizer import resolve_tokenizer
 
     torch.manual_seed(seed)

@@ -5,7 +5,7 @@ on the embedded King James Bible; each arm then adapts it to a second embedded c
 source of the pinned ``Jinja2`` package (:func:`code_text`), for the same number of steps:
 
 ==============  ===================================================================================
-``tok-ffn``     parameter-token adapter on the FFN Pattentions (:func:`tokenformer.adapt.adapt`)
+``tok-ffn``     parameter-token adapter on the FFN Pattentions (:func:`tokenformer.adapt`)
 ``tok-all``     the same on every Pattention (Q, K, V, output projection, FFN)
 ``lora-ffn``    LoRA from ``peft`` on the same FFN Pattention parameters (``target_parameters``)
 ``lora-tpp``    LoRA from ``peft`` on every linear of the Transformer++ base
@@ -249,7 +249,7 @@ def run_one(arm: str, size: int, lr: float, seed: int, preset: BenchPreset,
             progress: bool | None = None) -> dict[str, Any]:
     """Adapt a copy of the base with ``arm`` (``size`` tokens / rank; ignored by ``full``) and
     measure it."""
-    from .. import adapt as ad
+    from .. import adapters as ad
 
     base = bases["transformer++" if arm == "lora-tpp" else "tokenformer"]
     model = copy.deepcopy(base).train()
