@@ -178,8 +178,10 @@ def _val_loss(model: nn.Module, dataset: Any, preset: BenchPreset) -> float:
     return loss
 
 
-def _bases(preset: BenchPreset, kjv: Any, progress: bool | None) -> dict[str, nn.Module]:
-    """TokenFormer and matched Transformer++ pretrained on KJV: same data, steps, schedule, LR."""
+def _bases(preset: BenchPreset, kjv: Any, progress: bool | None,
+           times: dict[str, float] | None = None) -> dict[str, nn.Module]:
+    """TokenFormer and matched Transformer++ pretrained on KJV: same data, steps, schedule, LR
+    (``times`` receives each one's training seconds)."""
     from ..baselines import TransformerLM, matched_config
     from ..config import TokenFormerConfig
     from ..model import TokenFormerLM
@@ -193,7 +195,9 @@ def _bases(preset: BenchPreset, kjv: Any, progress: bool | None) -> dict[str, nn
         model = build()
         cfg = _train_cfg(preset, preset.base_lr, preset.base_steps, 0)
         cfg.weight_decay = 0.1
-        _fit(model, kjv, cfg, progress)
+        result = _fit(model, kjv, cfg, progress)
+        if times is not None:
+            times[name] = result.train_time
         bases[name] = model.eval()
     return bases
 
@@ -396,12 +400,16 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         f"{base['tokenformer']['kjv']:.4f}, code val loss {base['tokenformer']['code']:.4f}; "
         f"Transformer++ ({results['base_parameters']['transformer++']:,}) KJV "
         f"{base['transformer++']['kjv']:.4f}, code {base['transformer++']['code']:.4f}. "
-        f"Adaptation: {p['steps']} steps on the code corpus ({CODE_SOURCE}), {p['seeds']} "
+        + (f"Pretraining took {results['base_train_s']['tokenformer']:.0f} s / "
+           f"{results['base_train_s']['transformer++']:.0f} s. " if results.get("base_train_s")
+           else "")
+        + f"Adaptation: {p['steps']} steps on the code corpus ({CODE_SOURCE}), {p['seeds']} "
         f"seed(s); losses in nats/byte, ± = t-based 95 % interval over seeds.", "",
         markdown_table(header, rows), "",
         "LR picks (grid at the middle budget, tuning seed "
         f"{p['tune_seed']}): " + "; ".join(
-            f"{a}: {v['lr']:g} of {v['grid']}" + (" (grid edge)" if v["edge"] else "")
+            (f"{a}: {v['lr']:g} of {v['grid']}" + (" (grid edge)" if v["edge"] else "")
+             if len(v["grid"]) > 1 else f"{a}: {v['lr']:g} (fixed, not tuned)")
             for a, v in results["tuning"].items()), "",
         "## Verdict", "", *[f"- {v}" for v in results["verdict_lines"]], "",
         *[f"![{name}]({name})" for name in plots], ""]
@@ -470,7 +478,8 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     data = {"kjv": _default_kjv(progress), "code": code_dataset(progress=progress)}
-    bases = _bases(p, data["kjv"], progress)
+    base_train_s: dict[str, float] = {}
+    bases = _bases(p, data["kjv"], progress, base_train_s)
     base_loss = {k: {d: _val_loss(m, data[d], p) for d in ("kjv", "code")}
                  for k, m in bases.items()}
     base_kjv = {k: v["kjv"] for k, v in base_loss.items()}
@@ -512,7 +521,7 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
             for budget in ([None] if arm == "full" else p.budgets):
                 runs.append(run(arm, budget, tuning[arm]["lr"], seed))
     results = {"schema": SCHEMA, "preset_name": name, "preset": asdict(p), "runs": runs,
-               "tuning": tuning, "base_loss": base_loss,
+               "tuning": tuning, "base_loss": base_loss, "base_train_s": base_train_s,
                "base_parameters": {k: m.num_parameters() for k, m in bases.items()},
                "machine": machine_summary()["summary"], "elapsed_s": time.perf_counter() - start,
                "command": command or f"tokenformer adapt-bench --preset {name} --out {out}",
