@@ -351,6 +351,17 @@ def test_adapt_bench_end_to_end(tmp_path: Path, monkeypatch) -> None:
     assert full["trainable"] == results["base_parameters"]["tokenformer"]
     assert results["tuning"]["tok-ffn"]["grid"] == [1e-2, 3e-2]
 
+    # A rerun with one more seed reuses the pretrained bases and every finished run: it trains
+    # exactly the five new (arm, seed) runs.
+    import tokenformer.experiments.adapt_bench as bench
+
+    fits = []
+    real_fit = bench._fit
+    monkeypatch.setattr(bench, "_fit", lambda *a, **k: fits.append(1) or real_fit(*a, **k))
+    again = run_adapt_bench("test", out=tmp_path / "bench", progress=False, seeds=3)
+    assert len(fits) == 5 and len(again["runs"]) == 3 * 5
+    assert again["base_loss"] == results["base_loss"]
+
 
 def test_public_api() -> None:
     import tokenformer

@@ -178,26 +178,38 @@ def _val_loss(model: nn.Module, dataset: Any, preset: BenchPreset) -> float:
     return loss
 
 
-def _bases(preset: BenchPreset, kjv: Any, progress: bool | None,
-           times: dict[str, float] | None = None) -> dict[str, nn.Module]:
+def _bases(preset: BenchPreset, kjv: Any, progress: bool | None, cache: Path,
+           times: dict[str, float]) -> dict[str, nn.Module]:
     """TokenFormer and matched Transformer++ pretrained on KJV: same data, steps, schedule, LR
-    (``times`` receives each one's training seconds)."""
+    (``times`` receives each one's training seconds). Kept in ``cache`` (a directory per
+    pretraining setting) so that a rerun, e.g. with more seeds, reuses them."""
     from ..baselines import TransformerLM, matched_config
     from ..config import TokenFormerConfig
+    from ..io import atomic_write_text
     from ..model import TokenFormerLM
+    from .common import fingerprint
 
     config = TokenFormerConfig.from_name(preset.model, max_seq_len=preset.seq_len)
+    setting = {k: getattr(preset, k) for k in ("model", "seq_len", "batch_size", "base_steps",
+                                               "base_lr", "warmup")}
+    cache = cache / fingerprint(setting)
     bases = {}
-    for name, build in (("tokenformer", lambda: TokenFormerLM(config)),
-                        ("transformer++", lambda: TransformerLM(
-                            matched_config(config, "transformer++")))):
+    for name, cls, build in (
+            ("tokenformer", TokenFormerLM, lambda: TokenFormerLM(config)),
+            ("transformer++", TransformerLM,
+             lambda: TransformerLM(matched_config(config, "transformer++")))):
+        stored = cache / name
+        if (stored / "train_time.json").is_file():
+            bases[name] = cls.load(stored).eval()
+            times[name] = json.loads((stored / "train_time.json").read_text())["seconds"]
+            continue
         torch.manual_seed(0)
         model = build()
         cfg = _train_cfg(preset, preset.base_lr, preset.base_steps, 0)
         cfg.weight_decay = 0.1
-        result = _fit(model, kjv, cfg, progress)
-        if times is not None:
-            times[name] = result.train_time
+        times[name] = _fit(model, kjv, cfg, progress).train_time
+        model.save(stored)
+        atomic_write_text(stored / "train_time.json", json.dumps({"seconds": times[name]}))
         bases[name] = model.eval()
     return bases
 
@@ -479,11 +491,13 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
     start = time.perf_counter()
     data = {"kjv": _default_kjv(progress), "code": code_dataset(progress=progress)}
     base_train_s: dict[str, float] = {}
-    bases = _bases(p, data["kjv"], progress, base_train_s)
+    bases = _bases(p, data["kjv"], progress, out / ".bases", base_train_s)
     base_loss = {k: {d: _val_loss(m, data[d], p) for d in ("kjv", "code")}
                  for k, m in bases.items()}
     base_kjv = {k: v["kjv"] for k, v in base_loss.items()}
-    settings = {"schema": SCHEMA, "preset": asdict(p)}
+    # Every run is keyed by (arm, budget, LR, seed): the seed count is not part of the setting,
+    # so a rerun with more seeds reuses the runs already done.
+    settings = {"schema": SCHEMA, "preset": {k: v for k, v in asdict(p).items() if k != "seeds"}}
     partial_file = out / ".partial.json"
     done: dict[str, dict[str, Any]] = {}
     if partial_file.is_file():
