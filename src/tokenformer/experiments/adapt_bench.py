@@ -98,9 +98,9 @@ class BenchPreset:
     model: str = "small"
     seq_len: int = 128
     batch_size: int = 16
-    base_steps: int = 1200
+    base_steps: int = 1000
     base_lr: float = 3e-3
-    steps: int = 300
+    steps: int = 250
     warmup: int = 20
     seeds: int = 3
     tune_seed: int = 100
@@ -122,7 +122,8 @@ class BenchPreset:
 
 
 PRESETS: dict[str, BenchPreset] = {
-    # ≈ 50 min on 2 idle cores (docs/adapt.md): 2 bases, 15 tuning runs, 39 measured runs.
+    # Estimated 45-55 min on 2 idle cores (docs/adapt.md): 2 bases × 1000 steps, 15 tuning and
+    # 39 measured adaptation runs × 250 steps.
     "full": BenchPreset(),
     # A few minutes: one seed, one budget, no tuning (LRs fixed mid-grid of the full preset).
     "quick": BenchPreset(base_steps=300, steps=80, seeds=1, budgets=(0.04,),
