@@ -268,7 +268,7 @@ def run_one(arm: str, size: int, lr: float, seed: int, preset: BenchPreset,
     measure it."""
     from .. import adapters as ad
 
-    base = bases["transformer++" if arm == "lora-tpp" else "tokenformer"]
+    base = bases[_base_of(arm)]
     model = copy.deepcopy(base).train()
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -317,8 +317,17 @@ def _runs(results: dict[str, Any], arm: str, budget: float | None) -> list[dict[
     return [r for r in results["runs"] if r["arm"] == arm and r.get("budget") == budget]
 
 
+def _base_of(arm: str) -> str:
+    return "transformer++" if arm == "lora-tpp" else "tokenformer"
+
+
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
-    """Per (arm, budget): interval of each metric; per budget: paired comparisons."""
+    """Per (arm, budget): interval of each metric; per budget: paired comparisons.
+
+    ``forgetting`` is the old-domain loss after adapting minus the arm's own base's (the
+    Transformer++ base starts from another KJV loss than the TokenFormer's)."""
+    for r in results["runs"]:
+        r["forgetting"] = r["old_loss"] - results["base_loss"][_base_of(r["arm"])]["kjv"]
     cells = []
     for arm in results["preset"]["arms"]:
         for budget in ([None] if arm == "full" else results["preset"]["budgets"]):
@@ -328,7 +337,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             cell = {"arm": arm, "budget": budget, "size": runs[0]["size"], "lr": runs[0]["lr"],
                     "trainable": runs[0]["trainable"], "share": runs[0]["trainable"]
                     / results["base_parameters"]["tokenformer"], "seeds": len(runs)}
-            for key in ("new_loss", "old_loss", "old_loss_off", "step_ms", "file_bytes"):
+            for key in ("new_loss", "old_loss", "forgetting", "old_loss_off", "step_ms",
+                        "file_bytes"):
                 vals = [r[key] for r in runs if key in r]
                 if vals:
                     cell[key] = t_interval(vals)
@@ -346,7 +356,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             seeds = sorted(set(ra) & set(rb))
             if not seeds:
                 continue
-            for metric in ("new_loss", "old_loss"):
+            for metric in ("new_loss", "forgetting"):
                 diff = t_interval([ra[s][metric] - rb[s][metric] for s in seeds])
                 comparisons.append({"a": a, "b": b, "budget": budget, "metric": metric, **diff,
                                     "resolved": bool(diff["n"] > 1 and abs(diff["mean"])
@@ -367,9 +377,8 @@ def verdict(results: dict[str, Any]) -> list[str]:
     lines = []
     seeds = results["preset"]["seeds"]
     for c in results["summary"]["comparisons"]:
-        if c["metric"] != "new_loss":
-            continue
-        what = (f"{c['a']} − {c['b']} at budget {c['budget']:.1%}: new-domain loss "
+        what = (f"{c['a']} − {c['b']} at budget {c['budget']:.1%}: "
+                f"{c['metric'].replace('_', '-').replace('new-loss', 'new-domain loss')} "
                 f"{c['mean']:+.4f}")
         if c["n"] < 2:
             lines.append(f"{what} (one seed: not resolved)")
@@ -392,13 +401,14 @@ def verdict(results: dict[str, Any]) -> list[str]:
 def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
     s, p = results["summary"], results["preset"]
     header = ["arm", "budget", "size", "trainable (% base)", "LR", "new-domain loss",
-              "old-domain loss (on)", "old (off)", "off = base", "step ms", "file KB"]
+              "old-domain loss (on)", "forgetting", "old (off)", "off = base", "step ms",
+              "file KB"]
     rows = []
     for c in s["cells"]:
         rows.append([LABELS[c["arm"]], "—" if c["budget"] is None else f"{c['budget']:.1%}",
                      c["size"] if c["arm"] != "full" else "all",
                      f"{c['trainable']:,} ({c['share']:.2%})", f"{c['lr']:g}",
-                     _pm(c.get("new_loss")), _pm(c.get("old_loss")),
+                     _pm(c.get("new_loss")), _pm(c.get("old_loss")), _pm(c.get("forgetting")),
                      _pm(c.get("old_loss_off")),
                      {True: "exact", False: "NO"}.get(c.get("off_exact"), "—"),
                      f"{c['step_ms']['mean']:.0f}", f"{c['file_bytes']['mean'] / 1024:.1f}"])
@@ -445,19 +455,22 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
         if not cells:
             continue
         xs = [c["trainable"] for c in cells]
-        for ax, key in zip(axes, ("new_loss", "old_loss"), strict=True):
+        for ax, key in zip(axes, ("new_loss", "forgetting"), strict=True):
             ys = [c[key]["mean"] for c in cells]
             err = [0 if math.isnan(c[key]["half"]) else c[key]["half"] for c in cells]
             ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=LABELS[arm])
-    base = results["base_loss"]["tokenformer"]
+    from matplotlib.ticker import NullFormatter
+
     axes[0].set_title("new domain (code): val loss vs trainable parameters")
-    axes[1].set_title("old domain (KJV) after adapting: forgetting")
-    axes[1].axhline(base["kjv"], color="grey", ls="--", lw=1, label="TokenFormer base")
+    axes[1].set_title("forgetting: KJV val loss after adapting − own base's")
+    axes[1].axhline(0.0, color="grey", ls="--", lw=1, label="base (token adapters off)")
     for ax in axes:
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("trainable parameters")
-        ax.set_ylabel("val loss (nats/byte)")
         ax.grid(alpha=0.3)
+    axes[0].set_ylabel("val loss (nats/byte)")
+    axes[1].set_ylabel("Δ val loss (nats/byte)")
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=7)
     fig.tight_layout()
