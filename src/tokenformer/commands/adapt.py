@@ -141,7 +141,14 @@ def run_merge(args: argparse.Namespace) -> int:
 def run_bench(args: argparse.Namespace) -> int:
     from ..experiments.adapt_bench import run_adapt_bench
 
-    results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds,
+    budgets = None
+    if args.budgets is not None:
+        try:
+            budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
+        except ValueError:
+            raise ConfigError(f"--budgets: expected comma-separated fractions like "
+                              f"0.01,0.04, got {args.budgets!r}") from None
+    results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds, budgets=budgets,
                               progress=False if args.no_progress else None,
                               threads=args.threads, print_fn=print)
     print(json.dumps(results["verdict_lines"], indent=1) if args.json else
@@ -202,6 +209,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory (report.md, results.json, "
                                                 "plots); partial results there are reused")
     p.add_argument("--seeds", type=int, default=None, help="override the preset's seed count")
+    p.add_argument("--budgets", default=None, metavar="F,F,...",
+                   help="override the preset's trainable-parameter budgets (fractions of the "
+                        "base), e.g. 0.01,0.04,0.16")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-progress", action="store_true")

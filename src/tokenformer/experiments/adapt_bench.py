@@ -416,7 +416,8 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
     lines = [
         f"# adapt-bench ({results['preset_name']})", "",
         f"Command: `{results['command']}`  ", f"Machine: {results['machine']}  ",
-        f"Wall-clock: {results['elapsed_s'] / 60:.1f} min", "",
+        f"Wall-clock of this invocation: {results['elapsed_s'] / 60:.1f} min (runs and bases "
+        f"reused from an earlier invocation in the same directory are not re-timed)", "",
         f"Bases pretrained on KJV ({p['base_steps']} steps × {p['batch_size']} × "
         f"{p['seq_len']} bytes): TokenFormer `{p['model']}` "
         f"({results['base_parameters']['tokenformer']:,} parameters) KJV val loss "
@@ -482,7 +483,8 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
 
 # ----------------------------------------------------------------------------------- runner
 def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
-                    seeds: int | None = None, progress: bool | None = None, threads: int = 0,
+                    seeds: int | None = None, budgets: Sequence[float] | None = None,
+                    progress: bool | None = None, threads: int = 0,
                     command: str | None = None,
                     print_fn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the experiment; write ``report.md``, ``results.json``, ``pareto.png`` into ``out``.
@@ -495,8 +497,9 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
 
     name = preset if isinstance(preset, str) else "custom"
     p = get_preset(preset)
-    if seeds is not None:
-        p = replace(p, seeds=seeds)
+    if seeds is not None or budgets is not None:
+        p = replace(p, seeds=p.seeds if seeds is None else seeds,
+                    budgets=p.budgets if budgets is None else tuple(budgets))
         p.validate()
     if threads:
         torch.set_num_threads(threads)
@@ -509,9 +512,10 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
     base_loss = {k: {d: _val_loss(m, data[d], p) for d in ("kjv", "code")}
                  for k, m in bases.items()}
     base_kjv = {k: v["kjv"] for k, v in base_loss.items()}
-    # Every run is keyed by (arm, budget, LR, seed): the seed count is not part of the setting,
-    # so a rerun with more seeds reuses the runs already done.
-    settings = {"schema": SCHEMA, "preset": {k: v for k, v in asdict(p).items() if k != "seeds"}}
+    # Every run is keyed by (arm, budget, LR, seed): those lists are not part of the setting,
+    # so a rerun with more seeds, budgets, LRs or arms reuses the runs already done.
+    settings = {"schema": SCHEMA, "preset": {k: v for k, v in asdict(p).items()
+                                             if k not in ("seeds", "budgets", "lrs", "arms")}}
     partial_file = out / ".partial.json"
     done: dict[str, dict[str, Any]] = {}
     if partial_file.is_file():
