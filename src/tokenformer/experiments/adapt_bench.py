@@ -556,7 +556,11 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
                "tuning": tuning, "base_loss": base_loss, "base_train_s": base_train_s,
                "base_parameters": {k: m.num_parameters() for k, m in bases.items()},
                "machine": machine_summary()["summary"], "elapsed_s": time.perf_counter() - start,
-               "command": command or f"tokenformer adapt-bench --preset {name} --out {out}",
+               "command": command or " ".join(
+                   ["tokenformer adapt-bench --preset", name]
+                   + ([f"--seeds {seeds}"] if seeds is not None else [])
+                   + ([f"--budgets {','.join(f'{b:g}' for b in budgets)}"] if budgets else [])
+                   + [f"--out {out}"]),
                "code_corpus": CODE_SOURCE}
     results["summary"] = summarize(results)
     results["verdict_lines"] = verdict(results)
