@@ -143,8 +143,12 @@ def test_stack_switch_and_order() -> None:
     assert ad.adapter_names(model) == ["a", "b"] and ad.active_adapters(model) == ["a", "b"]
     # b starts silent on top of a
     torch.testing.assert_close(logits(model, x), only_a, rtol=0, atol=1e-6)
+    # training b on top of a: a is frozen like the base
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [
+        n for n, _ in model.named_parameters() if ".adapters.b." in n]
+    a_before = {k: v.clone() for k, v in ad.adapter_state(model, "a").items()}
     train_steps(model)
-    assert all(not p.requires_grad or ".adapters." in n for n, p in model.named_parameters())
+    assert all(torch.equal(v, a_before[k]) for k, v in ad.adapter_state(model, "a").items())
     both = logits(model, x)
     ad.set_active(model, ["b", "a"])  # applied in attachment order whatever the list order
     assert ad.active_adapters(model) == ["a", "b"]

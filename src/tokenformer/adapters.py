@@ -180,8 +180,8 @@ def base_fingerprint(model: nn.Module) -> str:
 def adapt(model: nn.Module, *, qkv: int = 0, proj: int = 0, ffn: int = 0,
           name: str = "adapter", generator: torch.Generator | None = None) -> nn.Module:
     """Attach adapter ``name``: m new tokens per chosen Pattention (growth's exact recipe), every
-    original parameter frozen, the new tokens trainable and active. Returns ``model`` (changed in
-    place; a Hugging Face wrapper works too)."""
+    other parameter frozen (the base's and earlier adapters'), the new tokens trainable and
+    active. Returns ``model`` (changed in place; a Hugging Face wrapper works too)."""
     sizes = {"qkv": qkv, "proj": proj, "ffn": ffn}
     for kind, m in sizes.items():
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
@@ -229,9 +229,8 @@ def _freeze_base(model: nn.Module) -> None:
     if not hasattr(core, "_adapter_requires_grad"):  # restored when the last adapter goes
         core._adapter_requires_grad = {n: p.requires_grad for n, p in core.named_parameters()}
         core._adapter_order = []
-    for n, p in core.named_parameters():
-        if ".adapters." not in n:
-            p.requires_grad_(False)
+    for p in core.parameters():  # earlier adapters too: a new one trains on top of them
+        p.requires_grad_(False)
 
 
 def remove_adapter(model: nn.Module, name: str) -> nn.Module:
@@ -255,7 +254,7 @@ def remove_adapter(model: nn.Module, name: str) -> nn.Module:
         for n, p in core.named_parameters():
             p.requires_grad_(core._adapter_requires_grad.get(n, True))
         del core._adapter_requires_grad, core._adapter_order, core._adapter_active
-    elif _adapted(model):
+    else:
         set_active(model, active)
     return model
 
