@@ -411,7 +411,7 @@ def load_adapted(base: str | Path, adapters: Sequence[str | Path] = ()) -> nn.Mo
     from . import checkpoint as ckpt
     from .model import load_model
 
-    if Path(base).is_dir():
+    if adapters and Path(base).is_dir():  # without adapters: exactly what load_model does
         ckpt.verify_checkpoint(base)
     model = load_model(base)
     for directory in adapters:
