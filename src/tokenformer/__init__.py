@@ -16,6 +16,8 @@ __version__ = "0.1.0"
 
 # public name -> the submodule that defines it
 _EXPORTS = {
+    "adapt": "adapters", "load_adapter": "adapters", "merge": "adapters",
+    "remove_adapter": "adapters", "save_adapter": "adapters", "set_active": "adapters",
     "PRESETS": "config", "TokenFormerConfig": "config", "flops_per_token": "config",
     "CheckpointError": "errors", "ConfigError": "errors", "DataError": "errors",
     "GrowthError": "errors", "TokenFormerError": "errors",
@@ -58,6 +60,7 @@ sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:
+    from .adapters import adapt, load_adapter, merge, remove_adapter, save_adapter, set_active  # noqa: F401
     from .config import PRESETS, TokenFormerConfig, flops_per_token  # noqa: F401
     from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError  # noqa: F401
     from .grow import grow, grow_with_optimizer  # noqa: F401

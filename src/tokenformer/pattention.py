@@ -150,7 +150,12 @@ class Pattention(nn.Module):
         nn.init.normal_(self.value_param_tokens, std=self.value_init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        impl, key, value = self.impl, self.key_param_tokens, self.value_param_tokens
+        return self.attend(x, self.key_param_tokens, self.value_param_tokens)
+
+    def attend(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """This layer's Pattention (Θ, scale, eps, impl) over the tokens ``key``/``value``: its
+        own parameters, or those with more tokens appended (token adapters)."""
+        impl = self.impl
         if impl == "reference":
             return _reference(x, key, value, self.norm, self.scale, self.eps)
         records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
@@ -162,23 +167,24 @@ class Pattention(nn.Module):
             scores = F.linear(x, key)
             theta_ = kernels.theta_forward(scores.view(-1, scores.shape[-1]), self.scale,
                                            self.eps)[0]
-            return torch.matmul(theta_.view(scores.shape), self._inference_value())
+            return torch.matmul(theta_.view(scores.shape), self._inference_value(value))
         if kernel or records or impl in ("fused", "kernel"):
             return fused_pattention(x, key, value, self.norm, self.scale, self.eps,
                                     kernel=kernel)
         if impl == "auto":  # "torch" keeps the layout too: it reproduces the old results exactly
-            value = self._inference_value()
+            value = self._inference_value(value)
         return _reference(x, key, value, self.norm, self.scale, self.eps)
 
-    def _inference_value(self) -> torch.Tensor:
+    def _inference_value(self, value: torch.Tensor) -> torch.Tensor:
         """V for a matmul autograd does not record. In bf16/fp16, the CPU's matrix-vector
         kernels are 1.3–1.5x faster for Θ·V when V [n, d_out] is stored column by column (Vᵀ
         contiguous, nn.Linear's layout; docs/performance.md, "Inference"): the first such call
         changes the parameter's memory layout to that, in place. Same values, shape and size;
-        fp32 (where it makes no difference) and training are left alone."""
-        value = self.value_param_tokens
-        if (value.dtype in (torch.bfloat16, torch.float16) and value.device.type == "cpu"
-                and value.dim() == 2 and min(value.shape) > 1 and value.stride(1) == 1
+        fp32 (where it makes no difference), training and tokens that are not this layer's own
+        parameter are left alone."""
+        if (value is self.value_param_tokens and value.dtype in (torch.bfloat16, torch.float16)
+                and value.device.type == "cpu" and value.dim() == 2 and min(value.shape) > 1
+                and value.stride(1) == 1
                 and not torch.compiler.is_compiling()):
             with torch.inference_mode(False), torch.no_grad():
                 value.data = value.t().contiguous().t()

@@ -58,13 +58,15 @@ def info(spec: str, seq_len: int | None = None) -> str:
 
 def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
                   top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                  tokenizer: str | None = None, device: str = "cpu") -> str:
-    """Load a model (a preset gives a randomly initialised one) and continue ``prompt``."""
-    from ..loading import load_model
+                  tokenizer: str | None = None, device: str = "cpu",
+                  adapters: list[str] | None = None) -> str:
+    """Load a model (a preset gives a randomly initialised one), with token ``adapters``
+    (tokenformer.adapters) stacked on it, and continue ``prompt``."""
+    from ..adapters import load_adapted
     from ..tokenizer import resolve_tokenizer
 
     torch.manual_seed(seed)
-    model = load_model(spec).to(device).eval()
+    model = load_adapted(spec, adapters or []).to(device).eval()
     tok = resolve_tokenizer(spec, model.config, tokenizer)
     ids = tok.encode(prompt)
     if not ids:
@@ -101,6 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.json path or 'bytes'")
     p.add_argument("--device", type=device, default="cpu")
+    p.add_argument("--adapter", action="append", default=None, metavar="DIR",
+                   help="token adapter trained on this model (repeat to stack; docs/adapt.md)")
     p.set_defaults(func=lambda a: print(generate_text(
         a.model, a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-        top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device)))
+        top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device,
+        adapters=a.adapter)))
