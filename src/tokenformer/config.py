@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .pattention import THETA_VARIANTS, default_scale
+from .pattention import THETA_VARIANTS, check_top_k, default_scale
 
 BLOCK_NORMS = ("none", "weight", "bias", "both")
 
@@ -63,6 +63,12 @@ class TokenFormerConfig:
     """Θ factor of the output Pattention (None: default)"""
     ffn_scale: float | None = None
     """Θ factor of the FFN Pattention (None: default)"""
+    qkv_top_k: int | float | None = None
+    """inference top-k of the Q/K/V Pattentions: a count, a fraction of n, or None (dense)"""
+    proj_top_k: int | float | None = None
+    """inference top-k of the output Pattention (None: dense)"""
+    ffn_top_k: int | float | None = None
+    """inference top-k of the FFN Pattention (None: dense)"""
     layernorm_eps: float = 1e-5
     """LayerNorm ε"""
     block_norm: str = "none"
@@ -95,6 +101,8 @@ class TokenFormerConfig:
             raise ConfigError(f"config: rotary dimension int(head_dim {self.head_dim} × rotary_pct "
                               f"{self.rotary_pct}) = {self.rotary_dim} is odd; it must be even")
         check_block_fields(self)
+        for key in ("qkv_top_k", "proj_top_k", "ffn_top_k"):
+            check_top_k(getattr(self, key), f"config: {key}")
 
     # ------------------------------------------------------------------ derived sizes
     @property

@@ -58,7 +58,8 @@ def info(spec: str, seq_len: int | None = None) -> str:
 
 def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
                   top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                  tokenizer: str | None = None, device: str = "cpu") -> str:
+                  tokenizer: str | None = None, device: str = "cpu",
+                  top_k_tokens: str | None = None) -> str:
     """Load a model (a preset gives a randomly initialised one) and continue ``prompt``."""
     from ..loading import load_model
     from ..tokenizer import resolve_tokenizer
@@ -79,7 +80,8 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
     generator = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
                          do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k,
-                         top_p=top_p, eos_token_id=tok.eos_token_id, generator=generator)
+                         top_p=top_p, eos_token_id=tok.eos_token_id, generator=generator,
+                         top_k_tokens=top_k_tokens)
     return tok.decode(out[0].tolist())
 
 
@@ -101,6 +103,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.json path or 'bytes'")
     p.add_argument("--device", type=device, default="cpu")
+    p.add_argument("--top-k-tokens", default=None, metavar="SPEC",
+                   help="sparse Pattention: each row reads only its k largest-|Θ| parameter "
+                   "tokens; a count or fraction for every Pattention (64, 0.25) or per kind "
+                   "(ffn=0.25,qkv=64); default: the model's own (dense). docs/sparse.md")
     p.set_defaults(func=lambda a: print(generate_text(
         a.model, a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-        top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device)))
+        top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device,
+        top_k_tokens=a.top_k_tokens)))
