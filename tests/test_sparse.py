@@ -12,8 +12,14 @@ import torch.nn.functional as F
 import tokenformer
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.errors import ConfigError, GrowthError
-from tokenformer.pattention import (GATHER_ELEMENTS, Pattention, parse_top_k, resolve_top_k,
-                                    set_pattention_top_k, top_k_pattention)
+from tokenformer.pattention import (
+    GATHER_ELEMENTS,
+    Pattention,
+    parse_top_k,
+    resolve_top_k,
+    set_pattention_top_k,
+    top_k_pattention,
+)
 
 
 def _masked_dense_f64(x, key, value, scale, k):

@@ -46,9 +46,9 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """``tokenformer.grow`` (and ``prune``) is the function, as with eager imports: importing the submodule
-    ``tokenformer.grow`` (which makes the import system set the package attribute to the module)
-    must not shadow it."""
+    """``tokenformer.grow`` and ``tokenformer.prune`` are the functions, as with eager imports:
+    importing the submodules (which makes the import system set the package attribute to the
+    module) must not shadow them."""
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in ("grow", "prune") and isinstance(value, types.ModuleType):
