@@ -283,9 +283,18 @@ def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | 
                           f"{', '.join(STRATEGIES)}")
     sizes = {kind: resolve_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
              for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
+    refuse_product_ffn(config, sizes["ffn"], "grow")
     new_layers = resolve_size(layers, config.num_layers, "layers")
     _layer_plan(config.num_layers, new_layers, positions)
     return _grown_config(config, sizes, new_layers, strategy)
+
+
+def refuse_product_ffn(config: Any, ffn_tokens: int, what: str) -> None:
+    """Token surgery here is for Pattentions: a product-key FFN changes n by its sub-keys
+    (:meth:`tokenformer.product_keys.ProductKeyPattention.grown`)."""
+    if getattr(config, "ffn_keys", "dense") == "product" and ffn_tokens != config.ffn_tokens:
+        raise GrowthError(f"cannot {what} the ffn tokens of a product-key FFN here: its n = s² "
+                          f"changes by sub-keys (ProductKeyPattention.grown, docs/sparse.md)")
 
 
 def check_memory(config: Any, copies: float, what: str) -> None:

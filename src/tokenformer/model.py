@@ -99,6 +99,16 @@ def _pattention(config: TokenFormerConfig, kind: str, d_out: int | None = None) 
                       top_k=getattr(config, f"{kind}_top_k", None))
 
 
+def _product_ffn(config: TokenFormerConfig) -> nn.Module:
+    from .product_keys import ProductKeyPattention
+
+    d = config.hidden_size
+    return ProductKeyPattention(d, d, config.ffn_tokens, config.ffn_product_k, config.norm,
+                                scale=config.ffn_scale, eps=config.theta_eps,
+                                key_init_std=config.init_std,
+                                value_init_std=config.value_init_std)
+
+
 class Attention(nn.Module):
     """Causal multi-head attention whose Q, K, V and output projections are Pattentions."""
 
@@ -190,7 +200,8 @@ class Block(nn.Module):
         self.input_layernorm = LayerNorm(config.hidden_size, eps, affine)
         self.attention = Attention(config, layer_idx)
         self.post_attention_layernorm = LayerNorm(config.hidden_size, eps, affine)
-        self.mlp = _pattention(config, "ffn")
+        self.mlp = (_pattention(config, "ffn") if getattr(config, "ffn_keys", "dense") == "dense"
+                    else _product_ffn(config))
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, cache: Any | None) -> torch.Tensor:

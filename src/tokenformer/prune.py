@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import GrowthError
-from .grow import _MULTIPLIER, KINDS, rebuild
+from .grow import _MULTIPLIER, KINDS, rebuild, refuse_product_ffn
 from .pattention import Pattention, default_scale, pattention_kind, theta
 
 PRUNE_BY: tuple[str, ...] = ("contribution", "mass", "value", "newest")
@@ -131,6 +131,7 @@ def prune(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | N
     config = model.config
     sizes = {kind: prune_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
              for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
+    refuse_product_ffn(config, sizes["ffn"], "prune")
     needs_data = (importance is None and by in ("contribution", "mass")) or scale == "renorm"
     if needs_data and calibration is None:
         raise GrowthError(f"prune by={by!r} with scale={scale!r} needs calibration input ids")

@@ -1,0 +1,228 @@
+"""Parameter tokens as experts (issue 18, docs/sparse.md): what top-k Pattention and pruning cost.
+
+    python benchmarks/sparse.py quality RUN/final          # Δ val loss vs k/n, natural sparsity
+    python benchmarks/sparse.py prune RUN/final --finetune-steps 100   # val loss vs pruned %
+    python benchmarks/sparse.py speed --preset tokenformer-150m        # decode / prefill tok/s
+
+All with one thread (``--threads``, default 1). ``quality``/``prune`` evaluate on the held-out
+split of the embedded corpus (the trainer's evaluator: fixed windows, ``--eval-batches`` × 16 ×
+256 tokens). Prints a markdown section for benchmarks/RESULTS.md and writes ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import command_line, interleaved, log, machine
+
+from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer.loading import load_model
+from tokenformer.model import KVCache
+from tokenformer.pattention import Pattention, set_pattention_top_k, theta
+from tokenformer.prune import prune
+
+FRACTIONS = (1.0, 1 / 2, 1 / 4, 1 / 8, 1 / 16)
+PRUNED = (0.0, 0.25, 0.5, 0.75)
+
+
+def evaluator(model: torch.nn.Module, eval_batches: int, seq_len: int = 256):
+    from tokenformer.data import default_dataset
+    from tokenformer.train import lm_evaluator
+
+    dataset = default_dataset("bytes", progress=False)
+    seq = min(seq_len, model.config.max_seq_len)
+    return lm_evaluator(dataset, seq, 16, eval_batches, torch.device("cpu")), dataset
+
+
+@torch.no_grad()
+def natural_sparsity(model: torch.nn.Module, ids: torch.Tensor, rel: float = 1e-3
+                     ) -> dict[str, float]:
+    """Per Pattention: the fraction of Θ entries with |Θ| < rel · (the row's max |Θ|)."""
+    out: dict[str, float] = {}
+    hooks = []
+    for name, m in model.named_modules():
+        if isinstance(m, Pattention):
+            def hook(m, args, _o, name=name):
+                x = args[0].float().reshape(-1, m.in_features)
+                th = theta(x @ m.key_param_tokens.float().t(), m.norm, m.scale, m.eps).abs()
+                out[name] = float((th < rel * th.amax(dim=-1, keepdim=True)).float().mean())
+            hooks.append(m.register_forward_hook(hook))
+    model(ids)
+    for h in hooks:
+        h.remove()
+    return out
+
+
+def quality(args: argparse.Namespace) -> dict:
+    model = load_model(args.model).eval()
+    evaluate, dataset = evaluator(model, args.eval_batches)
+    with torch.no_grad():
+        dense = evaluate(model)["val_loss"]
+        rows = []
+        for kinds in (("qkv",), ("proj",), ("ffn",), ("qkv", "proj", "ffn")):
+            for f in FRACTIONS[1:]:
+                set_pattention_top_k(model, **{k: f for k in kinds})
+                loss = evaluate(model)["val_loss"]
+                rows.append({"kinds": "+".join(kinds), "fraction": f, "val_loss": loss,
+                             "delta": loss - dense})
+                log(f"{'+'.join(kinds):>14} k/n={f:<7.4g} val {loss:.4f} Δ {loss - dense:+.4f}")
+            set_pattention_top_k(model)
+        ids = next(iter(dataset.eval_windows("val", 256, 16, max_batches=1)))
+        sparsity = natural_sparsity(model, ids)
+    c = model.config
+    lines = [f"Model {args.model}: {c.num_layers} layers, d={c.hidden_size}, n = {c.qkv_tokens}/"
+             f"{c.proj_tokens}/{c.ffn_tokens} (qkv/proj/ffn); dense val loss {dense:.4f} nats/token"
+             f" ({args.eval_batches}×16×256 held-out tokens).", "",
+             "| top-k applied to | " + " | ".join(f"k/n = 1/{round(1 / f)}" for f in FRACTIONS[1:])
+             + " |", "|---|" + "---:|" * (len(FRACTIONS) - 1)]
+    for kinds in ("qkv", "proj", "ffn", "qkv+proj+ffn"):
+        cells = [f"{r['delta']:+.4f}" for r in rows if r["kinds"] == kinds]
+        lines.append(f"| {kinds} | " + " | ".join(cells) + " |")
+    lines += ["", "Δ val loss (nats/token) vs dense. Natural sparsity, fraction of |Θ| < 1e-3 × "
+              "row max, per layer:", "", "| layer | q | k | v | proj | ffn |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        vals = [sparsity[p + s] for s in ("attention.query", "attention.key", "attention.value",
+                                          "attention.proj", "mlp")]
+        lines.append(f"| {i} | " + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    return {"markdown": "\n".join(lines), "dense": dense, "rows": rows, "sparsity": sparsity}
+
+
+def finetune(model: torch.nn.Module, steps: int, lr: float, workdir: Path) -> torch.nn.Module:
+    """``steps`` steps of the trainer (demo config, constant LR after 10 warmup steps) from
+    ``model``, through the CLI's --init-from, as a user would."""
+    src, out = workdir / "in", workdir / "out"
+    model.save(src)
+    cmd = [sys.executable, "-m", "tokenformer", "train", "--config", "demo", "--init-from",
+           str(src), "--steps", str(steps), "--lr", str(lr), "--min-lr", str(lr), "--schedule",
+           "constant", "--warmup-steps", "10", "--threads", "1", "--out", str(out),
+           "--samples", "0", "--eval-interval", "0", "--eval-batches", "1",
+           "--checkpoint-interval", "0", "--no-progress"]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return TokenFormerLM.load(out / "final").eval()
+
+
+def prune_curve(args: argparse.Namespace) -> dict:
+    model = load_model(args.model).eval()
+    evaluate, dataset = evaluator(model, args.eval_batches)
+    calib = next(iter(dataset.eval_windows("train", 256, 8, max_batches=1)))
+    rows = []
+    c = model.config
+    for frac in PRUNED:
+        sizes = {k: max(1, round(getattr(c, f"{k}_tokens") * (1 - frac)))
+                 for k in ("qkv", "proj", "ffn")}
+        for by in args.by:
+            for scale in args.scales:
+                small = prune(model, **sizes, by=by, calibration=calib, scale=scale).eval()
+                with torch.no_grad():
+                    loss = evaluate(small)["val_loss"]
+                row = {"pruned": frac, "by": by, "scale": scale, "val_loss": loss,
+                       "params": small.num_parameters(), "finetuned": None}
+                if args.finetune_steps and scale == args.scales[0]:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        tuned = finetune(small, args.finetune_steps, args.finetune_lr, Path(tmp))
+                    with torch.no_grad():
+                        row["finetuned"] = evaluate(tuned)["val_loss"]
+                log(f"pruned {frac:.0%} by {by} scale {scale}: {loss:.4f} "
+                    f"fine-tuned {row['finetuned']}")
+                rows.append(row)
+                if frac == 0.0:
+                    break
+            if frac == 0.0:
+                break
+    lines = [f"Model {args.model}: every Pattention (qkv/proj/ffn) pruned by the same fraction; "
+             f"val loss nats/token ({args.eval_batches}×16×256 held-out tokens); calibration: 8"
+             f"×256 training tokens; fine-tune: {args.finetune_steps} trainer steps at constant "
+             f"lr {args.finetune_lr} (demo config, batch 16×256).", "",
+             "| pruned | by | Θ factor | parameters | val loss | after fine-tune |",
+             "|---:|---|---|---:|---:|---:|"]
+    for r in rows:
+        ft = f"{r['finetuned']:.4f}" if r["finetuned"] is not None else "–"
+        lines.append(f"| {r['pruned']:.0%} | {r['by']} | {r['scale']} | {r['params']:,} | "
+                     f"{r['val_loss']:.4f} | {ft} |")
+    return {"markdown": "\n".join(lines), "rows": rows}
+
+
+@torch.no_grad()
+def speed(args: argparse.Namespace) -> dict:
+    torch.manual_seed(0)
+    config = TokenFormerConfig.from_name(args.preset)
+    model = TokenFormerLM(config).eval()
+    T, pos = args.prefill, args.position
+    prompt = torch.randint(0, config.vocab_size, (1, T))
+    cache = KVCache(config.num_layers, config.max_seq_len)
+    model(torch.randint(0, config.vocab_size, (1, pos)), past_key_values=cache, use_cache=True)
+    token = torch.randint(0, config.vocab_size, (1, 1))
+    arms = {"dense": None, **{f"k/n=1/{round(1 / f)}": f for f in args.fractions}}
+
+    def decode(f):
+        def run():
+            set_pattention_top_k(model, qkv=f, proj=f, ffn=f)
+            model(token, past_key_values=cache, use_cache=True)
+            cache.lengths = [pos] * config.num_layers
+        return run
+
+    def prefill(f):
+        def run():
+            set_pattention_top_k(model, qkv=f, proj=f, ffn=f)
+            model(prompt, logits_to_keep=1)
+        return run
+
+    dec = interleaved({a: decode(f) for a, f in arms.items()}, args.rounds)
+    pre = interleaved({a: prefill(f) for a, f in arms.items()}, max(2, args.rounds // 4), 1)
+    lines = [f"Preset {args.preset} (random weights, fp32), {torch.get_num_threads()} thread; "
+             f"top-k applied to every Pattention. Decode: one cached step at position {pos}, "
+             f"batch 1, {args.rounds} interleaved rounds; prefill: {T} tokens, batch 1. tokens/s "
+             f"from the minimum (median in brackets).", "",
+             "| arm | decode tok/s | vs dense | prefill tok/s | vs dense |",
+             "|---|---:|---:|---:|---:|"]
+    for a in arms:
+        d, p = dec[a], pre[a]
+        lines.append(f"| {a} | {1 / d['min']:.2f} ({1 / d['median']:.2f}) | "
+                     f"{dec['dense']['min'] / d['min']:.2f}x | {T / p['min']:.1f} "
+                     f"({T / p['median']:.1f}) | {pre['dense']['min'] / p['min']:.2f}x |")
+    return {"markdown": "\n".join(lines), "decode": dec, "prefill": pre}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    sub = parser.add_subparsers(dest="what", required=True)
+    q = sub.add_parser("quality")
+    q.add_argument("model")
+    q.add_argument("--eval-batches", type=int, default=8)
+    p = sub.add_parser("prune")
+    p.add_argument("model")
+    p.add_argument("--eval-batches", type=int, default=8)
+    p.add_argument("--by", nargs="+", default=["contribution", "mass", "value"])
+    p.add_argument("--scales", nargs="+", default=["hold", "renorm"])
+    p.add_argument("--finetune-steps", type=int, default=0)
+    p.add_argument("--finetune-lr", type=float, default=1e-3)
+    s = sub.add_parser("speed")
+    s.add_argument("--preset", default="tokenformer-150m")
+    s.add_argument("--prefill", type=int, default=256)
+    s.add_argument("--position", type=int, default=128)
+    s.add_argument("--rounds", type=int, default=12)
+    s.add_argument("--fractions", type=float, nargs="+", default=[1 / 4, 1 / 16])
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    result = {"quality": quality, "prune": prune_curve, "speed": speed}[args.what](args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({k: v for k, v in result.items()
+                                               if k != "markdown"}, indent=1) + "\n")
+    print(f"### Sparse Pattention: {args.what}\n\nCommand: `{command_line()}`  \n"
+          f"CPU: {machine()} (cores shared with other jobs)\n\n{result['markdown']}\n")
+
+
+if __name__ == "__main__":
+    main()
