@@ -3,6 +3,7 @@
     python benchmarks/sparse.py quality RUN/final          # Δ val loss vs k/n, natural sparsity
     python benchmarks/sparse.py prune RUN/final --finetune-steps 100   # val loss vs pruned %
     python benchmarks/sparse.py speed --preset tokenformer-150m        # decode / prefill tok/s
+    python benchmarks/sparse.py product-speed --preset small           # train tok/s, equal FLOPs
 
 All with one thread (``--threads``, default 1). ``quality``/``prune`` evaluate on the held-out
 split of the embedded corpus (the trainer's evaluator: fixed windows, ``--eval-batches`` × 16 ×
@@ -106,9 +107,10 @@ def finetune(model: torch.nn.Module, steps: int, lr: float, workdir: Path) -> to
            str(src), "--steps", str(steps), "--lr", str(lr), "--min-lr", str(lr), "--schedule",
            "constant", "--warmup-steps", "10", "--threads", "1", "--out", str(out),
            "--samples", "0", "--eval-interval", "0", "--eval-batches", "1",
-           "--checkpoint-interval", "0", "--no-progress"]
+           "--checkpoint-interval", "0", "--no-progress", "--arch",
+           getattr(model.config, "arch", "tokenformer")]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return TokenFormerLM.load(out / "final").eval()
+    return load_model(out / "final").eval()
 
 
 def prune_curve(args: argparse.Namespace) -> dict:
@@ -148,6 +150,67 @@ def prune_curve(args: argparse.Namespace) -> dict:
     for r in rows:
         ft = f"{r['finetuned']:.4f}" if r["finetuned"] is not None else "–"
         lines.append(f"| {r['pruned']:.0%} | {r['by']} | {r['scale']} | {r['params']:,} | "
+                     f"{r['val_loss']:.4f} | {ft} |")
+    return {"markdown": "\n".join(lines), "rows": rows}
+
+
+@torch.no_grad()
+def prune_mlp(model: torch.nn.Module, width: int) -> torch.nn.Module:
+    """A Transformer baseline with every MLP cut to its ``width`` largest-magnitude neurons:
+    neuron i scores ‖up_i‖·‖down_:,i‖ (× ‖gate_i‖ for SwiGLU), the usual magnitude criterion."""
+    import dataclasses
+
+    new = type(model)(dataclasses.replace(model.config, intermediate_size=width))
+    state = model.state_dict()
+    for i, block in enumerate(model.layers):
+        mlp, p = block.mlp, f"layers.{i}.mlp."
+        score = mlp.up.weight.norm(dim=1) * mlp.down.weight.norm(dim=0)
+        if mlp.gate is not None:
+            score = score * mlp.gate.weight.norm(dim=1)
+        keep = score.topk(width).indices.sort().values
+        for name in ("up", "gate"):
+            for leaf in ("weight", "bias"):
+                if f"{p}{name}.{leaf}" in state:
+                    state[f"{p}{name}.{leaf}"] = state[f"{p}{name}.{leaf}"][keep]
+        state[f"{p}down.weight"] = state[f"{p}down.weight"][:, keep]
+    new.load_state_dict(state, strict=True)
+    return new.eval()
+
+
+def compare_mlp(args: argparse.Namespace) -> dict:
+    """FFN-only pruning: TokenFormer FFN tokens (by contribution, Θ factor held) vs the
+    Transformer++ MLP neurons (magnitude), same fractions, same fine-tune recipe."""
+    tf, tpp = load_model(args.tokenformer).eval(), load_model(args.transformer).eval()
+    evaluate, dataset = evaluator(tf, args.eval_batches)
+    calib = next(iter(dataset.eval_windows("train", 256, 8, max_batches=1)))
+    rows = []
+    for frac in PRUNED:
+        n = round(tf.config.ffn_tokens * (1 - frac))
+        w = round(tpp.config.intermediate_size * (1 - frac))
+        for arch, small in (("tokenformer", prune(tf, ffn=n, calibration=calib).eval()),
+                            ("transformer++", prune_mlp(tpp, w))):
+            with torch.no_grad():
+                loss = evaluate(small)["val_loss"]
+            tuned = None
+            if args.finetune_steps:
+                with tempfile.TemporaryDirectory() as tmp:
+                    tuned_model = finetune(small, args.finetune_steps, args.finetune_lr,
+                                           Path(tmp))
+                with torch.no_grad():
+                    tuned = evaluate(tuned_model)["val_loss"]
+            rows.append({"pruned": frac, "arch": arch, "val_loss": loss, "finetuned": tuned,
+                         "params": small.num_parameters()})
+            log(f"{arch} ffn pruned {frac:.0%}: {loss:.4f} fine-tuned {tuned}")
+    lines = [f"FFN-only pruning. TokenFormer {args.tokenformer} (FFN tokens, by contribution, Θ "
+             f"factor held) vs Transformer++ {args.transformer} (MLP neurons by magnitude), both "
+             f"trained with the same config; val loss nats/token ({args.eval_batches}×16×256 "
+             f"held-out tokens); fine-tune {args.finetune_steps} steps at constant lr "
+             f"{args.finetune_lr}.", "",
+             "| FFN pruned | arch | parameters | val loss | after fine-tune |",
+             "|---:|---|---:|---:|---:|"]
+    for r in rows:
+        ft = f"{r['finetuned']:.4f}" if r["finetuned"] is not None else "–"
+        lines.append(f"| {r['pruned']:.0%} | {r['arch']} | {r['params']:,} | "
                      f"{r['val_loss']:.4f} | {ft} |")
     return {"markdown": "\n".join(lines), "rows": rows}
 
@@ -193,6 +256,108 @@ def speed(args: argparse.Namespace) -> dict:
     return {"markdown": "\n".join(lines), "decode": dec, "prefill": pre}
 
 
+def matched_k(dense: TokenFormerConfig, ffn_tokens: int) -> int:
+    """The product-key k whose FFN forward FLOPs/token (config.projection_flops) come closest to
+    ``dense``'s dense FFN at ``ffn_tokens`` = s² product keys."""
+    target = dense.projection_flops()[1]
+    best = min(range(1, ffn_tokens + 1), key=lambda k: abs(TokenFormerConfig.from_dict(
+        {**dense.to_dict(), "ffn_keys": "product", "ffn_tokens": ffn_tokens,
+         "ffn_product_k": k}).projection_flops()[1] - target))
+    return best
+
+
+def product_speed(args: argparse.Namespace) -> dict:
+    """Train step tokens/s (forward, backward, AdamW) of dense vs product-key FFN TokenFormers
+    of equal FFN FLOPs/token, and of the FFN alone, interleaved."""
+    dense = TokenFormerConfig.from_name(args.preset)
+    arms = {"dense": dense}
+    for mult in args.multipliers:
+        n = round((dense.ffn_tokens * mult) ** 0.5) ** 2
+        k = matched_k(dense, n)
+        arms[f"product n={n} ({mult}x) k={k}"] = TokenFormerConfig.from_dict(
+            {**dense.to_dict(), "ffn_keys": "product", "ffn_tokens": n, "ffn_product_k": k})
+    B, T = args.batch, min(args.seq_len, dense.max_seq_len)
+    ids = torch.randint(0, dense.vocab_size, (B, T))
+    steps, ffn_steps, info = {}, {}, {}
+    for name, config in arms.items():
+        torch.manual_seed(0)
+        model = TokenFormerLM(config)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        x = torch.randn(B, T, config.hidden_size, requires_grad=True)
+        mlp = model.layers[0].mlp
+
+        def step(model=model, opt=opt):
+            loss = model(ids, labels=ids).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        def ffn(mlp=mlp, x=x):
+            mlp(x).square().mean().backward()
+
+        steps[name], ffn_steps[name] = step, ffn
+        info[name] = (config.num_parameters(), 3 * config.projection_flops()[1])
+    whole = interleaved(steps, args.rounds, 1)
+    alone = interleaved(ffn_steps, args.rounds, 1)
+    lines = [f"Preset {args.preset} (d={dense.hidden_size}, {dense.num_layers} layers, dense "
+             f"ffn_tokens {dense.ffn_tokens}); fp32, {torch.get_num_threads()} thread, batch "
+             f"{B}×{T}; k chosen so the FFN's forward FLOPs/token match dense "
+             f"(config.projection_flops); {args.rounds} interleaved rounds, tokens/s from the "
+             f"minimum.", "",
+             "| arm | parameters | FFN train FLOPs/token | train step tok/s | vs dense | "
+             "FFN fwd+bwd tok/s | vs dense |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name in arms:
+        w, a = whole[name]["min"], alone[name]["min"]
+        lines.append(f"| {name} | {info[name][0]:,} | {info[name][1]:,.0f} | {B * T / w:,.0f} | "
+                     f"{whole['dense']['min'] / w:.2f}x | {B * T / a:,.0f} | "
+                     f"{alone['dense']['min'] / a:.2f}x |")
+    return {"markdown": "\n".join(lines), "whole": whole, "ffn": alone}
+
+
+def plot(quality_json: str, prune_json: str, out_dir: str) -> None:
+    """docs/img/sparse/{topk,prune}.png from the JSON the quality and prune runs wrote."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    q = json.loads(Path(quality_json).read_text())
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for kinds in ("qkv", "proj", "ffn", "qkv+proj+ffn"):
+        rows = [r for r in q["rows"] if r["kinds"] == kinds]
+        ax.plot([1.0] + [r["fraction"] for r in rows], [0.0] + [r["delta"] for r in rows],
+                marker="o", label=f"top-k on {kinds}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k / n (tokens read per row)")
+    ax.set_ylabel("Δ val loss vs dense (nats/token)")
+    ax.set_title(f"Top-k Pattention, trained demo model (dense {q['dense']:.3f})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "topk.png", dpi=110)
+    r = json.loads(Path(prune_json).read_text())["rows"]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for by in dict.fromkeys(x["by"] for x in r if x["pruned"] > 0):
+        for scale in dict.fromkeys(x["scale"] for x in r if x["pruned"] > 0):
+            rows = [r[0]] + [x for x in r if x["by"] == by and x["scale"] == scale]
+            ax.plot([x["pruned"] for x in rows], [x["val_loss"] for x in rows], marker="o",
+                    label=f"{by}, {scale}")
+        tuned = [r[0]] + [x for x in r if x["by"] == by and x["finetuned"] is not None
+                          and x["pruned"] > 0]
+        if len(tuned) > 1:
+            ax.plot([x["pruned"] for x in tuned], [x["finetuned"] for x in tuned], marker="s",
+                    linestyle="--", label=f"{by} + fine-tune")
+    ax.set_xlabel("fraction of parameter tokens removed (every Pattention)")
+    ax.set_ylabel("val loss (nats/token)")
+    ax.set_title("Pruning parameter tokens, trained demo model")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "prune.png", dpi=110)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -214,9 +379,29 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--position", type=int, default=128)
     s.add_argument("--rounds", type=int, default=12)
     s.add_argument("--fractions", type=float, nargs="+", default=[1 / 4, 1 / 16])
+    k = sub.add_parser("product-speed")
+    k.add_argument("--preset", default="small")
+    k.add_argument("--multipliers", type=int, nargs="+", default=[16, 64])
+    k.add_argument("--batch", type=int, default=8)
+    k.add_argument("--seq-len", type=int, default=256)
+    k.add_argument("--rounds", type=int, default=6)
+    m = sub.add_parser("compare-mlp")
+    m.add_argument("tokenformer")
+    m.add_argument("transformer")
+    m.add_argument("--eval-batches", type=int, default=8)
+    m.add_argument("--finetune-steps", type=int, default=0)
+    m.add_argument("--finetune-lr", type=float, default=1e-3)
+    g = sub.add_parser("plot")
+    g.add_argument("quality_json")
+    g.add_argument("prune_json")
+    g.add_argument("--out", default="docs/img/sparse")
     args = parser.parse_args(argv)
+    if args.what == "plot":
+        plot(args.quality_json, args.prune_json, args.out)
+        return
     torch.set_num_threads(args.threads)
-    result = {"quality": quality, "prune": prune_curve, "speed": speed}[args.what](args)
+    result = {"quality": quality, "prune": prune_curve, "speed": speed,
+              "product-speed": product_speed, "compare-mlp": compare_mlp}[args.what](args)
     if args.json:
         Path(args.json).write_text(json.dumps({k: v for k, v in result.items()
                                                if k != "markdown"}, indent=1) + "\n")

@@ -149,11 +149,15 @@ class TokenFormerConfig:
         """Parameters of one block (four attention Pattentions, the FFN Pattention, norms)."""
         d = self.hidden_size
         norm = {"none": 0, "weight": 1, "bias": 1, "both": 2}[self.block_norm] * 2 * d
-        # a product-key FFN stores s sub-keys of d/2 per half (s·d) instead of n keys of d
-        ffn_keys = (math.isqrt(self.ffn_tokens) * d if self.ffn_keys == "product"
-                    else self.ffn_tokens * d)
-        return 2 * d * (3 * self.qkv_tokens + self.proj_tokens) + ffn_keys + self.ffn_tokens * d \
-            + norm
+        return 2 * d * (3 * self.qkv_tokens + self.proj_tokens) + self.ffn_parameters() + norm
+
+    def ffn_parameters(self) -> int:
+        """Parameters of one block's FFN: n keys and n values of width d, or, with product keys,
+        s sub-keys of d/2 per half (s·d) and n values."""
+        d = self.hidden_size
+        keys = (math.isqrt(self.ffn_tokens) * d if self.ffn_keys == "product"
+                else self.ffn_tokens * d)
+        return keys + self.ffn_tokens * d
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Exact parameter count, from shapes alone (nothing is allocated)."""

@@ -45,7 +45,7 @@ def info(spec: str, seq_len: int | None = None) -> str:
     table = [
         ("Pattention Q, K, V", 3 * 2 * d * config.qkv_tokens, 3 * config.qkv_tokens * theta),
         ("Pattention proj", 2 * d * config.proj_tokens, config.proj_tokens * theta),
-        ("Pattention FFN", 2 * d * config.ffn_tokens, fwd["ffn"]),
+        ("Pattention FFN", config.ffn_parameters(), fwd["ffn"]),
         ("token-token attention", 0, fwd["token_attention"]),
         ("layer total", config.block_parameters(), fwd["per_layer"]),
         (f"× {config.num_layers} layers", config.num_layers * config.block_parameters(),
