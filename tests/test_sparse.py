@@ -223,3 +223,12 @@ def test_prune_cli(tmp_path):
         assert not (tmp_path / "bad").exists()
     r = _cli("prune", str(tmp_path / "missing"), str(tmp_path / "bad2"), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error:")
+
+
+def test_generate_cli_top_k_tokens(tmp_path):
+    r = _cli("generate", "tiny", "--prompt", "And", "--max-new-tokens", "4", "--temperature",
+             "0", "--top-k-tokens", "ffn=0.25,qkv=8", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = _cli("generate", "tiny", "--prompt", "And", "--top-k-tokens", "mlp=2", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().startswith("error:") and len(r.stderr.strip().splitlines()) == 1
