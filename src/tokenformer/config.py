@@ -149,13 +149,15 @@ class TokenFormerConfig:
         """Parameters of one block (four attention Pattentions, the FFN Pattention, norms)."""
         d = self.hidden_size
         norm = {"none": 0, "weight": 1, "bias": 1, "both": 2}[self.block_norm] * 2 * d
-        return 2 * d * (3 * self.qkv_tokens + self.proj_tokens) + self.ffn_parameters() + norm
+        # called unbound: the vision config borrows block_parameters, not ffn_parameters
+        ffn = TokenFormerConfig.ffn_parameters(self)  # type: ignore[arg-type]
+        return 2 * d * (3 * self.qkv_tokens + self.proj_tokens) + ffn + norm
 
     def ffn_parameters(self) -> int:
         """Parameters of one block's FFN: n keys and n values of width d, or, with product keys,
         s sub-keys of d/2 per half (s·d) and n values."""
         d = self.hidden_size
-        keys = (math.isqrt(self.ffn_tokens) * d if self.ffn_keys == "product"
+        keys = (math.isqrt(self.ffn_tokens) * d if getattr(self, "ffn_keys", "dense") == "product"
                 else self.ffn_tokens * d)
         return keys + self.ffn_tokens * d
 
@@ -172,7 +174,9 @@ class TokenFormerConfig:
             return 2 * n * (d + d) + theta * n
 
         ffn = pattention(self.ffn_tokens)
-        if self.ffn_keys == "product":  # two half-score matmuls, k'² candidate sums, k tokens
+        # product keys: two half-score matmuls, k'² candidate sums, Θ and values over k tokens
+        # (getattr: the vision config borrows these methods and has no ffn_keys)
+        if getattr(self, "ffn_keys", "dense") == "product":
             s, k = math.isqrt(self.ffn_tokens), self.ffn_product_k
             ffn = 2 * s * d + min(k, s) ** 2 + theta * k + 2 * k * d
         return 3 * pattention(self.qkv_tokens) + pattention(self.proj_tokens), ffn
