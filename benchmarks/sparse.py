@@ -4,6 +4,7 @@
     python benchmarks/sparse.py prune RUN/final --finetune-steps 100   # val loss vs pruned %
     python benchmarks/sparse.py speed --preset tokenformer-150m        # decode / prefill tok/s
     python benchmarks/sparse.py product-speed --preset small           # train tok/s, equal FLOPs
+    python benchmarks/sparse.py product-profile --preset small         # where that time goes
 
 All with one thread (``--threads``, default 1). ``quality``/``prune`` evaluate on the held-out
 split of the embedded corpus (the trainer's evaluator: fixed windows, ``--eval-batches`` × 16 ×
@@ -358,9 +359,45 @@ def plot(quality_json: str, prune_json: str, out_dir: str) -> None:
     fig.savefig(out / "prune.png", dpi=110)
 
 
+def product_profile(args: argparse.Namespace) -> dict:
+    """Where a product-key FFN's forward+backward time goes (torch.profiler, self CPU time by
+    op), for the FLOP-matched arms of ``product-speed``, next to the dense FFN."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tokenformer.product_keys import ProductKeyPattention
+
+    dense = TokenFormerConfig.from_name(args.preset)
+    d = dense.hidden_size
+    x = torch.randn(args.rows, d, requires_grad=True)
+    arms = {f"dense n={dense.ffn_tokens}": Pattention(d, d, dense.ffn_tokens)}
+    for mult in args.multipliers:
+        n = round((dense.ffn_tokens * mult) ** 0.5) ** 2
+        k = matched_k(dense, n)
+        arms[f"product n={n} k={k}"] = ProductKeyPattention(d, d, n, k)
+    lines = [f"FFN alone (preset {args.preset}: d={d}), {args.rows} rows, forward + backward, "
+             f"3 profiled calls after 2 warm-up calls, 1 thread; self CPU time by op (top 6).",
+             ""]
+    out = {}
+    for name, m in arms.items():
+        for _ in range(2):
+            m(x).square().mean().backward()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                m(x).square().mean().backward()
+        events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        total = sum(e.self_cpu_time_total for e in events)
+        top = [(e.key, e.self_cpu_time_total / total) for e in events[:6]]
+        out[name] = {"total_ms": total / 1e3 / 3, "top": top}
+        lines.append(f"- **{name}**: {total / 1e3 / 3:.1f} ms per call; "
+                     + ", ".join(f"{k} {f:.0%}" for k, f in top))
+    return {"markdown": "\n".join(lines), "arms": out}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time by the thread's CPU time (robust on a shared machine)")
     parser.add_argument("--json", default=None, help="also write the results here")
     sub = parser.add_subparsers(dest="what", required=True)
     q = sub.add_parser("quality")
@@ -385,6 +422,10 @@ def main(argv: list[str] | None = None) -> None:
     k.add_argument("--batch", type=int, default=8)
     k.add_argument("--seq-len", type=int, default=256)
     k.add_argument("--rounds", type=int, default=6)
+    f = sub.add_parser("product-profile")
+    f.add_argument("--preset", default="small")
+    f.add_argument("--multipliers", type=int, nargs="+", default=[16, 64])
+    f.add_argument("--rows", type=int, default=2048)
     m = sub.add_parser("compare-mlp")
     m.add_argument("tokenformer")
     m.add_argument("transformer")
@@ -400,8 +441,15 @@ def main(argv: list[str] | None = None) -> None:
         plot(args.quality_json, args.prune_json, args.out)
         return
     torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        import time
+
+        import common
+
+        common.CLOCK = time.thread_time
     result = {"quality": quality, "prune": prune_curve, "speed": speed,
-              "product-speed": product_speed, "compare-mlp": compare_mlp}[args.what](args)
+              "product-speed": product_speed, "product-profile": product_profile,
+              "compare-mlp": compare_mlp}[args.what](args)
     if args.json:
         Path(args.json).write_text(json.dumps({k: v for k, v in result.items()
                                                if k != "markdown"}, indent=1) + "\n")
