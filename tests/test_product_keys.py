@@ -119,3 +119,18 @@ def test_product_config_validation_and_surgery_refusals(tmp_path):
     model.save(tmp_path / "m")
     loaded = TokenFormerLM.load(tmp_path / "m")
     assert torch.equal(loaded.eval()(ids).logits, model(ids).logits)
+
+
+def test_autocast_bf16_runs_and_matches_fp32():
+    torch.manual_seed(0)
+    layer = ProductKeyPattention(16, 8, 64, 4)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_(0, 0.5)
+    x = torch.randn(3, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert layer.value_param_tokens.grad.dtype == torch.float32
+    torch.testing.assert_close(y.float(), layer(x).detach(), rtol=0.05, atol=0.05)

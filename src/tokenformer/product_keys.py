@@ -110,7 +110,10 @@ class ProductKeyPattention(nn.Module):
         weights = theta(scores, self.norm, self.scale, self.eps)
         # One fused gather-and-weighted-sum per row: reads k value rows, never a [rows, k, d_out]
         # copy; its backward scatters into V's gradient and gives the weights' gradient.
-        out = F.embedding_bag(index, self.value_param_tokens, per_sample_weights=weights,
+        value = self.value_param_tokens
+        if torch.is_autocast_enabled(x.device.type):  # as autocast casts a matmul's operands
+            value = value.to(torch.get_autocast_dtype(x.device.type))
+        out = F.embedding_bag(index, value, per_sample_weights=weights.to(value.dtype),
                               mode="sum")
         return out.view(*x.shape[:-1], self.out_features)
 
