@@ -74,10 +74,11 @@ def _normaliser(scores: torch.Tensor, norm: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def calibrate(model: nn.Module, input_ids: torch.Tensor) -> dict[str, dict[str, Any]]:
+def calibrate(model: nn.Module, input_ids: torch.Tensor, keep_scores: bool = False
+              ) -> dict[str, dict[str, Any]]:
     """Run ``input_ids`` [B, T] through ``model`` and return, per Pattention name, the mean
-    |Θ| per token (``mass``, [n]) and the calibration rows' scores (``scores``, [rows, n],
-    float32, kept for ``scale="renorm"``)."""
+    |Θ| per token (``mass``, [n]) and, with ``keep_scores`` (for ``scale="renorm"``; rows × n
+    floats per Pattention), the calibration rows' scores (``scores``, float32)."""
     stats: dict[str, dict[str, Any]] = {}
     hooks = []
     for name, module in model.named_modules():
@@ -88,7 +89,7 @@ def calibrate(model: nn.Module, input_ids: torch.Tensor) -> dict[str, dict[str, 
             x = args[0].detach().float().reshape(-1, m.in_features)
             scores = F.linear(x, m.key_param_tokens.detach().float())
             stats[name] = {"mass": theta(scores, m.norm, m.scale, m.eps).abs().mean(dim=0),
-                           "scores": scores}
+                           "scores": scores if keep_scores else None}
 
         hooks.append(module.register_forward_hook(hook))
     try:
@@ -135,7 +136,7 @@ def prune(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | N
     needs_data = (importance is None and by in ("contribution", "mass")) or scale == "renorm"
     if needs_data and calibration is None:
         raise GrowthError(f"prune by={by!r} with scale={scale!r} needs calibration input ids")
-    stats = calibrate(model, calibration) if needs_data else {}
+    stats = calibrate(model, calibration, keep_scores=scale == "renorm") if needs_data else {}
 
     kept: dict[str, torch.Tensor] = {}
     ratios: dict[str, list[float]] = {kind: [] for kind in KINDS}
