@@ -134,3 +134,17 @@ def test_autocast_bf16_runs_and_matches_fp32():
     y.float().sum().backward()
     assert layer.value_param_tokens.grad.dtype == torch.float32
     torch.testing.assert_close(y.float(), layer(x).detach(), rtol=0.05, atol=0.05)
+
+
+def test_product_key_model_round_trips_through_hugging_face(tmp_path):
+    pytest.importorskip("transformers")
+    from tokenformer.hf_modeling import TokenFormerForCausalLM
+
+    torch.manual_seed(0)
+    model = TokenFormerLM(TokenFormerConfig.from_name("tiny", ffn_keys="product", ffn_tokens=64,
+                                                      ffn_product_k=4)).eval()
+    TokenFormerForCausalLM.from_core(model).save_pretrained(tmp_path)
+    again = TokenFormerForCausalLM.from_pretrained(tmp_path).eval()
+    assert again.config.ffn_keys == "product" and again.config.ffn_product_k == 4
+    ids = torch.randint(0, 257, (1, 8))
+    assert torch.equal(again(ids).logits, model(ids).logits)
