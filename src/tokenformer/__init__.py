@@ -21,10 +21,12 @@ _EXPORTS = {
     "PRESETS": "config", "TokenFormerConfig": "config", "flops_per_token": "config",
     "CheckpointError": "errors", "ConfigError": "errors", "DataError": "errors",
     "GrowthError": "errors", "TokenFormerError": "errors",
-    "grow": "grow", "grow_with_optimizer": "grow",
+    "grow": "grow", "grow_with_optimizer": "grow", "prune": "prune",
+    "ProductKeyPattention": "product_keys",
     "CausalLMOutput": "model", "KVCache": "model", "TokenFormerLM": "model",
     "load_model": "loading",
     "THETA_VARIANTS": "pattention", "Pattention": "pattention", "theta": "pattention",
+    "set_pattention_top_k": "pattention",
     "ByteTokenizer": "tokenizer", "HFTokenizer": "tokenizer", "load_tokenizer": "tokenizer",
     "TokenFormerViT": "vit", "TokenFormerViTConfig": "vit",
 }
@@ -46,13 +48,13 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """``tokenformer.grow`` is the function, as with eager imports: importing the submodule
-    ``tokenformer.grow`` (which makes the import system set the package attribute to the module)
-    must not shadow it."""
+    """``tokenformer.grow`` and ``tokenformer.prune`` are the functions, as with eager imports:
+    importing the submodules (which makes the import system set the package attribute to the
+    module) must not shadow them."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "grow" and isinstance(value, types.ModuleType):
-            value = value.grow
+        if name in ("grow", "prune") and isinstance(value, types.ModuleType):
+            value = getattr(value, name)
         super().__setattr__(name, value)
 
 
@@ -66,6 +68,8 @@ if TYPE_CHECKING:
     from .grow import grow, grow_with_optimizer  # noqa: F401
     from .loading import load_model  # noqa: F401
     from .model import CausalLMOutput, KVCache, TokenFormerLM  # noqa: F401
-    from .pattention import THETA_VARIANTS, Pattention, theta  # noqa: F401
+    from .pattention import THETA_VARIANTS, Pattention, set_pattention_top_k, theta  # noqa: F401
+    from .product_keys import ProductKeyPattention  # noqa: F401
+    from .prune import prune  # noqa: F401
     from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer  # noqa: F401
     from .vit import TokenFormerViT, TokenFormerViTConfig  # noqa: F401

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .pattention import THETA_VARIANTS, default_scale
+from .pattention import THETA_VARIANTS, check_top_k, default_scale
 
 BLOCK_NORMS = ("none", "weight", "bias", "both")
+FFN_KEYS = ("dense", "product")
 
 # FLOPs we charge per score for Θ, one per elementwise arithmetic op (exp/erf count as one):
 # l2_norm_gelu: square+accumulate (2), divide and scale (2), GELU x·0.5·(1+erf(x/√2)) (4).
@@ -63,6 +64,17 @@ class TokenFormerConfig:
     """Θ factor of the output Pattention (None: default)"""
     ffn_scale: float | None = None
     """Θ factor of the FFN Pattention (None: default)"""
+    qkv_top_k: int | float | None = None
+    """inference top-k of the Q/K/V Pattentions: a count, a fraction of n, or None (dense)"""
+    proj_top_k: int | float | None = None
+    """inference top-k of the output Pattention (None: dense)"""
+    ffn_top_k: int | float | None = None
+    """inference top-k of the FFN Pattention (None: dense)"""
+    ffn_keys: str = "dense"
+    """FFN keys: dense (a Pattention), or product (ffn_tokens = s² product keys, each row reads
+    ffn_product_k tokens; tokenformer.product_keys)"""
+    ffn_product_k: int = 32
+    """tokens each row reads in a product-key FFN (ignored when ffn_keys is dense)"""
     layernorm_eps: float = 1e-5
     """LayerNorm ε"""
     block_norm: str = "none"
@@ -95,6 +107,19 @@ class TokenFormerConfig:
             raise ConfigError(f"config: rotary dimension int(head_dim {self.head_dim} × rotary_pct "
                               f"{self.rotary_pct}) = {self.rotary_dim} is odd; it must be even")
         check_block_fields(self)
+        for key in ("qkv_top_k", "proj_top_k", "ffn_top_k"):
+            check_top_k(getattr(self, key), f"config: {key}")
+        if self.ffn_keys not in FFN_KEYS:
+            raise ConfigError(f"config: ffn_keys must be one of {', '.join(FFN_KEYS)}, got "
+                              f"{self.ffn_keys!r}")
+        if self.ffn_keys == "product":
+            if math.isqrt(self.ffn_tokens) ** 2 != self.ffn_tokens:
+                raise ConfigError(f"config: product keys need a square ffn_tokens (s² for s "
+                                  f"sub-keys per half), got {self.ffn_tokens}")
+            k = self.ffn_product_k
+            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.ffn_tokens:
+                raise ConfigError(f"config: ffn_product_k must be a count in [1, "
+                                  f"{self.ffn_tokens}], got {k!r}")
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -124,7 +149,17 @@ class TokenFormerConfig:
         """Parameters of one block (four attention Pattentions, the FFN Pattention, norms)."""
         d = self.hidden_size
         norm = {"none": 0, "weight": 1, "bias": 1, "both": 2}[self.block_norm] * 2 * d
-        return 2 * d * (3 * self.qkv_tokens + self.proj_tokens + self.ffn_tokens) + norm
+        # called unbound: the vision config borrows block_parameters, not ffn_parameters
+        ffn = TokenFormerConfig.ffn_parameters(self)  # type: ignore[arg-type]
+        return 2 * d * (3 * self.qkv_tokens + self.proj_tokens) + ffn + norm
+
+    def ffn_parameters(self) -> int:
+        """Parameters of one block's FFN: n keys and n values of width d, or, with product keys,
+        s sub-keys of d/2 per half (s·d) and n values."""
+        d = self.hidden_size
+        keys = (math.isqrt(self.ffn_tokens) * d if getattr(self, "ffn_keys", "dense") == "product"
+                else self.ffn_tokens * d)
+        return keys + self.ffn_tokens * d
 
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Exact parameter count, from shapes alone (nothing is allocated)."""
@@ -138,8 +173,13 @@ class TokenFormerConfig:
         def pattention(n: int) -> float:
             return 2 * n * (d + d) + theta * n
 
-        return (3 * pattention(self.qkv_tokens) + pattention(self.proj_tokens),
-                pattention(self.ffn_tokens))
+        ffn = pattention(self.ffn_tokens)
+        # product keys: two half-score matmuls, k'² candidate sums, Θ and values over k tokens
+        # (getattr: the vision config borrows these methods and has no ffn_keys)
+        if getattr(self, "ffn_keys", "dense") == "product":
+            s, k = math.isqrt(self.ffn_tokens), self.ffn_product_k
+            ffn = 2 * s * d + min(k, s) ** 2 + theta * k + 2 * k * d
+        return 3 * pattention(self.qkv_tokens) + pattention(self.proj_tokens), ffn
 
     # ------------------------------------------------------------------ (de)serialisation
     def to_dict(self) -> dict[str, Any]:

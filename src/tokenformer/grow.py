@@ -200,9 +200,6 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
     old_layers, new_layers = config.num_layers, new_config.num_layers
     layer_source = _layer_plan(old_layers, new_layers, positions)
 
-    # Built on the meta device (no init cost), then every tensor is assigned below.
-    with torch.device("meta"):
-        new = type(model)(new_config)
     prefix = _layers_prefix(model)
     old_index = {new_i: old_i for new_i, (old_i, _) in enumerate(layer_source)}
     inserted_layers = {i for i, (_, is_new) in enumerate(layer_source) if is_new}
@@ -213,23 +210,40 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
         index, rest = name[len(prefix):].split(".", 1)
         return f"{prefix}{old_index[int(index)]}.{rest}", int(index) in inserted_layers
 
+    def tokens_for(name: str, module: Pattention, old: Pattention
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        if source_of(name)[1]:
+            branch = strategy != "official" and name.endswith(BRANCH_OUTPUTS)
+            return _new_block_tokens(module, old, branch, generator)
+        return _grown_tokens(old, module, strategy, generator, copy)
+
+    return rebuild(model, new_config, tokens_for, source_of, copy=copy, progress=progress,
+                   desc="grow")
+
+
+def rebuild(model: nn.Module, new_config: Any, tokens_for: Any, source_of: Any = None, *,
+            copy: bool = True, progress: bool = False, desc: str = "resize") -> _Growth:
+    """The one place token surgery happens (growth and :mod:`tokenformer.prune`): a new model
+    of ``type(model)`` built for ``new_config`` whose every Pattention gets the K and V that
+    ``tokens_for(name, new_module, old_module)`` returns, every other tensor copied (or shared,
+    ``copy=False``) from the old tensor ``source_of(name) -> (old name, is_new)`` names
+    (default: the same name). Per-module settings not in the config (``impl``) carry over."""
+    source_of = source_of or (lambda name: (name, False))
+    # Built on the meta device (no init cost), then every tensor is assigned below.
+    with torch.device("meta"):
+        new = type(model)(new_config)
     old_state = model.state_dict(keep_vars=True)
     old_modules = dict(model.named_modules())
     state: dict[str, torch.Tensor] = {}
     pattentions = [(n, m) for n, m in new.named_modules() if isinstance(m, Pattention)]
     from tqdm.auto import tqdm
 
-    for name, module in tqdm(pattentions, desc="grow", unit="Pattention",
+    for name, module in tqdm(pattentions, desc=desc, unit="Pattention",
                              disable=None if progress else True):
-        old_name, is_new = source_of(name)
-        old = old_modules[old_name]
+        old = old_modules[source_of(name)[0]]
         if hasattr(old, "impl"):  # per-module choice of forward implementation, not in the config
             module.impl = old.impl
-        if is_new:
-            branch = strategy != "official" and name.endswith(BRANCH_OUTPUTS)
-            keys, values = _new_block_tokens(module, old, branch, generator)
-        else:
-            keys, values = _grown_tokens(old, module, strategy, generator, copy)
+        keys, values = tokens_for(name, module, old)
         state[f"{name}.key_param_tokens"], state[f"{name}.value_param_tokens"] = keys, values
 
     source, inserted = {}, set()
@@ -242,8 +256,8 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
             continue
         old = old_state[old_name]
         if old.shape != meta.shape:
-            raise GrowthError(f"cannot grow {name}: shape {tuple(old.shape)} would have to become "
-                              f"{tuple(meta.shape)}, which token growth does not do")
+            raise GrowthError(f"cannot resize {name}: shape {tuple(old.shape)} would have to "
+                              f"become {tuple(meta.shape)}, which token surgery does not do")
         state[name] = old.detach().clone() if copy else old.detach()
     new.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers (e.g. rotary tables) are not in a state dict: carry them over.
@@ -269,9 +283,18 @@ def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | 
                           f"{', '.join(STRATEGIES)}")
     sizes = {kind: resolve_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
              for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
+    refuse_product_ffn(config, sizes["ffn"], "grow")
     new_layers = resolve_size(layers, config.num_layers, "layers")
     _layer_plan(config.num_layers, new_layers, positions)
     return _grown_config(config, sizes, new_layers, strategy)
+
+
+def refuse_product_ffn(config: Any, ffn_tokens: int, what: str) -> None:
+    """Token surgery here is for Pattentions: a product-key FFN changes n by its sub-keys
+    (:meth:`tokenformer.product_keys.ProductKeyPattention.grown`)."""
+    if getattr(config, "ffn_keys", "dense") == "product" and ffn_tokens != config.ffn_tokens:
+        raise GrowthError(f"cannot {what} the ffn tokens of a product-key FFN here: its n = s² "
+                          f"changes by sub-keys (ProductKeyPattention.grown, docs/sparse.md)")
 
 
 def check_memory(config: Any, copies: float, what: str) -> None:

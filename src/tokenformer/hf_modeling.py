@@ -39,6 +39,7 @@ from .baselines import model_class
 from .errors import ConfigError
 from .model import LayerNorm, RotaryEmbedding, TokenFormerLM
 from .pattention import Pattention
+from .product_keys import ProductKeyPattention
 
 REMOTE_MODULE = "modeling_tokenformer"
 REMOTE_CONFIG_MODULE = "configuration_tokenformer"
@@ -165,7 +166,7 @@ class TokenFormerPreTrainedModel(PreTrainedModel):
         device and (being non-persistent buffers) never finds in the checkpoint. (``init.*``
         leaves tensors loaded from a checkpoint alone.)"""
         std = self.config.init_std
-        if isinstance(module, Pattention):
+        if isinstance(module, (Pattention, ProductKeyPattention)):
             module.reset_parameters()  # torch.nn.init is guarded by transformers the same way
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, std=std)

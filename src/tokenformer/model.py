@@ -19,6 +19,7 @@ from torch import nn
 from .config import TokenFormerConfig
 from .errors import CheckpointError, ConfigError, TokenFormerError
 from .pattention import Pattention
+from .pattention import top_k_tokens as _top_k_tokens
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -94,7 +95,18 @@ def _pattention(config: TokenFormerConfig, kind: str, d_out: int | None = None) 
     d = config.hidden_size
     return Pattention(d, d_out or d, getattr(config, f"{kind}_tokens"), config.norm,
                       scale=config.theta_scale(kind), eps=config.theta_eps,
-                      key_init_std=config.init_std, value_init_std=config.value_init_std)
+                      key_init_std=config.init_std, value_init_std=config.value_init_std,
+                      top_k=getattr(config, f"{kind}_top_k", None))
+
+
+def _product_ffn(config: TokenFormerConfig) -> nn.Module:
+    from .product_keys import ProductKeyPattention
+
+    d = config.hidden_size
+    return ProductKeyPattention(d, d, config.ffn_tokens, config.ffn_product_k, config.norm,
+                                scale=config.ffn_scale, eps=config.theta_eps,
+                                key_init_std=config.init_std,
+                                value_init_std=config.value_init_std)
 
 
 class Attention(nn.Module):
@@ -188,7 +200,8 @@ class Block(nn.Module):
         self.input_layernorm = LayerNorm(config.hidden_size, eps, affine)
         self.attention = Attention(config, layer_idx)
         self.post_attention_layernorm = LayerNorm(config.hidden_size, eps, affine)
-        self.mlp = _pattention(config, "ffn")
+        self.mlp = (_pattention(config, "ffn") if getattr(config, "ffn_keys", "dense") == "dense"
+                    else _product_ffn(config))
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, cache: Any | None) -> torch.Tensor:
@@ -392,6 +405,7 @@ class TokenFormerLM(nn.Module):
         use_cache: bool = True,
         generator: torch.Generator | None = None,
         past_key_values: Any | None = None,
+        top_k_tokens: Any | None = None,
     ) -> torch.Tensor:
         """Continue ``input_ids`` [B, T]; returns [B, T + generated].
 
@@ -401,7 +415,22 @@ class TokenFormerLM(nn.Module):
         different lengths are left-padded with ``attention_mask`` marking the real tokens.
         ``past_key_values``: a cache (:class:`KVCache`) already holding the first
         ``get_seq_length()`` tokens of ``input_ids``; only the rest is run through the model.
+        ``top_k_tokens``: sparse Pattention for this call only (each row reads its k largest-|Θ|
+        value rows; a count or fraction for every kind, a dict or ``"ffn=0.25,qkv=64"``;
+        :func:`tokenformer.pattention.top_k_tokens`); None keeps the model's own setting.
         """
+        with _top_k_tokens(self, top_k_tokens):
+            return self._generate(input_ids, max_new_tokens, do_sample=do_sample,
+                                  temperature=temperature, top_k=top_k, top_p=top_p,
+                                  eos_token_id=eos_token_id, attention_mask=attention_mask,
+                                  use_cache=use_cache, generator=generator,
+                                  past_key_values=past_key_values)
+
+    def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool,
+                  temperature: float, top_k: int | None, top_p: float | None,
+                  eos_token_id: int | None, attention_mask: torch.Tensor | None,
+                  use_cache: bool, generator: torch.Generator | None,
+                  past_key_values: Any | None) -> torch.Tensor:
         if max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if do_sample and temperature <= 0:

@@ -45,7 +45,7 @@ def info(spec: str, seq_len: int | None = None) -> str:
     table = [
         ("Pattention Q, K, V", 3 * 2 * d * config.qkv_tokens, 3 * config.qkv_tokens * theta),
         ("Pattention proj", 2 * d * config.proj_tokens, config.proj_tokens * theta),
-        ("Pattention FFN", 2 * d * config.ffn_tokens, fwd["ffn"]),
+        ("Pattention FFN", config.ffn_parameters(), fwd["ffn"]),
         ("token-token attention", 0, fwd["token_attention"]),
         ("layer total", config.block_parameters(), fwd["per_layer"]),
         (f"× {config.num_layers} layers", config.num_layers * config.block_parameters(),
@@ -59,9 +59,10 @@ def info(spec: str, seq_len: int | None = None) -> str:
 def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
                   top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                   tokenizer: str | None = None, device: str = "cpu",
-                  adapters: list[str] | None = None) -> str:
+                  adapters: list[str] | None = None, top_k_tokens: str | None = None) -> str:
     """Load a model (a preset gives a randomly initialised one), with token ``adapters``
-    (tokenformer.adapters) stacked on it, and continue ``prompt``."""
+    (tokenformer.adapters) stacked on it, and continue ``prompt`` (``top_k_tokens``: sparse
+    Pattention for this call, docs/sparse.md)."""
     from ..adapters import load_adapted
     from ..tokenizer import resolve_tokenizer
 
@@ -81,7 +82,8 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
     generator = torch.Generator(device=device).manual_seed(seed)
     out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
                          do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k,
-                         top_p=top_p, eos_token_id=tok.eos_token_id, generator=generator)
+                         top_p=top_p, eos_token_id=tok.eos_token_id, generator=generator,
+                         top_k_tokens=top_k_tokens)
     return tok.decode(out[0].tolist())
 
 
@@ -105,7 +107,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", type=device, default="cpu")
     p.add_argument("--adapter", action="append", default=None, metavar="DIR",
                    help="token adapter trained on this model (repeat to stack; docs/adapt.md)")
+    p.add_argument("--top-k-tokens", default=None, metavar="SPEC",
+                   help="sparse Pattention: each row reads only its k largest-|Θ| parameter "
+                   "tokens; a count or fraction for every Pattention (64, 0.25) or per kind "
+                   "(ffn=0.25,qkv=64); default: the model's own (dense). docs/sparse.md")
     p.set_defaults(func=lambda a: print(generate_text(
         a.model, a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
         top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device,
-        adapters=a.adapter)))
+        adapters=a.adapter, top_k_tokens=a.top_k_tokens)))
