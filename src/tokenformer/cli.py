@@ -36,6 +36,18 @@ def positive(kind: type) -> Callable[[str], Any]:
     return parse
 
 
+def comma_list(kind: type, what: str) -> Callable[[str], list[Any]]:
+    """argparse ``type=`` for comma-separated values of ``kind`` (e.g. ``0,3,5``)."""
+    def parse(text: str) -> list[Any]:
+        try:
+            return [kind(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got "
+                                             f"{text!r}") from None
+
+    return parse
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """``{field: doc}`` from a dataclass's attribute docstrings (the string literal right after a
     field, the convention Sphinx and tyro read), one line each; fields without one are absent."""

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..cli import comma_list
 from ..errors import ConfigError
 
 
@@ -140,18 +141,10 @@ def run_merge(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> int:
     from ..experiments.adapt_bench import run_adapt_bench
-
-    budgets = None
-    if args.budgets is not None:
-        try:
-            budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
-        except ValueError:
-            raise ConfigError(f"--budgets: expected comma-separated fractions like "
-                              f"0.01,0.04, got {args.budgets!r}") from None
     from .scale import experiment_folder
 
     with experiment_folder(args.out, [], "adapt-bench"):
-        results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds, budgets=budgets,
+        results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds, budgets=args.budgets,
                                   progress=False if args.no_progress else None,
                                   threads=args.threads, print_fn=print)
     print(json.dumps(results["verdict_lines"], indent=1) if args.json else
@@ -212,7 +205,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output directory (report.md, results.json, "
                                                 "plots); partial results there are reused")
     p.add_argument("--seeds", type=int, default=None, help="override the preset's seed count")
-    p.add_argument("--budgets", default=None, metavar="F,F,...",
+    p.add_argument("--budgets", type=comma_list(float, "fractions like 0.01,0.04"),
+                   default=None, metavar="F,F,...",
                    help="override the preset's trainable-parameter budgets (fractions of the "
                         "base), e.g. 0.01,0.04,0.16")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")

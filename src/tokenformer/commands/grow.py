@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from .. import checkpoint as ckpt
+from ..cli import comma_list
 from ..errors import CheckpointError
 from ..grow import STRATEGIES, grow_with_optimizer, max_logit_change, refuse_unsupported
 from ..grow import grow as grow_model
@@ -166,18 +167,9 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
 def run(args: argparse.Namespace) -> None:
     unsupported = {key: value for key in ("hidden_size", "num_heads", "vocab_size")
                    if (value := getattr(args, key)) is not None}
-    positions = None
-    if args.positions is not None:
-        from ..errors import GrowthError
-
-        try:
-            positions = [int(p) for p in args.positions.split(",") if p.strip()]
-        except ValueError:
-            raise GrowthError(f"--positions: expected comma-separated block indices, got "
-                              f"{args.positions!r}") from None
     summary = grow_checkpoint(args.checkpoint, args.out, qkv=args.qkv, proj=args.proj,
                               ffn=args.ffn, layers=args.layers, strategy=args.strategy,
-                              positions=positions, seed=args.seed,
+                              positions=args.positions, seed=args.seed,
                               reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
                               progress=not args.no_progress, **unsupported)
     c = summary["config"]
@@ -203,7 +195,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help=f"new {kind} token count, absolute or a multiplier like 2x")
     p.add_argument("--layers", default=None, metavar="N|Kx",
                    help="new total number of blocks (new blocks are the identity under exact)")
-    p.add_argument("--positions", default=None,
+    p.add_argument("--positions", type=comma_list(int, "block indices"), default=None,
                    help="comma-separated indices of the new blocks in the grown model "
                         "(default: spread evenly)")
     p.add_argument("--strategy", choices=STRATEGIES, default="exact")
