@@ -258,6 +258,33 @@ def test_compute_to_reach_by_hand():
     assert below["more_than"] == pytest.approx(1.0) and "ratio" not in below
 
 
+def test_chain_is_compared_with_scratch_at_the_size_it_has_reached():
+    """Hand-made results: a chain S1 → S2 (grown before budget 1) and scratch S1, S2. At budget
+    0 the chain is still S1: no same-size comparison; at budget 1 it is compared with scratch S2
+    (per-seed differences −0.10, −0.12, −0.08: mean −0.10, t interval excludes 0)."""
+    def run(arm, kind, seed, sizes, losses):
+        return {"arm": arm, "kind": kind, "family": "tokenformer", "recipe": None, "lr": 1e-3,
+                "seed": seed, "stages": [{"size": "S1", "parameters": 1,
+                                          "non_embedding_parameters": 1}],
+                "branches": [{"budget_index": j, "loss": x, "flops": 1e10 * (j + 1),
+                              "tokens": 1, "size": z}
+                             for j, (z, x) in enumerate(zip(sizes, losses, strict=True))]}
+    runs = {}
+    for seed, d in enumerate((-0.10, -0.12, -0.08)):
+        runs[f"s1/{seed}"] = run("tokenformer-S1", "scratch", seed, ["S1", "S1"], [3.0, 2.9])
+        runs[f"s2/{seed}"] = run("tokenformer-S2", "scratch", seed, ["S2", "S2"], [3.2, 2.5])
+        runs[f"c/{seed}"] = run("chain-paper", "chain", seed, ["S1", "S2"], [3.1, 2.5 + d])
+    results = {"runs": runs, "budgets": [1e10, 2e10], "sweeps": {}}
+    comps = [c for c in report.summarize(results)["comparisons"]
+             if c["question"] == "chain vs same size from scratch"]
+    assert [(c["budget_index"], c["b"]) for c in comps] == [(1, "tokenformer-S2")]
+    assert comps[0]["mean"] == pytest.approx(-0.10)
+    assert comps[0]["winner"] == "chain-paper" and comps[0]["ci_high"] < 0
+    env = [c for c in report.summarize(results)["comparisons"]
+           if c["question"] == "chain vs envelope"]
+    assert env[0]["b"] == "tokenformer envelope (S1)" and env[0]["mean"] == pytest.approx(0.1)
+
+
 def test_run_arms_resumes_after_a_crash(tmp_path):
     calls = []
 

@@ -101,6 +101,15 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                 c = compare("chain vs envelope", {s: x[0] for s, x in seeds.items()},
                             env[j]["loss"], arm, f"{v['family']} envelope ({env[j]['size']})", j)
                 c.update(chain_size=v["sizes"][j], first_size=v["stages"][0]["size"])
+            # the paper's comparison: the grown model against the same size trained from
+            # scratch with the same compute (not against the best size)
+            same = table.get(f"{v['family']}-{v['sizes'][j]}")
+            if (v["sizes"][j] != v["stages"][0]["size"] and same is not None
+                    and j in same["budgets"]):
+                c = compare("chain vs same size from scratch", {s: x[0] for s, x in seeds.items()},
+                            {s: x[0] for s, x in same["budgets"][j].items()}, arm,
+                            f"{v['family']}-{v['sizes'][j]}", j)
+                c.update(chain_size=v["sizes"][j])
     if "chain-exact" in table and "chain-exact-anneal" in table:
         ex, an = table["chain-exact"]["budgets"], table["chain-exact-anneal"]["budgets"]
         for j in sorted(set(ex) & set(an)):
@@ -190,8 +199,12 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         else:
             head += (f"not resolved below it at any of its {len(cs)} budgets. ")
         if above:
+            # before its first growth a chain is its first size at its final size's LR: a
+            # gap there measures that LR, not growth
             head += ("Resolved above it at " + ", ".join(
-                _budget(results, c["budget_index"]) for c in above) + " FLOPs. ")
+                _budget(results, c["budget_index"])
+                + (" (not yet grown)" if c["chain_size"] == c["first_size"] else "")
+                for c in above) + " FLOPs. ")
         head += (f"Closest once grown: {_budget(results, best['budget_index'])} FLOPs "
                  f"(chain at {best['chain_size']}), Δloss {describe(best)} vs {best['b']}.")
         lines.append(head)
@@ -217,6 +230,17 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         else:
             lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
                          f"the envelope**: not measurable on the budget grid.")
+    same = [c for c in comps if c["question"] == "chain vs same size from scratch"]
+    for arm in dict.fromkeys(c["a"] for c in same):
+        cs = [c for c in same if c["a"] == arm]
+        below = [c for c in cs if c["winner"] == arm]
+        above = [c for c in cs if c["winner"] is not None and c["winner"] != arm]
+        last = cs[-1]
+        lines.append(f"**{arm} vs from scratch at the size it has reached (the paper's "
+                     f"comparison, not the best size):** lower (resolved) at {len(below)}, "
+                     f"higher (resolved) at {len(above)} of {len(cs)} budgets after its first "
+                     f"growth; at {_budget(results, last['budget_index'])} FLOPs "
+                     f"Δloss {describe(last)} vs {last['b']}.")
     anneal = [c for c in comps if c["question"] == "anneal vs held"]
     if anneal:
         last = anneal[-1]
