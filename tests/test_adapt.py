@@ -372,3 +372,30 @@ def test_public_api() -> None:
 
     assert tokenformer.adapt is ad.adapt and tokenformer.merge is ad.merge
     assert tokenformer.load_adapter is ad.load_adapter
+
+
+@pytest.mark.parametrize("optimum, chosen, added, edge", [
+    (5e-3, 3e-3, [], False),                  # inside the grid: no extension
+    (0.5, 0.27, [0.09, 0.27], True),          # beyond the top: two extensions, still at the edge
+    (2e-4, 3.333e-4, [3.333e-4, 1.111e-4], False),  # one step below suffices; the next is worse
+])
+def test_adapt_bench_lr_tuning_extends_past_an_edge(optimum, chosen, added, edge):
+    """A hand-made loss with its minimum at ``optimum`` (|log lr − log optimum|): the pick is the
+    argmin of the points tried, a pick on the grid's edge adds one log step beyond it (at most
+    twice per side), and each point is evaluated once."""
+    from tokenformer.experiments.adapt_bench import tune_lr
+
+    calls: list[float] = []
+
+    def loss_of(lr: float) -> float:
+        calls.append(lr)
+        return abs(math.log(lr / optimum))
+
+    out = tune_lr([1e-3, 3e-3, 1e-2, 3e-2], 2, loss_of)
+    assert out["lr"] == pytest.approx(chosen, rel=1e-3)
+    assert out["added"] == pytest.approx(added, rel=1e-3)
+    assert out["edge"] is edge
+    assert len(calls) == len(set(calls)) == 4 + len(added)
+    assert out["lr"] == min(out["grid"], key=lambda lr: out["losses"][lr])
+    nan_pick = tune_lr([1e-3, 3e-3, 1e-2], 0, lambda lr: math.nan if lr == 3e-3 else lr)
+    assert nan_pick["lr"] == 1e-3 and nan_pick["losses"][3e-3] == math.inf
