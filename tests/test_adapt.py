@@ -339,6 +339,12 @@ def test_cli_bad_tokens(tmp_path: Path, dataset_dir: Path, capsys, tokens: str,
 def test_adapt_bench_end_to_end(tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("peft")
     pytest.importorskip("scipy")
+    from importlib.metadata import version
+
+    from tokenformer.experiments.adapt_bench import CODE_PACKAGE, CODE_VERSION
+    if version(CODE_PACKAGE) != CODE_VERSION:  # the corpus is that release's source, exactly
+        pytest.skip(f"the code corpus needs {CODE_PACKAGE}=={CODE_VERSION}, "
+                    f"found {version(CODE_PACKAGE)}")
     monkeypatch.setenv("TOKENFORMER_CACHE", str(tmp_path / "cache"))
     from tokenformer.experiments.adapt_bench import run_adapt_bench
 

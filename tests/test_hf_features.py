@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
 from transformers import (
     AutoModel,
@@ -70,6 +70,8 @@ def pattention_calls(model: H.TokenFormerPreTrainedModel) -> list[int]:
 @pytest.mark.parametrize("enable", ["gradient_checkpointing_enable",
                                     "activation_checkpointing_enable"])
 def test_gradient_checkpointing_same_loss_and_gradients(enable):
+    if not hasattr(transformers.PreTrainedModel, enable):  # the alias is newer than 5.0.0
+        pytest.skip(f"transformers {transformers.__version__} has no {enable}")
     plain = causal_lm().train()
     checkpointed = copy.deepcopy(plain)
     getattr(checkpointed, enable)()
@@ -191,7 +193,7 @@ def test_attn_implementation_accepted(folder, attn):
 
 
 @pytest.mark.parametrize(("attn", "message"), [
-    ("flash_attention_2", "does not support Flash Attention 2 yet"),
+    ("flash_attention_2", r"does not support Flash Attention 2(\.0)? yet"),  # 5.0.0 says 2.0
     ("flex_attention", "does not support an attention implementation through torch's flex")])
 def test_other_attn_implementations_refused_by_transformers(folder, attn, message):
     with pytest.raises(ValueError, match=message):

@@ -81,7 +81,7 @@ def test_constraints_file_pins_the_lowest_tested_versions():
     lines = (ROOT / ".ci" / "lowest.txt").read_text().splitlines()
     pins = dict(line.strip().split("==") for line in lines
                 if line.strip() and not line.startswith("#"))
-    for name in ("transformers", "lm-eval", "accelerate", "datasets"):
+    for name in ("transformers", "lm-eval", "accelerate", "datasets", "peft", "Jinja2"):
         floor = re.search(r">=\s*([\w.]+)", next(
             spec for e in extras.values() for n, spec in _requirements(e).items() if n == name))
         assert pins[name] == floor.group(1) or pins[name].startswith(floor.group(1) + "."), name
