@@ -448,18 +448,27 @@ def prune_seeds(args: argparse.Namespace) -> dict:
     families = {"tokenformer": (args.tokenformer, [f"{k}/{b}" for k in ("ffn", "all")
                                                    for b in args.by]),
                 "transformer++": (args.transformer, [f"mlp/{b}" for b in MLP_BY])}
-    sweeps, rows = {}, []
-    for family, (paths, arms) in families.items():
-        factor = args.lr_factors[0]
-        if args.finetune_steps and len(args.lr_factors) > 1:
-            sweeps[family] = finetune_lr_sweep(paths[0], arms[0], args)
-            factor = sweeps[family]["chosen"]
-        for path in paths:
-            rows += [{**r, "family": family, "lr_factor": factor}
-                     for r in prune_run(path, arms, factor, args)]
+    if args.from_json:  # re-render the report of an earlier run's JSON, measuring nothing
+        saved = json.loads(Path(args.from_json).read_text())
+        sweeps, rows = saved["sweeps"], saved["rows"]
+        for sweep in sweeps.values():
+            sweep["losses"] = {float(f): v for f, v in sweep["losses"].items()}
+    else:
+        sweeps, rows = {}, []
+        for family, (paths, arms) in families.items():
+            factor = args.lr_factors[0]
+            if args.finetune_steps and len(args.lr_factors) > 1:
+                sweeps[family] = finetune_lr_sweep(paths[0], arms[0], args)
+                factor = sweeps[family]["chosen"]
+            for path in paths:
+                rows += [{**r, "family": family, "lr_factor": factor}
+                         for r in prune_run(path, arms, factor, args)]
 
-    def values(family: str, arm: str, frac: float, key: str) -> dict[int, float]:
-        ref = {r["seed"]: r[key] for r in rows if r["family"] == family and r["pruned"] == 0}
+    def values(family: str, arm: str, frac: float, key: str, ref_key: str | None = None
+               ) -> dict[int, float]:
+        """Per seed: ``key`` of the arm minus ``ref_key`` (default ``key``) of the unpruned."""
+        ref = {r["seed"]: r[ref_key or key] for r in rows
+               if r["family"] == family and r["pruned"] == 0}
         return {r["seed"]: r[key] - ref[r["seed"]] for r in rows
                 if r["family"] == family and r["arm"] == arm and r["pruned"] == frac}
 
@@ -476,6 +485,9 @@ def prune_seeds(args: argparse.Namespace) -> dict:
                                            and r["arm"] == arm and r["pruned"] == frac])
                     entry[f"delta_{key}"] = interval(list(values(family, arm, frac,
                                                                  key).values()))
+                if "finetuned" in keys:  # the tuned model vs the original unpruned one
+                    entry["delta_finetuned_vs_original"] = interval(list(values(
+                        family, arm, frac, "finetuned", "val_loss").values()))
                 summary.append(entry)
     tests = []
     for frac in PRUNED[1:]:
@@ -512,10 +524,12 @@ def prune_seeds(args: argparse.Namespace) -> dict:
                      + (" (at the grid's edge)" if sweep["at_edge"] else "") + ".")
     lines += ["", "Δ val loss vs the model's own unpruned loss (fine-tuned rows: vs the unpruned "
               "model fine-tuned the same way), mean [95 % interval] over seeds:", "",
-              "| pruned | arm | parameters | Δ no fine-tune | Δ after fine-tune |",
-              "|---:|---|---:|---:|---:|"]
+              "| pruned | arm | parameters | Δ no fine-tune | Δ after fine-tune | "
+              "fine-tuned − unpruned original |", "|---:|---|---:|---:|---:|---:|"]
     for e in summary:
-        ft = cell(e["delta_finetuned"]["values"]) if "finetuned" in e else "–"
+        ft = (f"{cell(e['delta_finetuned']['values'])} | "
+              f"{cell(e['delta_finetuned_vs_original']['values'])}" if "finetuned" in e
+              else "– | –")
         lines.append(f"| {e['pruned']:.0%} | {e['family']} {e['arm']} | {e['params']:,} | "
                      f"{cell(e['delta_val_loss']['values'])} | {ft} |")
     lines += ["", "TokenFormer FFN pruning vs Transformer++ MLP pruning: difference of the Δs "
@@ -816,6 +830,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--lr-factors", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0],
                    help="fine-tune peak LR factors; several: swept on the first run")
     r.add_argument("--sweep-fraction", type=float, default=0.5)
+    r.add_argument("--from-json", default=None,
+                   help="re-render the report from this earlier --json output (no measuring)")
     g = sub.add_parser("plot")
     g.add_argument("quality_json")
     g.add_argument("prune_json")
