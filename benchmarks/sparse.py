@@ -489,14 +489,20 @@ def prune_seeds(args: argparse.Namespace) -> dict:
                     entry["delta_finetuned_vs_original"] = interval(list(values(
                         family, arm, frac, "finetuned", "val_loss").values()))
                 summary.append(entry)
+    # the declared questions: TokenFormer's default criterion against both MLP criteria, and
+    # the best-looking against the data-free criterion within each family
+    questions = [("tokenformer", "ffn/contribution", "transformer++", f"mlp/{b}")
+                 for b in MLP_BY]
+    questions += [("tokenformer", f"{k}/contribution", "tokenformer", f"{k}/value")
+                  for k in ("ffn", "all") if "contribution" in args.by and "value" in args.by]
+    questions.append(("transformer++", "mlp/activation", "transformer++", "mlp/magnitude"))
     tests = []
     for frac in PRUNED[1:]:
         for key in keys:
-            for tpp_arm in families["transformer++"][1]:
-                for tf_arm in dict.fromkeys(("ffn/contribution", f"ffn/{args.by[0]}")):
-                    c = paired(tf_arm, tpp_arm, values("tokenformer", tf_arm, frac, key),
-                               values("transformer++", tpp_arm, frac, key)).to_dict()
-                    tests.append({**c, "pruned": frac, "key": key})
+            for fa, a, fb, b in questions:
+                c = paired(f"{fa} {a}", f"{fb} {b}", values(fa, a, frac, key),
+                           values(fb, b, frac, key)).to_dict()
+                tests.append({**c, "pruned": frac, "key": key})
     base = paired("tokenformer", "transformer++",
                   {r["seed"]: r["val_loss"] for r in rows
                    if r["family"] == "tokenformer" and r["pruned"] == 0},
@@ -532,9 +538,9 @@ def prune_seeds(args: argparse.Namespace) -> dict:
               else "– | –")
         lines.append(f"| {e['pruned']:.0%} | {e['family']} {e['arm']} | {e['params']:,} | "
                      f"{cell(e['delta_val_loss']['values'])} | {ft} |")
-    lines += ["", "TokenFormer FFN pruning vs Transformer++ MLP pruning: difference of the Δs "
-              "(TokenFormer − Transformer++), paired by seed:", "",
-              "| pruned | fine-tuned | TokenFormer | Transformer++ | Δ(TF) − Δ(T++) | verdict |",
+    lines += ["", "Paired by seed: difference of the Δs (a − b; across families each Δ is vs its "
+              "own unpruned model):", "",
+              "| pruned | fine-tuned | a | b | Δ(a) − Δ(b) | verdict |",
               "|---:|---|---|---|---:|---|"]
     for t in tests:
         lines.append(f"| {t['pruned']:.0%} | {'yes' if t['key'] == 'finetuned' else 'no'} | "
@@ -702,7 +708,7 @@ def plot_seeds(quality_json: str, prune_json: str, out_dir: str, name: str) -> N
     def line(ax, xs, entries, **kw):
         ax.plot(xs, [e["mean"] for e in entries], marker="o", **kw)
         ax.fill_between(xs, [e["low"] for e in entries], [e["high"] for e in entries],
-                        alpha=0.2, color=ax.lines[-1].get_color())
+                        alpha=0.12, color=ax.lines[-1].get_color())
 
     q = json.loads(Path(quality_json).read_text())
     zero = {"mean": 0.0, "low": 0.0, "high": 0.0}
@@ -713,7 +719,8 @@ def plot_seeds(quality_json: str, prune_json: str, out_dir: str, name: str) -> N
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k / n (tokens read per row)")
     ax.set_ylabel("Δ val loss vs dense (nats/token)")
-    ax.set_title(f"Top-k Pattention, {len(q['models'])} seeds (band: 95 % CI)")
+    ax.set_title(f"Top-k Pattention, {name} model, {len(q['models'])} seeds (band: 95 % CI)",
+                 fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -724,6 +731,8 @@ def plot_seeds(quality_json: str, prune_json: str, out_dir: str, name: str) -> N
     fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.0), sharey=False,
                              squeeze=False)
     styles = {"ffn": "-", "all": ":", "mlp": "--"}
+    colors = {"contribution": "C0", "mass": "C1", "value": "C2", "magnitude": "black",
+              "activation": "C4"}
     for ax, key in zip(axes[0], keys, strict=True):
         for family, arm in dict.fromkeys((e["family"], e["arm"]) for e in summary):
             rows = [e[f"delta_{key}"] for e in summary if e["family"] == family
@@ -731,6 +740,7 @@ def plot_seeds(quality_json: str, prune_json: str, out_dir: str, name: str) -> N
             xs = [0.0] + [e["pruned"] for e in summary if e["family"] == family
                           and e["arm"] == arm]
             line(ax, xs, [zero, *rows], linestyle=styles[arm.split("/")[0]],
+                 color=colors[arm.split("/")[1]],
                  label=f"{'TF' if family == 'tokenformer' else 'T++'} {arm}")
         ax.set_xlabel("fraction removed")
         ax.set_ylabel("Δ val loss vs unpruned (nats/token)")
