@@ -490,11 +490,13 @@ def prune_seeds(args: argparse.Namespace) -> dict:
                         family, arm, frac, "finetuned", "val_loss").values()))
                 summary.append(entry)
     # the declared questions: TokenFormer's default criterion against both MLP criteria, and
-    # the best-looking against the data-free criterion within each family
+    # against the data-free criteria (value; newest = index order, which carries no meaning
+    # in a model trained from scratch: an arbitrary-choice control) within each family
     questions = [("tokenformer", "ffn/contribution", "transformer++", f"mlp/{b}")
                  for b in MLP_BY]
-    questions += [("tokenformer", f"{k}/contribution", "tokenformer", f"{k}/value")
-                  for k in ("ffn", "all") if "contribution" in args.by and "value" in args.by]
+    questions += [("tokenformer", f"{k}/contribution", "tokenformer", f"{k}/{other}")
+                  for other in ("value", "newest") for k in ("ffn", "all")
+                  if "contribution" in args.by and other in args.by]
     questions.append(("transformer++", "mlp/activation", "transformer++", "mlp/magnitude"))
     tests = []
     for frac in PRUNED[1:]:
@@ -731,8 +733,8 @@ def plot_seeds(quality_json: str, prune_json: str, out_dir: str, name: str) -> N
     fig, axes = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4.0), sharey=False,
                              squeeze=False)
     styles = {"ffn": "-", "all": ":", "mlp": "--"}
-    colors = {"contribution": "C0", "mass": "C1", "value": "C2", "magnitude": "black",
-              "activation": "C4"}
+    colors = {"contribution": "C0", "mass": "C1", "value": "C2", "newest": "C3",
+              "magnitude": "black", "activation": "C4"}
     for ax, key in zip(axes[0], keys, strict=True):
         for family, arm in dict.fromkeys((e["family"], e["arm"]) for e in summary):
             rows = [e[f"delta_{key}"] for e in summary if e["family"] == family
