@@ -359,7 +359,12 @@ def test_adapt_bench_end_to_end(tmp_path: Path, monkeypatch) -> None:
             assert cell["off_exact"] and cell["base_unchanged"]
     full = next(c for c in cells if c["arm"] == "full")
     assert full["trainable"] == results["base_parameters"]["tokenformer"]
-    assert results["tuning"]["tok-ffn"]["grid"] == [1e-2, 3e-2]
+    assert results["tuning"]["tok-ffn@0.05"]["grid"] == [1e-2, 3e-2]
+    assert set(results["tuning"]) == {"tok-ffn@0.05", "tok-all@0.05", "lora-ffn@0.05",
+                                      "lora-tpp@0.05", "full"}
+    for r in results["runs"]:  # every measured run uses its (arm, budget)'s pick
+        key = "full" if r["arm"] == "full" else f"{r['arm']}@{r['budget']:g}"
+        assert r["lr"] == results["tuning"][key]["lr"]
 
     # A rerun with one more seed reuses the pretrained bases and every finished run: it trains
     # exactly the five new (arm, seed) runs.
