@@ -403,6 +403,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
     p = results["preset"]
     table = arms(results)
     pk = [f for f in p["families"] if f not in DENSE_FAMILIES]
+    growth = bool(p["chains"] or p["widenings"])
     pk_stages = [v["stages"][0] for v in table.values()
                  if v["kind"] == "scratch" and v["family"] in pk]
     m = results["machine"]
@@ -494,9 +495,9 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
               f"schedule (seed 0) at each peak LR of a factor-2 log grid; the chosen LR is the "
               f"argmin of the final validation loss. When the argmin is the grid's smallest or "
               f"largest value the grid is extended by one factor beyond it (at most "
-              f"{p['max_extensions']} times per side); a choice still at an edge is flagged. "
-              f"Growth chains use their final size's LR for the whole run (the LR does not move "
-              f"at growth).", "",
+              f"{p['max_extensions']} times per side); a choice still at an edge is flagged."
+              + (" Growth chains use their final size's LR for the whole run (the LR does not "
+                 "move at growth)." if growth else ""), "",
               markdown_table(["family-size", "LR: loss", "chosen", "grid"], rows, "llll"), ""]
     lines += ["## Method", "",
               f"- Sizes: TokenFormer d = {p['hidden_size']}, {p['num_layers']} layers, "
@@ -519,14 +520,16 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
               f"at each budget ({p['num_budgets']} budgets, ×{p['budget_ratio']:g} apart, up to "
               f"{p['max_budget']:.3g} FLOPs). AdamW β (0.9, 0.95), weight decay "
               f"{p['weight_decay']}, clipping {p['grad_clip']}.",
-              f"- Growth chains S1 → … grow in the stable phase when their cumulative FLOPs reach "
+              *([f"- Growth chains S1 → … grow in the stable phase when their cumulative FLOPs "
+              f"reach "
               f"{', '.join(f'{x:g}' for x in p['growth_fractions'])} × the largest budget; "
               f"AdamW moments carried, new rows' second moments `{p['new_row_moments']}`; a "
               f"branch cools down the size reached at its decay start. `exact-anneal`: exact "
               f"growth, then Θ's factor moves linearly from its held value to √n of the new "
               f"size over {p['anneal_steps']} steps. `widen-*`: the Transformer++ chain grown by "
               f"MLP widening (zero: new units' outgoing weights zero; net2net: duplicated "
-              f"units, split outgoing weights), moments carried (new units zero).",
+              f"units, split outgoing weights), moments carried (new units zero)."]
+                if growth else []),
               "- FLOPs: `flops_per_token(config, seq_len, training=True)` × tokens (matmuls "
               "2·m·n·k, token-token attention over the full context T, backward = 2× forward); "
               "evaluation not counted. Validation loss on "
