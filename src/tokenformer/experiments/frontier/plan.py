@@ -12,6 +12,11 @@ LR sweeps: per (family, size), a grid of peak LRs at ``sweep_steps`` steps (same
 seed 0, one branch at the end); the final runs of that size use the argmin (the runner extends
 the grid when the argmin sits on an edge). A chain uses the LR of its final size for its whole
 run: the LR does not move at growth.
+
+Families: ``tokenformer``, ``transformer++`` (matched to each TokenFormer size in non-embedding
+parameters) and the product-key TokenFormers ``tokenformer-pk16``/``-pk64`` (each size's FFN
+replaced by product keys over ≈ 16×/64× its tokens at the dense FLOPs per token; issue 18, preset
+``sparse``); the last two train from scratch only.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ at a budget is its size with the lowest mean validation loss over seeds at that 
 per-seed values are that size's seeds, so comparisons with a chain (same seeds, same batches)
 are paired (:mod:`..stats`). Picking the size by the mean of the same seeds favours the envelope
 slightly (a minimum over sizes); the verdict names a chain better only when its interval
-excludes 0 in spite of that.
+excludes 0 in spite of that. Envelopes of two families (TokenFormer vs Transformer++, a
+product-key family vs each) are compared the same way, seed by seed, at every budget.
 """
 
 from __future__ import annotations
