@@ -24,6 +24,7 @@ from common import (
 
 from tokenformer.baselines import model_class
 from tokenformer.experiments.frontier.plan import (
+    arch,
     estimate_seconds,
     get_preset,
     model_configs,
@@ -48,7 +49,7 @@ def main() -> int:
     for family in preset.families:
         for size, config in zip(preset.sizes, model_configs(preset, family, 256), strict=True):
             torch.manual_seed(0)
-            model = model_class(family)(config)
+            model = model_class(arch(family))(config)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
             def step(model=model, opt=opt) -> None:

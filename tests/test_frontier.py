@@ -40,7 +40,7 @@ TINY = dataclasses.replace(
 
 
 # ---------------------------------------------------------------------------------- the plan
-@pytest.mark.parametrize("name", ["quick", "full", "gpu", "tiny"])
+@pytest.mark.parametrize("name", ["quick", "full", "sparse", "gpu", "tiny"])
 def test_every_run_of_every_preset_uses_one_wsd_family(name):
     preset = TINY if name == "tiny" else get_preset(name)
     runs = plan(preset, 256) + plan_.sweep_plan(preset, 256)

@@ -12,6 +12,11 @@ LR sweeps: per (family, size), a grid of peak LRs at ``sweep_steps`` steps (same
 seed 0, one branch at the end); the final runs of that size use the argmin (the runner extends
 the grid when the argmin sits on an edge). A chain uses the LR of its final size for its whole
 run: the LR does not move at growth.
+
+Families: ``tokenformer``, ``transformer++`` (matched to each TokenFormer size in non-embedding
+parameters) and the product-key TokenFormers ``tokenformer-pk16``/``-pk64`` (each size's FFN
+replaced by product keys over ≈ 16×/64× its tokens at the dense FLOPs per token; issue 18, preset
+``sparse``); the last two train from scratch only.
 """
 
 from __future__ import annotations
@@ -28,7 +33,13 @@ from ...grow import NEW_ROW_MOMENTS, STRATEGIES
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")
-FAMILIES = ("tokenformer", "transformer++")
+# product-key TokenFormers (issue 18): family → FFN tokens as a multiple of the dense size's
+PRODUCT_KEY_FAMILIES = {"tokenformer-pk16": 16, "tokenformer-pk64": 64}
+DENSE_FAMILIES = ("tokenformer", "transformer++")  # a preset's default
+FAMILIES = (*DENSE_FAMILIES, *PRODUCT_KEY_FAMILIES)  # every family a preset may name
+# a product-key size's FFN forward FLOPs/token may differ from the dense size's by at most this
+# (k is an integer: one more selected token changes the FFN's count by 2d + Θ's work)
+PK_FLOPS_TOLERANCE = 0.01
 CHAINS = (*STRATEGIES, "exact-anneal")  # growth recipes of TokenFormer chains
 WIDENINGS = ("zero", "net2net")  # MLP widening of the Transformer++ chain
 MAX_EPOCHS = 4.0  # no run may see the training split more often than this
@@ -62,7 +73,7 @@ class Preset:
     sweep_steps: int = 250
     max_extensions: int = 2  # grid points the runner may add beyond an edge, per side
     seeds: int = 3
-    families: tuple[str, ...] = FAMILIES
+    families: tuple[str, ...] = DENSE_FAMILIES
     chains: tuple[str, ...] = CHAINS
     widenings: tuple[str, ...] = WIDENINGS
     # cumulative fraction of max_budget at which the chains grow, one per growth: the chain is
@@ -87,6 +98,8 @@ class Preset:
 
     @property
     def sizes(self) -> tuple[str, ...]:
+        """Size names S1… (the same names in every family: a family's Si is built from the
+        dense TokenFormer Si)."""
         return SIZE_NAMES[:self.num_sizes]
 
     @property
@@ -129,6 +142,16 @@ PRESETS: dict[str, Preset] = {
         families=("tokenformer",), chains=("paper",), widenings=(), sweep_steps=60,
         min_steps=60, warmup_steps=20, growth_fractions=(0.125, 0.25, 0.5), anneal_steps=50),
     "full": _CPU,
+    # issue 18: product keys with 16× the FFN tokens at the dense FLOPs/token vs dense TokenFormer
+    # and Transformer++, from scratch only, S1–S2 (the full preset's envelope sizes up to 2e12
+    # FLOPs; S3 never was) and three budgets over one decade; sized for well under 60 min of
+    # one CPU thread on shared cores (the product-key FFN is 5–9× slower per FLOP on this CPU,
+    # docs/sparse.md), hence also min_steps as in the quick preset and shorter sweeps
+    "sparse": dataclasses.replace(
+        _CPU, name="sparse", num_sizes=2, families=("tokenformer", "transformer++",
+                                                    "tokenformer-pk16"),
+        chains=(), widenings=(), growth_fractions=(), max_budget=1e12, num_budgets=3,
+        budget_ratio=10 ** 0.5, min_steps=60, sweep_steps=200),
     "gpu": dataclasses.replace(
         _CPU, name="gpu", hidden_size=256, num_layers=6, num_heads=8,
         base_tokens=(128, 128, 512), seq_len=512, batch_size=32, max_budget=2e16,
@@ -256,9 +279,42 @@ def branch_for(stages: tuple[Stage, ...], index: int, budget: float, preset: Pre
     return Branch(index, budget, n, decay_start(n, preset), total(n))
 
 
+def arch(family: str) -> str:
+    """The model architecture (``baselines.model_class`` / the trainer's ``arch``) of a family:
+    a product-key family is a TokenFormer."""
+    return "transformer++" if family == "transformer++" else "tokenformer"
+
+
+def product_key_config(dense: TokenFormerConfig, ratio: int, name: str | None = None
+                       ) -> TokenFormerConfig:
+    """``dense`` with its FFN Pattention replaced by product keys over n = s² ≈ ``ratio`` × its
+    FFN tokens (s = the nearest integer to √(ratio·n)) and the top-k whose analytic FFN FLOPs per
+    token are closest to the dense FFN's (``config.projection_flops``: sub-key scores 2·s·d,
+    min(k, s)² candidate sums, Θ over k, k value rows 2·k·d). Everything else is ``dense``'s, so
+    the whole model's FLOPs per token match too."""
+    target = dense.projection_flops()[1]
+    s = round(math.sqrt(ratio * dense.ffn_tokens))
+    base = dataclasses.replace(dense, ffn_keys="product", ffn_tokens=s * s, ffn_scale=None,
+                               name=name or f"{dense.name}-pk{ratio}")
+
+    def ffn(k: int) -> float:
+        return dataclasses.replace(base, ffn_product_k=k).projection_flops()[1]
+
+    lo, hi = 1, s * s  # ffn(k) increases with k: the smallest k with ffn(k) >= target
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if ffn(mid) < target else (lo, mid)
+    k = min((lo, max(lo - 1, 1)), key=lambda c: (abs(ffn(c) - target), c))
+    if abs(ffn(k) / target - 1) > PK_FLOPS_TOLERANCE:
+        raise ConfigError(f"frontier: no top-k of {s * s} product keys matches the dense FFN's "
+                          f"{target:.0f} FLOPs/token within {PK_FLOPS_TOLERANCE:.0%}")
+    return dataclasses.replace(base, ffn_product_k=k)
+
+
 def model_configs(preset: Preset, family: str, vocab_size: int) -> list[Any]:
-    """Every size of ``family``: TokenFormers with ``factor``× the tokens per size, and the
-    Transformer++ matched to each in non-embedding parameters (MLP width)."""
+    """Every size of ``family``: TokenFormers with ``factor``× the tokens per size, the
+    Transformer++ matched to each in non-embedding parameters (MLP width), and the product-key
+    TokenFormers matched to each in FLOPs per token (:func:`product_key_config`)."""
     from ...baselines import matched_config
 
     out = []
@@ -269,8 +325,11 @@ def model_configs(preset: Preset, family: str, vocab_size: int) -> list[Any]:
                                qkv_tokens=q, proj_tokens=p, ffn_tokens=f,
                                max_seq_len=preset.seq_len, eos_token_id=None,
                                name=f"tokenformer-{name}")
-        out.append(tf if family == "tokenformer" else
-                   matched_config(tf, family, name=f"{family}-{name}"))
+        if family in PRODUCT_KEY_FAMILIES:
+            out.append(product_key_config(tf, PRODUCT_KEY_FAMILIES[family], f"{family}-{name}"))
+        else:
+            out.append(tf if family == "tokenformer" else
+                       matched_config(tf, family, name=f"{family}-{name}"))
     return out
 
 
@@ -317,7 +376,8 @@ def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None) -> li
                 runs.append(_with_branches(preset, f"{family}-{size}", "scratch", family, seed,
                                            stages, budgets, f"{family}-{size}"))
             chain = preset.chain_sizes
-            recipes = (preset.chains if family == "tokenformer" else preset.widenings)
+            recipes = {"tokenformer": preset.chains, "transformer++": preset.widenings}.get(
+                family, ())  # product-key families: from scratch only
             for recipe in recipes:
                 arm = (f"chain-{recipe}" if family == "tokenformer" else f"widen-{recipe}")
                 stages = chain_stages(preset, configs[:len(chain)])

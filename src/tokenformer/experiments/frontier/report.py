@@ -5,7 +5,8 @@ at a budget is its size with the lowest mean validation loss over seeds at that 
 per-seed values are that size's seeds, so comparisons with a chain (same seeds, same batches)
 are paired (:mod:`..stats`). Picking the size by the mean of the same seeds favours the envelope
 slightly (a minimum over sizes); the verdict names a chain better only when its interval
-excludes 0 in spite of that.
+excludes 0 in spite of that. Envelopes of two families (TokenFormer vs Transformer++, a
+product-key family vs each) are compared the same way, seed by seed, at every budget.
 """
 
 from __future__ import annotations
@@ -16,8 +17,24 @@ from typing import Any
 
 from ..common import fmt, have_matplotlib, markdown_table
 from ..stats import RULE, describe, format_p, paired, t_interval
+from .plan import DENSE_FAMILIES
 
-FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++"}
+FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
+                "tokenformer-pk16": "product-key TokenFormer (16× FFN tokens)",
+                "tokenformer-pk64": "product-key TokenFormer (64× FFN tokens)"}
+STYLES = {"tokenformer": "-", "transformer++": "--", "tokenformer-pk16": ":",
+          "tokenformer-pk64": "-."}
+ENVELOPE_COLOR = {"tokenformer": "black", "transformer++": "dimgray",
+                  "tokenformer-pk16": "tab:red", "tokenformer-pk64": "tab:purple"}
+
+
+def envelope_pairs(families: list[str]) -> list[tuple[str, str]]:
+    """The envelope comparisons (a, b) the report makes among ``families``: TokenFormer vs
+    Transformer++, and every product-key family vs each of them (issue 18: does parameter count
+    at constant FLOPs buy loss?)."""
+    base = [f for f in ("tokenformer", "transformer++") if f in families]
+    pairs = [("tokenformer", "transformer++")] if len(base) == 2 else []
+    return pairs + [(f, b) for f in families if f not in DENSE_FAMILIES for b in base]
 
 
 # ------------------------------------------------------------------------------------ tables
@@ -115,12 +132,14 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         for j in sorted(set(ex) & set(an)):
             compare("anneal vs held", {s: x[0] for s, x in an[j].items()},
                     {s: x[0] for s, x in ex[j].items()}, "chain-exact-anneal", "chain-exact", j)
-    if len(envs) == 2:
-        tf, tpp = envs["tokenformer"], envs["transformer++"]
-        for j in sorted(set(tf) & set(tpp)):
-            compare("tokenformer vs transformer++", tf[j]["loss"], tpp[j]["loss"],
-                    f"TokenFormer envelope ({tf[j]['size']})",
-                    f"Transformer++ envelope ({tpp[j]['size']})", j)
+    for fa, fb in envelope_pairs(families):
+        ea, eb = envs[fa], envs[fb]
+        for j in sorted(set(ea) & set(eb)):
+            c = compare(f"{fa} vs {fb}", ea[j]["loss"], eb[j]["loss"],
+                        f"{FAMILY_LABEL[fa]} envelope ({ea[j]['size']})",
+                        f"{FAMILY_LABEL[fb]} envelope ({eb[j]['size']})", j)
+            c.update(families=[fa, fb], parameters=[ea[j]["non_embedding_parameters"],
+                                                    eb[j]["non_embedding_parameters"]])
     reach = {arm: compute_to_reach(table[arm], envs[table[arm]["family"]])
              for arm, v in table.items() if v["kind"] in ("chain", "widen")
              and envs.get(v["family"])}
@@ -165,6 +184,30 @@ def compute_to_reach(arm: dict[str, Any], env: dict[int, dict[str, Any]]) -> dic
         ci = t_interval(logs)
         out.update(ratio=math.exp(ci.mean), low=math.exp(ci.low), high=math.exp(ci.high),
                    p_value=ci.p_value)
+    return out
+
+
+def wall_clock(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per from-scratch arm: measured seconds per training step (mean over its seeds' final runs,
+    stable phase and cooldowns; the runner's per-step tokens/s) and, per budget index, the
+    training seconds of that budget's run (its steps × seconds per step). Machine-dependent:
+    read from ``timing``, never from the training results."""
+    timing = results.get("timing", {}).get("runs", {})
+    out: dict[str, dict[str, Any]] = {}
+    for run_id, run in results["runs"].items():
+        t = timing.get(run_id, {}).get("step_time", {})
+        size = run["stages"][0]["size"]
+        if run["kind"] != "scratch" or not t.get(size) or not t[size][0]:
+            continue
+        n, total = t[size]
+        arm = out.setdefault(run["arm"], {"family": run["family"], "size": size,
+                                          "per_seed": {}, "steps": {}})
+        arm["per_seed"][run["seed"]] = total / n
+        for b in run["branches"]:
+            arm["steps"][b["budget_index"]] = b["steps"]
+    for arm in out.values():
+        arm["seconds_per_step"] = _mean(list(arm["per_seed"].values()))
+        arm["seconds"] = {j: steps * arm["seconds_per_step"] for j, steps in arm["steps"].items()}
     return out
 
 
@@ -252,14 +295,24 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
                                                       f"{_budget(results, c['budget_index'])}"
                                                       for c in resolved) + ")" if resolved
                                       else "") + "."))
-    arch = [c for c in comps if c["question"] == "tokenformer vs transformer++"]
-    if arch:
-        tf_better = [c for c in arch if c["winner"] == c["a"]]
-        tpp_better = [c for c in arch if c["winner"] == c["b"]]
-        lines.append("**TokenFormer's envelope vs Transformer++'s:** "
-                     f"TokenFormer lower (resolved) at {len(tf_better)}, Transformer++ lower "
-                     f"(resolved) at {len(tpp_better)} of {len(arch)} budgets; at the largest, "
-                     f"Δloss {describe(arch[-1])} (TokenFormer − Transformer++).")
+    for fa, fb in envelope_pairs(sorted({f for c in comps for f in c.get("families", ())})):
+        cs = [c for c in comps if c["question"] == f"{fa} vs {fb}"]
+        if not cs:
+            continue
+        la, lb = FAMILY_LABEL[fa], FAMILY_LABEL[fb]
+        a_better = [c for c in cs if c["winner"] == c["a"]]
+        b_better = [c for c in cs if c["winner"] == c["b"]]
+        line = (f"**{la} envelope vs {lb} envelope:** {la} lower (resolved) at "
+                f"{len(a_better)}, "
+                f"{lb} lower (resolved) at {len(b_better)} of {len(cs)} budgets; ")
+        if fa in DENSE_FAMILIES:
+            line += f"at the largest, Δloss {describe(cs[-1])} ({la} − {lb})."
+        else:  # product keys: every budget, with the parameters each envelope spends
+            line += ("Δloss (" + la + " − " + lb + ") " + "; ".join(
+                f"at {_budget(results, c['budget_index'])} FLOPs {describe(c)} "
+                f"({c['parameters'][0]:,} vs {c['parameters'][1]:,} non-embedding parameters)"
+                for c in cs) + ".")
+        lines.append(line)
     edges = [k for k, s in results["sweeps"].items() if s["at_edge"]]
     if edges:
         lines.append("**WARNING: the chosen LR is at the edge of its sweep grid** for "
@@ -285,7 +338,7 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
     fig = Figure(figsize=(10, 6), layout="constrained")
     ax = fig.add_subplot()
     cmap = colormaps["tab10"]
-    styles = {"tokenformer": "-", "transformer++": "--"}
+    styles = STYLES
 
     def band(seeds_by_j: dict[int, dict[int, Any]], **kw: Any) -> None:
         js = sorted(seeds_by_j)
@@ -309,8 +362,8 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
         env = envelope(results, family)
         js = sorted(env)
         ax.plot([_mean(list(env[j]["flops"].values())) for j in js], [env[j]["mean"] for j in js],
-                color="black", linestyle=styles[family], linewidth=2.2,
-                label=f"{FAMILY_LABEL[family]} envelope")
+                color=ENVELOPE_COLOR.get(family, "black"), linestyle=styles[family],
+                linewidth=2.2, label=f"{FAMILY_LABEL[family]} envelope")
     growing = [a for a, v in table.items() if v["kind"] in ("chain", "widen")]
     for i, arm in enumerate(growing):
         band(table[arm]["budgets"], color=cmap(i % 10), linewidth=1.6, marker="s",
@@ -342,6 +395,31 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
         ax.legend(fontsize=7)
     atomic_write(out / "lr_sweeps.png", lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     written.append("lr_sweeps.png")
+
+    clock = wall_clock(results)
+    if any(v["family"] not in DENSE_FAMILIES for v in clock.values()):  # product keys ran
+        fig = Figure(figsize=(10, 6), layout="constrained")
+        ax = fig.add_subplot()
+        for arm, w in clock.items():
+            js = sorted(w["seconds"])
+            seeds = table[arm]["budgets"]
+            k = sizes.index(w["size"])
+            ax.plot([w["seconds"][j] for j in js],
+                    [_mean([x[0] for x in seeds[j].values()]) for j in js], marker="o",
+                    markersize=3, linestyle=styles[w["family"]],
+                    color=ENVELOPE_COLOR.get(w["family"], "black"),
+                    alpha=1.0 - 0.25 * k, label=f"{arm} ({1000 * w['seconds_per_step']:.0f} "
+                                                f"ms/step)")
+        ax.set_xscale("log")
+        ax.set_xlabel("training seconds of the budget's run (its steps × measured s/step, one "
+                      "thread)")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_title("Loss vs wall-clock (mean over seeds)", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        atomic_write(out / "frontier_wallclock.png",
+                     lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+        written.append("frontier_wallclock.png")
     return written
 
 
@@ -349,6 +427,10 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
 def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: list[str]) -> str:
     p = results["preset"]
     table = arms(results)
+    pk = [f for f in p["families"] if f not in DENSE_FAMILIES]
+    growth = bool(p["chains"] or p["widenings"])
+    pk_stages = [v["stages"][0] for v in table.values()
+                 if v["kind"] == "scratch" and v["family"] in pk]
     m = results["machine"]
     timing = results["timing"]
     lines = [f"# Loss-vs-compute frontier: preset `{p['name']}`", "",
@@ -402,6 +484,31 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
                   "[95 % interval], p.", "",
                   markdown_table(["question", "budget", "a", "b", "Δloss", "seeds", "verdict"],
                                  rows, "lrlllrl"), ""]
+    clock = wall_clock(results)
+    if clock:
+        dense = {w["size"]: w["seconds_per_step"] for w in clock.values()
+                 if w["family"] == "tokenformer"}
+        rows = []
+        for arm, w in clock.items():
+            sps = w["seconds_per_step"]
+            cells = []
+            for j in range(len(results["budgets"])):
+                seeds = table[arm]["budgets"].get(j)
+                cells.append("—" if not seeds else
+                             f"{_mean([x[0] for x in seeds.values()]):.4f} @ "
+                             f"{w['seconds'][j]:.0f} s")
+            rows.append([arm, f"{1000 * sps:.1f}",
+                         f"{sps / dense[w['size']]:.2f}x" if w["size"] in dense else "—",
+                         *cells])
+        lines += ["## Wall-clock", "",
+                  "Measured seconds per training step of each from-scratch arm (mean over its "
+                  "seeds' final runs, from the trainer's tokens/s; the machine and its load at "
+                  "the time, not the FLOP count) and, per budget, the mean loss at the training "
+                  "seconds of that budget's run (steps × s/step; evaluation excluded). Equal "
+                  "FLOPs per token do not mean equal time.", "",
+                  markdown_table(["arm", "ms/step", "vs dense TokenFormer",
+                                  *(f"{b:.2g} FLOPs" for b in results["budgets"])], rows,
+                                 "lrr" + "l" * len(results["budgets"])), ""]
     rows = []
     for key, s in results["sweeps"].items():
         rows.append([key, ", ".join(f"{q['lr']:.3g}: {fmt(_loss(q['loss']))}"
@@ -413,29 +520,41 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
               f"schedule (seed 0) at each peak LR of a factor-2 log grid; the chosen LR is the "
               f"argmin of the final validation loss. When the argmin is the grid's smallest or "
               f"largest value the grid is extended by one factor beyond it (at most "
-              f"{p['max_extensions']} times per side); a choice still at an edge is flagged. "
-              f"Growth chains use their final size's LR for the whole run (the LR does not move "
-              f"at growth).", "",
+              f"{p['max_extensions']} times per side); a choice still at an edge is flagged."
+              + (" Growth chains use their final size's LR for the whole run (the LR does not "
+                 "move at growth)." if growth else ""), "",
               markdown_table(["family-size", "LR: loss", "chosen", "grid"], rows, "llll"), ""]
     lines += ["## Method", "",
               f"- Sizes: TokenFormer d = {p['hidden_size']}, {p['num_layers']} layers, "
               f"{p['num_heads']} heads, (qkv, proj, ffn) tokens {tuple(p['base_tokens'])} × "
               f"{p['factor']}^k for S1… ; Transformer++ matched to each in non-embedding "
               f"parameters (MLP width). Batch {p['batch_size']} × {p['seq_len']} tokens.",
+              *([f"- Product-key families ({', '.join(pk)}): size Si is TokenFormer Si with "
+                 f"its FFN Pattention replaced by product keys (`ffn_keys=\"product\"`) over "
+                 f"n = s² ≈ R × Si's FFN tokens (s the integer nearest √(R·n)) and the top-k "
+                 f"whose analytic FFN FLOPs/token (sub-key scores 2·s·d, min(k, s)² candidate "
+                 f"sums, Θ over k, k value rows 2·k·d) are closest to the dense FFN's (within "
+                 f"1 %): equal FLOPs per token, many times the parameters. Sizes: "
+                 + "; ".join(f"{st['size']} n = {st['config']['ffn_tokens']:,}, k = "
+                             f"{st['config']['ffn_product_k']}, "
+                             f"{st['non_embedding_parameters']:,} non-emb. parameters"
+                             for st in pk_stages) + "."] if pk else []),
               f"- One schedule family for every arm: WSD, {p['warmup_steps']} warmup steps, "
               f"stable at the peak LR, linear cooldown to {p['min_lr_ratio']} × peak over the "
               f"last {p['decay_fraction']:.0%} of a budget's steps, branched off the stable run "
               f"at each budget ({p['num_budgets']} budgets, ×{p['budget_ratio']:g} apart, up to "
               f"{p['max_budget']:.3g} FLOPs). AdamW β (0.9, 0.95), weight decay "
               f"{p['weight_decay']}, clipping {p['grad_clip']}.",
-              f"- Growth chains S1 → … grow in the stable phase when their cumulative FLOPs reach "
+              *([f"- Growth chains S1 → … grow in the stable phase when their cumulative FLOPs "
+              f"reach "
               f"{', '.join(f'{x:g}' for x in p['growth_fractions'])} × the largest budget; "
               f"AdamW moments carried, new rows' second moments `{p['new_row_moments']}`; a "
               f"branch cools down the size reached at its decay start. `exact-anneal`: exact "
               f"growth, then Θ's factor moves linearly from its held value to √n of the new "
               f"size over {p['anneal_steps']} steps. `widen-*`: the Transformer++ chain grown by "
               f"MLP widening (zero: new units' outgoing weights zero; net2net: duplicated "
-              f"units, split outgoing weights), moments carried (new units zero).",
+              f"units, split outgoing weights), moments carried (new units zero)."]
+                if growth else []),
               "- FLOPs: `flops_per_token(config, seq_len, training=True)` × tokens (matmuls "
               "2·m·n·k, token-token attention over the full context T, backward = 2× forward); "
               "evaluation not counted. Validation loss on "

@@ -55,7 +55,7 @@ def _config_class(family: str) -> type:
     from ...baselines import TransformerConfig
     from ...config import TokenFormerConfig
 
-    return TokenFormerConfig if family == "tokenformer" else TransformerConfig
+    return TokenFormerConfig if plan_.arch(family) == "tokenformer" else TransformerConfig
 
 
 def _build(family: str, config: Any, seed: int, device: Any) -> Any:
@@ -64,15 +64,15 @@ def _build(family: str, config: Any, seed: int, device: Any) -> Any:
     from ...baselines import model_class
 
     torch.manual_seed(seed)  # every arm of a seed starts a given size from the same weights
-    return model_class(family)(config).to(device)
+    return model_class(plan_.arch(family))(config).to(device)
 
 
 def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) -> Any:
     from ...train import TrainConfig
 
     p = ctx.preset
-    return TrainConfig(arch=run.family, seq_len=p.seq_len, batch_size=p.batch_size, steps=steps,
-                       lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
+    return TrainConfig(arch=plan_.arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
+                       steps=steps, lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
                        warmup_steps=p.warmup_steps, decay_fraction=p.decay_fraction,
                        weight_decay=p.weight_decay, grad_clip=p.grad_clip,
                        precision=ctx.precision, seed=run.seed, eval_interval=0,
