@@ -21,7 +21,8 @@ def ablate(args: argparse.Namespace) -> int:
     out = args.out or f"runs/ablate-{args.study}-{args.task}-{args.preset}"
     with experiment_folder(out, [args.data], "ablate"):
         run_ablation(args.study, args.task, args.preset, seeds=args.seeds,
-                     variants=args.variants, steps=args.steps, data=args.data, out=out,
+                     variants=args.variants, steps=args.steps, lr=args.lr, data=args.data,
+                     out=out,
                      progress=False if args.no_progress else None, command=command)
     return 0
 
@@ -36,8 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Train every variant of a study with the same budget, initialisation and "
                     "data order per seed, and write report.md, results.json and PNG plots "
                     "(final metric per variant with its spread over seeds, learning curves) "
-                    "into --out, with the paper's ImageNet numbers side by side. A run "
-                    "interrupted part-way resumes when rerun with the same arguments.")
+                    "into --out, with the paper's ImageNet numbers side by side. Each variant "
+                    "first gets its own LR: a factor-2 sweep around the preset's LR on a "
+                    "tuning seed (100) that is not reported, grown past an edge pick (sweep.png "
+                    "and the report's table). A run interrupted part-way resumes when rerun "
+                    "with the same arguments.")
     p.add_argument("--study", required=True, choices=tuple(STUDIES),
                    help="theta: nonlinearity × normalisation inside Θ; norm: learnable "
                         "weight/bias in the block LayerNorms")
@@ -46,13 +50,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(test top-1)")
     p.add_argument("--preset", choices=tuple(PRESETS["lm"]), default="quick",
                    help="quick: a few minutes on 2 CPU cores (default); full: the documented "
-                        "run (3 seeds)")
+                        "run (5 seeds × 400 steps after the LR sweeps)")
     p.add_argument("--seeds", type=positive(int), default=None,
                    help="number of seeds (default: the preset's)")
     p.add_argument("--variants", default=None,
                    help=f"comma-separated subset of the study's variants ({variants})")
     p.add_argument("--steps", type=positive(int), default=None,
                    help="training steps per run (default: the preset's)")
+    p.add_argument("--lr", type=positive(float), default=None,
+                   help="pin this peak LR for every variant and skip the per-variant LR sweeps "
+                        "(default: tune; an untuned comparison may handicap a variant)")
     p.add_argument("--data", default=None,
                    help="--task lm: a prepared dataset directory (default: the embedded corpus)")
     p.add_argument("--out", default=None,

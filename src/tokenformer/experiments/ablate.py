@@ -15,6 +15,13 @@ task's batches are a pure function of (seed, step)) through the task's own front
 bits per byte) and :func:`tokenformer.commands.vision.train_vision` for the vision model (digits,
 test top-1). The arms/seeds machinery, paired statistics, tables and curves are
 :mod:`.common`'s; this module adds the variants, the paper's numbers and the verdict.
+
+Every variant gets its own tuned learning rate (the experiments' rule: no arm may lose only
+because the shared LR suits another): before the reported seeds, each variant trains at every
+LR of a factor-2 log grid centred on the preset's LR, with a tuning seed that is not one of the
+reported seeds; the argmin of the validation metric is its LR, the grid growing past an edge
+argmin (:func:`.common.sweep_lr`). The schedule family (warmup, cosine to lr/10) is the same for
+every variant. ``lr=`` (``--lr``) pins one LR for all variants instead.
 """
 
 from __future__ import annotations
@@ -37,17 +44,21 @@ from ..progress import inner_progress
 from .common import (
     Arm,
     Curve,
+    LRSweep,
     Point,
     have_matplotlib,
     markdown_table,
     plot_curves,
     run_arms,
+    sweep_lr,
     to_json,
 )
 from .stats import RULE, Spread, describe, paired, spread
 
 SCHEMA = "tokenformer-ablate/1"
-PARTIAL = ".partial.json"
+PARTIAL = ".partial.json"  # finished final runs, for a rerun to resume
+SWEEP_PARTIAL = ".partial-sweep.json"  # finished LR-sweep runs, likewise
+TUNING_SEED = 100  # the LR sweeps' seed: never one of the reported seeds (see tuning_seed)
 # Paper claims "a better than b" only above this gap (ImageNet top-1 points); below it the
 # paper's numbers are read as a tie.
 PAPER_TIE = 0.15
@@ -114,8 +125,11 @@ class AblationPreset:
     batch_size: int = 16
     eval_every: int = 50
     seeds: int = 3
-    lr: float | None = None  # None: the task's default recipe
+    lr: float | None = None  # None: the task's default recipe; the sweep grid's centre
     warmup_steps: int | None = None
+    tune: bool = True  # sweep the LR per variant; False: every variant trains at ``lr``
+    sweep_points: int = 5  # factor-2 log grid centred on ``lr``: lr × 2^k, k = -2..2
+    max_extensions: int = 2  # per side, when the argmin sits on an edge of the grid
     seq_len: int = 128  # lm only
     eval_batches: int = 8  # lm only
     # The documented runs (docs/ablations.md) predate the C++ kernel as the default: pinned to
@@ -126,21 +140,27 @@ class AblationPreset:
         for key in ("steps", "batch_size", "seeds", "seq_len", "eval_batches"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"ablate: {key} must be >= 1, got {getattr(self, key)}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise ConfigError(f"ablate: lr must be a positive number, got {self.lr}")
+        if self.tune and self.sweep_points < 2:
+            raise ConfigError(f"ablate: sweep_points must be >= 2, got {self.sweep_points}")
+        if self.max_extensions < 0:
+            raise ConfigError(f"ablate: max_extensions must be >= 0, got {self.max_extensions}")
         if self.eval_every < 0:
             raise ConfigError(f"ablate: eval_every must be >= 0, got {self.eval_every}")
 
 
-# Sized on a 2-core CPU (docs/ablations.md): "full" is 4 variants × 3 seeds × 400 steps per
-# (study, task); all four took ≈ 12 core-minutes (≈ 4 per LM study, ≈ 2 per vision study), i.e.
-# ~6–7 min on a quiet 2-core machine. "quick" is 2 seeds × 120 steps.
+# Sized on a 2-core CPU (docs/ablations.md): "full" is 4 variants × (5-point LR sweep + 5
+# seeds) × 400 steps per (study, task); "quick" is the same sweep and 2 seeds at 120 steps. The
+# grids are centred on the LRs of the fixed-LR runs before the sweeps (LM 2e-3, vision 3e-3).
 _LM = dict(base="tiny", lr=2e-3, warmup_steps=20, seq_len=128, batch_size=16)
-_VISION = dict(base="vit-digits-tiny", batch_size=64)
+_VISION = dict(base="vit-digits-tiny", lr=3e-3, batch_size=64)
 PRESETS: dict[str, dict[str, AblationPreset]] = {
     "lm": {"quick": AblationPreset("quick", steps=120, eval_every=40, seeds=2, eval_batches=4,
                                    **_LM),
-           "full": AblationPreset("full", steps=400, eval_every=50, seeds=3, **_LM)},
+           "full": AblationPreset("full", steps=400, eval_every=50, seeds=5, **_LM)},
     "vision": {"quick": AblationPreset("quick", steps=120, eval_every=40, seeds=2, **_VISION),
-               "full": AblationPreset("full", steps=400, eval_every=50, seeds=3, **_VISION)},
+               "full": AblationPreset("full", steps=400, eval_every=50, seeds=5, **_VISION)},
 }
 
 
@@ -152,6 +172,31 @@ def get_preset(task: str, name: str, **overrides: Any) -> AblationPreset:
     preset = dataclasses.replace(PRESETS[task][name], **overrides)
     preset.validate()
     return preset
+
+
+def base_lr(task: str, preset: AblationPreset) -> float:
+    """The preset's LR, else the task's default recipe's: the fixed LR, or the sweep's centre."""
+    if preset.lr is not None:
+        return preset.lr
+    if task == "lm":
+        from ..train import TrainConfig
+
+        return TrainConfig.lr
+    from ..commands.vision import DIGITS_TRAIN
+
+    return float(DIGITS_TRAIN["lr"])
+
+
+def lr_grid(centre: float, points: int) -> list[float]:
+    """``points`` LRs a factor 2 apart, centred (geometrically) on ``centre``: for 5 points
+    centre × 1/4, 1/2, 1, 2, 4; for 4 points centre × 2^±0.5, 2^±1.5."""
+    return [centre * 2.0 ** (k - (points - 1) / 2) for k in range(points)]
+
+
+def tuning_seed(seeds: Sequence[int]) -> int:
+    """The LR sweeps' seed: :data:`TUNING_SEED`, or the first seed after the reported ones when
+    they reach it, so the LR is never chosen on a seed that is then reported."""
+    return TUNING_SEED if TUNING_SEED not in seeds else max(seeds) + 1
 
 
 def check_task(task: str) -> Task:
@@ -211,11 +256,14 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
     run_dir = Path(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)  # a crashed attempt of this very arm
     overrides: dict[str, Any] = {**preset.model, study.key: variant}
+    lr = base_lr(task, preset)
+    # the schedule family is the same at every LR: warmup, then cosine down to lr / 10
     recipe: dict[str, Any] = {"steps": preset.steps, "batch_size": preset.batch_size,
                               "eval_interval": preset.eval_every, "seed": seed,
-                              "pattention_impl": preset.pattention_impl}
-    recipe.update({k: v for k, v in (("lr", preset.lr), ("warmup_steps", preset.warmup_steps))
-                   if v is not None})
+                              "pattention_impl": preset.pattention_impl, "lr": lr,
+                              "min_lr": lr / 10}
+    if preset.warmup_steps is not None:
+        recipe["warmup_steps"] = preset.warmup_steps
     diverged = None
     try:
         if task == "lm":
@@ -224,8 +272,7 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
             cfg = TrainConfig(model={"preset": preset.base, **overrides},
                               data=str(data) if data is not None else "default",
                               seq_len=preset.seq_len, eval_batches=preset.eval_batches,
-                              min_lr=recipe.get("lr", TrainConfig.lr) / 10, samples=0,
-                              device="cpu", out=str(run_dir), **recipe)
+                              samples=0, device="cpu", out=str(run_dir), **recipe)
             train(cfg, progress=progress, print_fn=lambda _: None)
         else:
             from ..commands.vision import train_vision
@@ -240,7 +287,7 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
         diverged = last[0]
     records = read_metrics(run_dir)
     points = _points(records, task)
-    info: dict[str, Any] = {"run_dir": str(run_dir)}
+    info: dict[str, Any] = {"run_dir": str(run_dir), "lr": lr}
     if diverged is not None:
         worst = math.inf if TASKS[task].lower_is_better else 0.0
         metrics = {} if task == "lm" else {"accuracy": worst}
@@ -329,6 +376,11 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                            "status": status, "comparison": c})
     summary = {"metric": task.metric, "variants": variants, "comparisons": comparisons,
                "claims": claims}
+    if "tuning" in results:  # results before the LR sweeps have neither key
+        summary["lrs"] = {n: {"lr": v["lr"], "status": (v.get("sweep") or {}).get("status",
+                                                                              "pinned")}
+                          for n, v in results["variants"].items()}
+        summary["tuning_seed"] = (results["tuning"] or {}).get("seed")
     summary["verdict"] = verdict(study, task, summary)
     return summary
 
@@ -417,6 +469,26 @@ def verdict(study: Study, task: Task, summary: dict[str, Any]) -> list[str]:
         if names:
             lines.append(f"Resolved {word} than the default `{ref}` here: "
                          + ", ".join(f"`{n}`" for n in names) + ".")
+    return lines + _lr_lines(summary)
+
+
+def _lr_lines(summary: dict[str, Any]) -> list[str]:
+    """What the verdict says about the learning rates: tuned per variant (and any still at the
+    edge of its grid), or pinned."""
+    lrs = summary.get("lrs")
+    if not lrs:
+        return []
+    if all(v["status"] == "pinned" for v in lrs.values()):
+        lr = next(iter(lrs.values()))["lr"]
+        return [f"**LR not tuned**: every variant trained at lr {lr:.3g} (`--lr`); a variant "
+                f"may lose only because that LR suits another."]
+    lines = [f"LRs tuned per variant (argmin over the sweep, seed {summary['tuning_seed']}): "
+             + ", ".join(f"`{n}` {v['lr']:.3g} ({v['status']})" for n, v in lrs.items()) + "."]
+    edge = [n for n, v in lrs.items() if v["status"] == "at edge"]
+    if edge:
+        lines.append("**Warning: LR still at the edge of its grid** after the extensions for "
+                     + ", ".join(f"`{n}`" for n in edge) + ": its best LR may lie beyond, so "
+                     "comparisons with it may handicap it.")
     return lines
 
 
@@ -472,12 +544,51 @@ def plot_final(results: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
+def plot_sweeps(results: dict[str, Any], path: str | Path) -> Path:
+    """The sweep's metric against the LR per variant (log x), the chosen LR starred."""
+    from matplotlib.figure import Figure
+
+    from ..io import atomic_write
+
+    study, task = STUDIES[results["study"]], TASKS[results["task"]]
+    k = 100 if task.percent else 1
+    fig = Figure(figsize=(8, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    for i, (n, v) in enumerate(results["variants"].items()):
+        points = [q for q in v["sweep"]["points"] if q["metric"] is not None
+                  and math.isfinite(q["metric"])]
+        color = f"C{i % 10}"
+        ax.plot([q["lr"] for q in points], [k * q["metric"] for q in points], marker="o",
+                markersize=4, color=color, label=f"{study.labels[n]} ({v['sweep']['status']})")
+        chosen = [q for q in points if q["lr"] == v["sweep"]["chosen"]]
+        if chosen:
+            ax.plot([chosen[0]["lr"]], [k * chosen[0]["metric"]], marker="*", markersize=14,
+                    color=color, markeredgecolor="black", linestyle="none")
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate (warmup, cosine to lr/10)")
+    unit = " (%)" if task.percent else ""
+    better = "lower" if task.lower_is_better else "higher"
+    ax.set_ylabel(f"{task.label}{unit}, {better} is better")
+    tuning = results["tuning"]
+    ax.set_title(f"{study.title}: LR sweeps ({results['task']}, seed {tuning['seed']}, "
+                 f"{tuning['steps']} steps; ★ chosen)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    path = Path(path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    return path
+
+
 def make_plots(results: dict[str, Any], out: str | Path) -> list[str]:
     if not have_matplotlib():
         return []
     study, task = STUDIES[results["study"]], TASKS[results["task"]]
     curves = curves_of(results)
     plot_final(results, Path(out) / "final.png")
+    sweep = []
+    if results.get("tuning"):
+        plot_sweeps(results, Path(out) / "sweep.png")
+        sweep = ["sweep.png"]
     finals = [c.final.metrics.get(task.metric, c.final.bpb) for runs in curves.values()
               for c in runs]
     finals = [f for f in finals if math.isfinite(f)]
@@ -495,7 +606,7 @@ def make_plots(results: dict[str, Any], out: str | Path) -> list[str]:
                 labels=study.labels, ylim=ylim,
                 title=f"{study.title}: {task.label} during training (mean over seeds, band: "
                       f"min–max)")
-    return ["final.png", "curves.png"]
+    return ["final.png", "curves.png", *sweep]
 
 
 def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
@@ -513,6 +624,10 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
                      str(Spread(**v["loss"])), vs,
                      f"{study.paper[n]:.1f}" if n in study.paper else "not in the paper"])
     data = results["data"]
+    tuning = results.get("tuning")
+    lr_text = (f"LR tuned per variant (below), grid centred on {p['lr']:.3g}"
+               if tuning else f"LR {p['lr']:.3g} for every variant (not tuned)"
+               if "tuning" in results else f"LR {p['lr']}")  # (older results: no sweep keys)
     lines = [
         f"# Ablation: {study.title} ({results['task']})", "",
         f"Command: `{results['command']}`  ",
@@ -520,7 +635,7 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         + "".join(f" {k}={v}" for k, v in p["model"].items()) + f", varying `{study.key}`, "
         f"{p['steps']} steps × batch {p['batch_size']}"
         + (f" × {p['seq_len']} tokens" if results["task"] == "lm" else " images")
-        + f", seeds {results['seeds']}.  ",
+        + f", seeds {results['seeds']}; {lr_text}.  ",
         f"Data: {data}.  ",
         f"Machine: {results['machine']['summary']}; load average {results['load'][0]:.1f} at the "
         f"start, {results['load'][1]:.1f} at the end. Wall-clock: {results['wall_clock']:.0f} s.",
@@ -533,6 +648,8 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
         markdown_table(["variant", "meaning", task.label, "loss", f"vs `{ref}`",
                         "paper (ImageNet top-1 %)"], rows, "lllrll"), "",
     ]
+    if tuning:
+        lines += _sweep_section(results)
     if plots:
         lines += [f"![{p_}]({p_})" for p_ in plots] + [""]
     else:
@@ -550,8 +667,40 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
                       "images, random 1-pixel shifts), the digits recipe of docs/vision.md; "
                       "top-1 over the 360 test images."),
               f"- Evaluated every {p['eval_every']} steps and at the end; each run's model is "
-              "kept in `runs/<variant>-seed<k>/final`.", ""]
+              "kept in `runs/<variant>-seed<k>/final` (the sweep's in "
+              "`sweeps/<variant>-lr<LR>-seed<k>/final`).", ""]
     return "\n".join(lines)
+
+
+def _sweep_section(results: dict[str, Any]) -> list[str]:
+    """The LR sweeps as a table: one row per variant, one column per LR tried."""
+    task = TASKS[results["task"]]
+    tuning = results["tuning"]
+    lrs = sorted({q["lr"] for v in results["variants"].values() for q in v["sweep"]["points"]})
+    rows = []
+    for n, v in results["variants"].items():
+        sw = v["sweep"]
+        by_lr = {q["lr"]: q for q in sw["points"]}
+        cells = []
+        for lr in lrs:
+            q = by_lr.get(lr)
+            text = "" if q is None else ("diverged" if q["diverged"] else _fmt(task, q["metric"]))
+            cells.append(f"**{text}**" if lr == sw["chosen"] else text)
+        status = {"at edge": "**at edge**",
+                  "extended": "extended (" + ", ".join(f"{x:.3g}" for x in sw["added"]) + ")"
+                  }.get(sw["status"], sw["status"])
+        rows.append([f"`{n}`", *cells, f"{sw['chosen']:.3g}", status])
+    initial = ", ".join(f"{x:.3g}" for x in tuning["grid"])
+    return ["## Learning rates", "",
+            f"Every variant is trained with its own LR: {tuning['steps']} steps of the same "
+            f"schedule (warmup, cosine to lr/10) with seed {tuning['seed']} (not a reported "
+            f"seed) at each LR of the factor-2 grid {initial}; the LR is the argmin of the "
+            f"final {task.label} (ties: the smaller LR). When the argmin is the grid's smallest "
+            f"or largest LR, the grid grows by one factor beyond it (at most "
+            f"{tuning['max_extensions']} times per side); a choice still at an edge is "
+            f"flagged. Cells: {task.label} at that LR, the chosen one in bold.", "",
+            markdown_table(["variant", *(f"{x:.3g}" for x in lrs), "chosen", "grid"], rows,
+                           "l" + "r" * len(lrs) + "rl"), ""]
 
 
 def write_outputs(results: dict[str, Any], out: str | Path) -> list[str]:
@@ -583,17 +732,38 @@ def rerender(out: str | Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ runner
+def _final(curve: Curve, task: str) -> tuple[float, float]:
+    """(the task's metric, the loss) at a curve's last evaluation."""
+    last = curve.final
+    metric = last.bpb if task == "lm" else last.metrics.get("accuracy", math.nan)
+    return metric, last.loss
+
+
+def _sweep_record(sweep: LRSweep, curves: dict[float, Curve], task: str) -> dict[str, Any]:
+    points = []
+    for lr in sweep.grid:
+        metric, loss = _final(curves[lr], task)
+        points.append({"lr": lr, "metric": metric, "loss": loss,
+                       "diverged": "diverged" in curves[lr].info})
+    return {"points": points, "chosen": sweep.chosen, "added": sweep.added,
+            "status": sweep.status}
+
+
 def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", *,
                  seeds: int | None = None, variants: Sequence[str] | str | None = None,
-                 steps: int | None = None, data: str | Path | None = None,
+                 steps: int | None = None, lr: float | None = None,
+                 data: str | Path | None = None,
                  out: str | Path | None = None, progress: bool | None = None,
                  command: str | None = None,
                  print_fn: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train every variant of ``study`` on ``task`` for every seed; write ``report.md``,
-    ``results.json``, ``final.png`` and ``curves.png`` into ``out``; return the results.
+    """Tune each variant's LR, then train every variant of ``study`` on ``task`` for every seed
+    at its LR; write ``report.md``, ``results.json``, ``final.png``, ``curves.png`` and
+    ``sweep.png`` into ``out``; return the results.
 
-    ``data`` (LM only): a prepared dataset directory instead of the embedded corpus. A run
-    interrupted part-way resumes from ``out/.partial.json`` when rerun with the same settings.
+    ``lr`` pins one LR for every variant and skips the sweeps. ``data`` (LM only): a prepared
+    dataset directory instead of the embedded corpus. A run interrupted part-way (in the sweeps
+    or the final runs) resumes from ``out/.partial-sweep.json`` and ``out/.partial.json`` when
+    rerun with the same settings.
     """
     from .. import __version__
     from .common import machine_summary
@@ -603,12 +773,17 @@ def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", 
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     if steps is not None and steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {steps}")
+    if lr is not None and not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"--lr must be a positive number, got {lr}")
     if data is not None and task != "lm":
         raise ConfigError("--data applies to --task lm only; the vision ablations run on digits")
     p = get_preset(task, preset) if isinstance(preset, str) else preset
     p = dataclasses.replace(p, **{k: v for k, v in (("seeds", seeds), ("steps", steps))
                                   if v is not None})
+    if lr is not None:
+        p = dataclasses.replace(p, lr=lr, tune=False)
     p.validate()
+    p = dataclasses.replace(p, lr=base_lr(task, p))  # recorded: the task default made explicit
     names = select_variants(st, variants)
     out = Path(out if out is not None else f"runs/ablate-{study}-{task}-{p.name}")
     if task == "lm":
@@ -623,19 +798,54 @@ def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", 
     else:
         data_info = "scikit-learn digits (8×8, 1437 train / 360 test)"
     seed_list = list(range(p.seeds))
-    arms = [Arm(n, lambda seed, _shared, n=n: train_variant(
-        task, st, n, p, seed, out / "runs" / f"{n}-seed{seed}", data=data,
-        progress=inner_progress(progress)),
-        label=st.labels[n]) for n in names]
     settings = {"study": study, "task": task, "preset": dataclasses.asdict(p), "data": data_info,
                 "variants": names, "version": __version__}
+
+    def trainer(variant: str, lr_: float, folder: str) -> Callable[[int, Any], Curve]:
+        return lambda seed, _shared: train_variant(
+            task, st, variant, dataclasses.replace(p, lr=lr_), seed,
+            out / folder / f"{variant}-{'' if folder == 'runs' else f'lr{lr_:.4g}-'}seed{seed}",
+            data=data, progress=inner_progress(progress))
+
     out.mkdir(parents=True, exist_ok=True)
+    n_sweep = len(names) * p.sweep_points if p.tune else 0
     print_fn(f"ablate: study {study} ({st.key}: {', '.join(names)}), task {task}, preset "
-             f"{p.name}, {len(names) * len(seed_list)} runs → {out}")
+             f"{p.name}, {n_sweep} LR-sweep runs + {len(names) * len(seed_list)} runs → {out}")
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    curves = run_arms(arms, seed_list, partial=out / PARTIAL, settings=settings,
-                      progress=progress)
+    tuning: dict[str, Any] | None = None
+    sweeps: dict[str, dict[str, Any]] = {}
+    if p.tune:
+        grid = lr_grid(base_lr(task, p), p.sweep_points)
+        seed = tuning_seed(seed_list)
+        tuning = {"seed": seed, "metric": tk.metric, "steps": p.steps, "grid": grid,
+                  "max_extensions": p.max_extensions}
+        sweep_arms: list[Arm] = []
+        for n in names:
+            curves_n: dict[float, Curve] = {}
+
+            def measure(lr_: float, n: str = n, curves_n: dict[float, Curve] = curves_n
+                        ) -> float:
+                # every sweep run so far is passed: run_arms restores the finished ones from
+                # the partial file and saves them all again with the new one
+                sweep_arms.append(Arm(f"{n}@{lr_!r}", trainer(n, lr_, "sweeps")))
+                curve = run_arms(sweep_arms, [seed], partial=out / SWEEP_PARTIAL,
+                                 settings={**settings, "tuning": tuning},
+                                 progress=False)[sweep_arms[-1].name][seed]
+                curves_n[lr_] = curve
+                metric, _ = _final(curve, task)
+                print_fn(f"ablate: LR sweep {n} lr {lr_:.3g} (seed {seed}): {tk.metric} "
+                         f"{_fmt(tk, metric)}")
+                value = metric if tk.lower_is_better else -metric
+                return value if math.isfinite(value) else math.inf
+
+            sweep = sweep_lr(grid, measure, max_extensions=p.max_extensions)
+            sweeps[n] = _sweep_record(sweep, curves_n, task)
+            print_fn(f"ablate: {n}: lr {sweep.chosen:.3g} ({sweep.status})")
+    lrs = {n: sweeps[n]["chosen"] if n in sweeps else base_lr(task, p) for n in names}
+    arms = [Arm(n, trainer(n, lrs[n], "runs"), label=st.labels[n]) for n in names]
+    curves = run_arms(arms, seed_list, partial=out / PARTIAL,
+                      settings={**settings, "lrs": lrs}, progress=progress)
     results: dict[str, Any] = {
         "schema": SCHEMA, "command": command or f"run_ablation({study!r}, {task!r}, {p.name!r})",
         "study": study, "task": task, "key": st.key, "metric": tk.metric,
@@ -643,15 +853,17 @@ def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", 
         "pattention_impl": p.pattention_impl, "machine": machine_summary(),
         "load": [load0, os.getloadavg()[0]],
         "wall_clock": time.perf_counter() - t0,
-        "variants": {n: {"label": st.labels[n], "paper": st.paper.get(n),
+        "tuning": tuning,
+        "variants": {n: {"label": st.labels[n], "paper": st.paper.get(n), "lr": lrs[n],
+                         "sweep": sweeps.get(n),
                          "runs": {str(s): c.to_dict() for s, c in sorted(curves[n].items())}}
                      for n in names},
     }
     results["summary"] = summarize(results)
     write_outputs(results, out)
     (out / PARTIAL).unlink(missing_ok=True)
+    (out / SWEEP_PARTIAL).unlink(missing_ok=True)
     print_fn(f"ablate: done in {results['wall_clock']:.0f} s; report: {out / 'report.md'}")
     for line in results["summary"]["verdict"]:
         print_fn(f"- {line}")
     return results
-

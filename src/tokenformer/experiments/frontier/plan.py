@@ -30,6 +30,7 @@ from typing import Any
 from ...config import TokenFormerConfig, flops_per_token
 from ...errors import ConfigError
 from ...grow import NEW_ROW_MOMENTS, STRATEGIES
+from ..common import extend_grid  # noqa: F401  (moved to common: shared with ablate)
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")
@@ -413,18 +414,6 @@ def sweep_plan(preset: Preset, vocab_size: int) -> list[Run]:
     """The initial LR grid of every (family, size) the final runs use."""
     return [sweep_run(preset, family, size, lr, vocab_size)
             for family in preset.families for size in preset.sizes for lr in preset.lr_grid]
-
-
-def extend_grid(grid: list[float], losses: dict[float, float]) -> float | None:
-    """The LR to add when the argmin of ``losses`` sits on an edge of ``grid`` (one log step
-    beyond it), else None."""
-    ordered = sorted(grid)
-    best = min(ordered, key=lambda lr: (losses[lr], lr))
-    if best == ordered[0]:
-        return ordered[0] * ordered[0] / ordered[1]
-    if best == ordered[-1]:
-        return ordered[-1] * ordered[-1] / ordered[-2]
-    return None
 
 
 def steps_by_size(run: Run) -> dict[str, int]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, TokenFormerError
-from ..common import fingerprint, machine_summary, to_json
+from ..common import fingerprint, machine_summary, sweep_lr, to_json
 from . import plan as plan_
 from .plan import Branch, Preset, Run
 
@@ -363,30 +363,21 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     times per side; the chosen LR is the argmin of the final validation loss."""
     p = ctx.preset
     sweeps: dict[str, Any] = {}
+
+    def count(_lr: float) -> None:
+        ctx.total += 1
+
     for family in p.families:
         for size in p.sizes:
-            grid = list(p.lr_grid)
-            losses: dict[float, float] = {}
-            added: list[float] = []
-            while True:
-                for lr in grid:
-                    if lr not in losses:
-                        run = plan_.sweep_run(p, family, size, lr, vocab_size)
-                        losses[lr] = execute(ctx, run, lr)["branches"][-1]["loss"]
-                extra = plan_.extend_grid(grid, losses)
-                side = extra is not None and extra < min(p.lr_grid)
-                if extra is None or sum((x < min(p.lr_grid)) == side
-                                        for x in added) >= p.max_extensions:
-                    break
-                added.append(extra)
-                ctx.total += 1
-                grid = sorted([*grid, extra])
-            chosen = min(grid, key=lambda lr: (losses[lr], lr))
+            def loss(lr: float, family: str = family, size: str = size) -> float:
+                run = plan_.sweep_run(p, family, size, lr, vocab_size)
+                return execute(ctx, run, lr)["branches"][-1]["loss"]
+
+            s = sweep_lr(p.lr_grid, loss, max_extensions=p.max_extensions, on_extend=count)
             sweeps[sweep_key(family, size)] = {
                 "family": family, "size": size, "steps": p.sweep_steps, "seed": 0,
-                "points": [{"lr": lr, "loss": losses[lr]} for lr in grid],
-                "chosen": chosen, "added": added,
-                "at_edge": chosen in (grid[0], grid[-1])}
+                "points": [{"lr": lr, "loss": s.values[lr]} for lr in s.grid],
+                "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge}
     return sweeps
 
 
