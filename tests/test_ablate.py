@@ -3,6 +3,7 @@ verdict on hand-made results, divergence handling and bad input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -66,6 +67,9 @@ def test_every_variant_trains_to_a_finite_metric(toy_runs, study, task):
         if task == "lm":  # the pinned Pattention impl reached the trainer
             run_config = json.loads((out / "runs" / f"{v}-seed0" / "config.json").read_text())
             assert run_config["pattention_impl"] == "torch"
+            # the final run trained at the variant's tuned LR, same schedule family
+            assert run_config["lr"] == saved["variants"][v]["lr"]
+            assert run_config["min_lr"] == pytest.approx(run_config["lr"] / 10)
         runs = saved["variants"][v]["runs"]
         assert [p["step"] for p in runs["0"]["points"]] == [TOY[task].steps]
         assert metric in results["summary"]["metric"]
@@ -259,6 +263,8 @@ def test_bad_arguments_fail_before_training(tmp_path, kwargs, match):
     (["ablate", "--study", "norm", "--task", "lm", "--variants", "none,l2_norm_gelu"],
      "unknown norm variant 'l2_norm_gelu'"),
     (["ablate", "--study", "theta"], "required: --task"),
+    (["ablate", "--study", "theta", "--task", "lm", "--lr", "0"], "must be > 0"),
+    (["ablate", "--study", "theta", "--task", "lm", "--lr", "inf"], "--lr must be a positive"),
 ])
 def test_cli_bad_input_is_one_error_line(tmp_path, capsys, argv, needle):
     try:
@@ -268,3 +274,141 @@ def test_cli_bad_input_is_one_error_line(tmp_path, capsys, argv, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0
     assert len(err) == 1 and err[0].startswith("error:") and needle in err[0]
+
+
+# ------------------------------------------------------------------------- the LR sweeps
+def _fake_training(monkeypatch, metric_of, crash_at: int | None = None) -> list[tuple]:
+    """Replace the training of one run by ``metric_of(variant, lr, seed)`` at its last
+    evaluation; returns the calls made (variant, lr, seed), and raises at call ``crash_at``."""
+    calls: list[tuple] = []
+
+    def fake(task, study, variant, preset, seed, run_dir, *, data=None, progress=None):
+        calls.append((variant, preset.lr, seed))
+        if crash_at is not None and len(calls) == crash_at:
+            raise RuntimeError("killed")
+        m = metric_of(variant, preset.lr, seed)
+        point = (Point(preset.steps, 100, 1.0, 1.0, m * math.log(2), m) if task == "lm" else
+                 Point(preset.steps, 100, 1.0, 1.0, 1 - m, math.nan, metrics={"accuracy": m}))
+        return Curve([point], info={"lr": preset.lr})
+
+    monkeypatch.setattr(ablate, "train_variant", fake)
+    return calls
+
+
+# where each variant's metric is best, as a power of 2 of the grid's centre: one inside the
+# initial grid (centre × 1/4 .. × 4), one a step beyond its top, one far above, one far below
+BEST = {"l2_norm_gelu": -1, "gelu_l1_norm": 3, "softmax": 6, "gelu_l2_norm": -8}
+
+
+def _bowl(task: str, centre: float):
+    """A metric with its optimum at centre × 2^BEST[variant], worse by (log2 distance)²."""
+    def metric_of(variant, lr, seed):
+        d = (math.log2(lr / centre) - BEST[variant]) ** 2
+        return 3.0 + 0.01 * d + 0.001 * seed if task == "lm" else 0.9 - 0.001 * d - 0.001 * seed
+
+    return metric_of
+
+
+@pytest.mark.parametrize("task", ["lm", "vision"])
+def test_each_variant_trains_at_its_sweeps_argmin(tmp_path, monkeypatch, task):
+    preset = dataclasses.replace(TOY[task], seeds=3)
+    centre = {"lm": 1e-3, "vision": 3e-3}[task]  # TOY's lr; vision: the digits recipe's
+    calls = _fake_training(monkeypatch, _bowl(task, centre))
+    results = run_ablation("theta", task, preset, out=tmp_path, progress=False,
+                           print_fn=lambda _: None)
+    sweep_calls = [c for c in calls if c[2] == 100]
+    # the tuning seed is not reported, and only sweep runs use it
+    assert results["seeds"] == [0, 1, 2] and results["tuning"]["seed"] == 100
+    assert len(sweep_calls) + 4 * 3 == len(calls)
+    initial = [centre * f for f in (0.25, 0.5, 1, 2, 4)]
+    assert results["tuning"]["grid"] == pytest.approx(initial)
+    # hand-worked: the initial argmin of gelu_l1_norm is × 4 (an edge) → × 8 is added and is
+    # the argmin, again an edge → × 16 is added, worse: × 8 is inside. softmax keeps climbing
+    # and stops after two extensions at × 16; gelu_l2_norm likewise at × 1/16.
+    expect = {"l2_norm_gelu": (0.5, [], "inside"), "gelu_l1_norm": (8, [8, 16], "extended"),
+              "softmax": (16, [8, 16], "at edge"),
+              "gelu_l2_norm": (1 / 16, [1 / 8, 1 / 16], "at edge")}
+    for variant, (factor, added, status) in expect.items():
+        v = results["variants"][variant]
+        sweep = v["sweep"]
+        assert sweep["chosen"] == pytest.approx(centre * factor) == v["lr"]
+        assert sweep["added"] == pytest.approx([centre * a for a in added])
+        assert sweep["status"] == status
+        tried = sorted(initial + [centre * a for a in added])
+        assert [q["lr"] for q in sweep["points"]] == pytest.approx(tried)
+        assert sorted(lr for var, lr, _ in sweep_calls if var == variant) == pytest.approx(tried)
+        metric = _bowl(task, centre)
+        assert [q["metric"] for q in sweep["points"]] == pytest.approx(
+            [metric(variant, lr, 100) for lr in tried])
+        # every reported run of the variant trained at its chosen LR, once per seed
+        finals = [(lr, seed) for var, lr, seed in calls if var == variant and seed != 100]
+        assert sorted(s for _, s in finals) == [0, 1, 2]
+        assert all(lr == pytest.approx(centre * factor) for lr, _ in finals)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["variants"]["softmax"]["sweep"]["status"] == "at edge"
+    verdict = results["summary"]["verdict"]
+    assert verdict[-1].startswith("**Warning: LR still at the edge of its grid**")
+    assert "`softmax`" in verdict[-1] and "`gelu_l2_norm`" in verdict[-1]
+    assert "`gelu_l1_norm`" not in verdict[-1]
+    report = (tmp_path / "report.md").read_text()
+    assert "## Learning rates" in report and report.count("**at edge**") == 2
+    if have_matplotlib():
+        assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / ablate.SWEEP_PARTIAL).exists()
+
+
+def test_lr_grid_and_tuning_seed():
+    assert ablate.lr_grid(2e-3, 5) == pytest.approx([5e-4, 1e-3, 2e-3, 4e-3, 8e-3])
+    assert ablate.lr_grid(1.0, 4) == pytest.approx([2 ** -1.5, 2 ** -0.5, 2 ** 0.5, 2 ** 1.5])
+    assert ablate.tuning_seed([0, 1, 2, 3, 4]) == 100
+    assert ablate.tuning_seed(list(range(120))) == 120  # never a reported seed
+
+
+def test_lr_pinned_for_every_variant_skips_the_sweeps(tmp_path, monkeypatch):
+    calls = _fake_training(monkeypatch, _bowl("lm", 1e-3))
+    results = run_ablation("theta", "lm", TOY["lm"], lr=5e-3, seeds=2, out=tmp_path,
+                           progress=False, print_fn=lambda _: None)
+    assert sorted(calls) == sorted((v, 5e-3, s) for v in STUDIES["theta"].variants
+                                   for s in (0, 1))
+    assert results["tuning"] is None
+    assert all(v["lr"] == 5e-3 and v["sweep"] is None for v in results["variants"].values())
+    assert results["summary"]["verdict"][-1].startswith("**LR not tuned**")
+    assert "## Learning rates" not in (tmp_path / "report.md").read_text()
+    with pytest.raises(ConfigError, match="--lr must be a positive number"):
+        run_ablation("norm", "lm", TOY["lm"], lr=math.nan, out=tmp_path / "nan",
+                     progress=False, print_fn=lambda _: None)
+
+
+@pytest.mark.parametrize("crash_at", [7, 30])  # in the LR sweeps; in the final runs
+def test_an_interrupted_ablation_resumes_to_the_same_results(tmp_path, monkeypatch, crash_at):
+    """Killed part-way, a rerun with the same arguments retrains only what was not finished
+    (sweep runs and final runs alike) and writes the results of an uninterrupted run."""
+    preset = dataclasses.replace(TOY["lm"], seeds=2)
+    metric = _bowl("lm", 1e-3)
+
+    def run(out):
+        return run_ablation("theta", "lm", preset, out=out, progress=False,
+                            print_fn=lambda _: None)
+
+    whole = _fake_training(monkeypatch, metric)
+    run(tmp_path / "whole")
+    assert len(whole) > crash_at
+    first = _fake_training(monkeypatch, metric, crash_at=crash_at)
+    with pytest.raises(RuntimeError, match="killed"):
+        run(tmp_path / "resumed")
+    assert (tmp_path / "resumed" / ablate.SWEEP_PARTIAL).is_file()
+    assert (tmp_path / "resumed" / ablate.PARTIAL).is_file() == (crash_at > 26)  # 26 sweep runs
+    second = _fake_training(monkeypatch, metric)
+    run(tmp_path / "resumed")
+    # nothing that finished before the crash is trained again, and nothing is missing
+    assert first[:-1] + second == whole
+
+    def stable(path):
+        saved = json.loads((path / "results.json").read_text())
+        for volatile in ("wall_clock", "load"):
+            del saved[volatile]
+        return saved
+
+    assert stable(tmp_path / "resumed") == stable(tmp_path / "whole")
+    assert not (tmp_path / "resumed" / ablate.PARTIAL).exists()
+    assert not (tmp_path / "resumed" / ablate.SWEEP_PARTIAL).exists()
