@@ -412,3 +412,23 @@ def test_an_interrupted_ablation_resumes_to_the_same_results(tmp_path, monkeypat
     assert stable(tmp_path / "resumed") == stable(tmp_path / "whole")
     assert not (tmp_path / "resumed" / ablate.PARTIAL).exists()
     assert not (tmp_path / "resumed" / ablate.SWEEP_PARTIAL).exists()
+
+
+def test_sweep_lr_grows_one_side_at_most_max_extensions_times():
+    from tokenformer.experiments.common import sweep_lr
+
+    measured, heard = [], []
+
+    def falling(lr):  # keeps improving with the LR: the argmin is always the top edge
+        measured.append(lr)
+        return -lr
+
+    s = sweep_lr([4.0, 1.0, 2.0], falling, max_extensions=1, on_extend=heard.append)
+    assert measured == [4.0, 1.0, 2.0, 8.0] and heard == [8.0]  # given order, then the step
+    assert s.grid == [1.0, 2.0, 4.0, 8.0] and s.chosen == 8.0 and s.status == "at edge"
+    flat = sweep_lr([1.0, 2.0, 4.0], lambda lr: 0.0, max_extensions=0)  # ties: the smaller LR
+    assert flat.chosen == 1.0 and flat.added == [] and flat.status == "at edge"
+    valley = sweep_lr([1.0, 2.0, 4.0], lambda lr: abs(lr - 2.0))
+    assert valley.chosen == 2.0 and valley.status == "inside"
+    with pytest.raises(ValueError, match="at least two"):
+        sweep_lr([1.0], lambda lr: 0.0)
