@@ -99,30 +99,21 @@ def tuning_key(arm: str, budget: float | None) -> str:
 
 
 def tune_lr(grid: list[float], max_extensions: int, loss_of: Any) -> dict[str, Any]:
-    """The argmin of ``loss_of(lr)`` over ``grid``; when it sits on an edge the grid grows by
-    one log step beyond it (the frontier's rule, ``extend_grid``), at most ``max_extensions``
-    times per side. One value: no tuning. A non-finite loss counts as the worst."""
-    from .frontier.plan import extend_grid
+    """The argmin of ``loss_of(lr)`` over ``grid``, extended past an edge pick by the shared
+    rule (:func:`..common.sweep_lr`, as the frontier and the ablations); one value: no tuning.
+    A non-finite loss counts as the worst."""
+    from .common import sweep_lr
 
     if len(grid) < 2:
         return {"lr": grid[0], "grid": grid, "losses": {}, "added": [], "edge": False}
-    first = (grid[0], grid[-1])
-    losses: dict[float, float] = {}
-    added: list[float] = []
-    while True:
-        for lr in grid:
-            if lr not in losses:
-                loss = float(loss_of(lr))
-                losses[lr] = loss if math.isfinite(loss) else math.inf
-        extra = extend_grid(grid, losses)
-        if extra is None or sum((x < first[0]) == (extra < first[0])
-                                for x in added) >= max_extensions:
-            break
-        added.append(extra)
-        grid = sorted([*grid, extra])
-    best = min(grid, key=lambda lr: (losses[lr], lr))
-    return {"lr": best, "grid": grid, "losses": losses, "added": added,
-            "edge": best in (grid[0], grid[-1])}
+
+    def measure(lr: float) -> float:
+        loss = float(loss_of(lr))
+        return loss if math.isfinite(loss) else math.inf
+
+    sweep = sweep_lr(grid, measure, max_extensions=max_extensions)
+    return {"lr": sweep.chosen, "grid": sweep.grid, "losses": sweep.values,
+            "added": sweep.added, "edge": sweep.at_edge}
 
 
 # ---------------------------------------------------------------------------------- presets
