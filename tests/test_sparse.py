@@ -48,7 +48,7 @@ def test_top_k_equal_n_is_dense(rows):
     assert torch.equal(layer(x), dense)
     # the gather / masked path itself at k = n: the same sum in another order
     theta_ = tokenformer.theta(x @ layer.key_param_tokens.t(), "l2_norm_gelu", layer.scale)
-    sparse = top_k_pattention(x, layer.key_param_tokens, layer.value_param_tokens, theta_, 24)
+    sparse = top_k_pattention(layer.value_param_tokens, theta_, 24)
     torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-5)
 
 
