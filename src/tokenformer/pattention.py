@@ -294,9 +294,10 @@ class Pattention(nn.Module):
         """This layer's Pattention (Θ, scale, eps, impl, top_k) over the tokens ``key``/``value``:
         its own parameters, or those with more tokens appended (token adapters)."""
         impl = self.impl
-        k = resolve_top_k(self.top_k, key.shape[0])
-        if k is not None and k < key.shape[0]:
-            return self._top_k_forward(x, key, value, k)
+        if self.top_k is not None:  # the dense default pays no top-k bookkeeping per call
+            k = resolve_top_k(self.top_k, key.shape[0])
+            if k is not None and k < key.shape[0]:
+                return self._top_k_forward(x, key, value, k)
         if impl == "reference":
             return _reference(x, key, value, self.norm, self.scale, self.eps)
         records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
