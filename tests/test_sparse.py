@@ -198,6 +198,11 @@ def test_prune_refuses_bad_requests():
         tokenformer.prune(model, ffn=64)
     with pytest.raises(GrowthError, match="unknown importance"):
         tokenformer.prune(model, ffn=64, by="random")
+    from tokenformer.baselines import matched_config, model_class
+
+    tpp = model_class("transformer++")(matched_config(model.config, "transformer++"))
+    with pytest.raises(GrowthError, match="transformer\\+\\+ model has none"):
+        tokenformer.prune(tpp, ffn="0.5x", by="value")
 
 
 def _cli(capsys, *args):

@@ -62,6 +62,20 @@ def prune_size(spec: int | str | None, current: int, what: str) -> int:
     return new
 
 
+def prune_sizes(config: Any, qkv: int | str | None = None, proj: int | str | None = None,
+                ffn: int | str | None = None) -> dict[str, int]:
+    """The new token count per kind (``qkv``/``proj``/``ffn``, as :func:`prune`), every request
+    refused here, from the config alone (before any calibration data is loaded): a model without
+    Pattention tokens, a size out of range, a product-key FFN resized."""
+    if not hasattr(config, "qkv_tokens"):
+        arch = getattr(config, "arch", type(config).__name__)
+        raise GrowthError(f"prune removes Pattention parameter tokens; a {arch} model has none")
+    sizes = {kind: prune_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
+             for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
+    refuse_product_ffn(config, sizes["ffn"], "prune")
+    return sizes
+
+
 def _normaliser(scores: torch.Tensor, norm: str) -> torch.Tensor:
     """Θ's per-row normaliser of ``scores`` [rows, m] (what :func:`theta` divides by)."""
     if norm == "l2_norm_gelu":
@@ -130,9 +144,7 @@ def prune(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | N
     if scale not in SCALES:
         raise GrowthError(f"unknown scale rule {scale!r}; choose one of {', '.join(SCALES)}")
     config = model.config
-    sizes = {kind: prune_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
-             for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
-    refuse_product_ffn(config, sizes["ffn"], "prune")
+    sizes = prune_sizes(config, qkv, proj, ffn)
     needs_data = (importance is None and by in ("contribution", "mass")) or scale == "renorm"
     if needs_data and calibration is None:
         raise GrowthError(f"prune by={by!r} with scale={scale!r} needs calibration input ids")
