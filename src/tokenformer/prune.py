@@ -76,6 +76,12 @@ def prune_sizes(config: Any, qkv: int | str | None = None, proj: int | str | Non
     return sizes
 
 
+def needs_calibration(by: str, scale: str, importance: object = None) -> bool:
+    """Whether :func:`prune` needs calibration input ids: importance by ``contribution``/``mass``
+    (unless a custom ``importance`` replaces it), or ``scale="renorm"``."""
+    return (importance is None and by in ("contribution", "mass")) or scale == "renorm"
+
+
 def _normaliser(scores: torch.Tensor, norm: str) -> torch.Tensor:
     """Θ's per-row normaliser of ``scores`` [rows, m] (what :func:`theta` divides by)."""
     if norm == "l2_norm_gelu":
@@ -145,7 +151,7 @@ def prune(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | N
         raise GrowthError(f"unknown scale rule {scale!r}; choose one of {', '.join(SCALES)}")
     config = model.config
     sizes = prune_sizes(config, qkv, proj, ffn)
-    needs_data = (importance is None and by in ("contribution", "mass")) or scale == "renorm"
+    needs_data = needs_calibration(by, scale, importance)
     if needs_data and calibration is None:
         raise GrowthError(f"prune by={by!r} with scale={scale!r} needs calibration input ids")
     stats = calibrate(model, calibration, keep_scores=scale == "renorm") if needs_data else {}

@@ -37,7 +37,7 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
     from ..io import atomic_dir
     from ..loading import load_model
     from ..outputs import check_output, write_marker
-    from ..prune import prune, prune_sizes
+    from ..prune import needs_calibration, prune, prune_sizes
     from .grow import _tokenizer_files
 
     out, source = Path(out), Path(checkpoint)
@@ -46,8 +46,7 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
     check_output(out, [source], command="prune", overwrite=overwrite)
     model = load_model(source).eval()
     prune_sizes(model.config, qkv, proj, ffn)  # refuse before loading calibration data
-    needs = by in ("contribution", "mass") or scale == "renorm"
-    ids = calibration_ids(model, data, tokenizer) if needs else None
+    ids = calibration_ids(model, data, tokenizer) if needs_calibration(by, scale) else None
     small = prune(model, qkv=qkv, proj=proj, ffn=ffn, by=by, calibration=ids, scale=scale)
     import shutil
 
