@@ -230,6 +230,9 @@ def test_prune_cli(tmp_path, capsys):
     assert code in (0, None), err
     assert "ffn 64" in out
     assert TokenFormerLM.load(tmp_path / "out").config.ffn_tokens == 64
+    from tokenformer.checkpoint import verify_checkpoint
+
+    assert verify_checkpoint(tmp_path / "out")  # a manifest, as grow writes: train verifies it
     for args in (["--ffn", "999"], ["--by", "nope"], ["--ffn", "half"]):
         code, _, err = _cli(capsys, "prune", str(tmp_path / "m"), str(tmp_path / "bad"), *args)
         assert _one_error_line(code, err), err
