@@ -26,7 +26,6 @@ factors are written to ``config.*_scale`` so save/load reproduces them.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import GrowthError
-from .grow import _MULTIPLIER, KINDS, rebuild, refuse_product_ffn
+from .grow import KINDS, rebuild, refuse_product_ffn, size_request
 from .pattention import Pattention, default_scale, pattention_kind, theta
 
 PRUNE_BY: tuple[str, ...] = ("contribution", "mass", "value", "newest")
@@ -47,15 +46,11 @@ def prune_size(spec: int | str | None, current: int, what: str) -> int:
     "0.5x" multiplies ``current`` (rounded to a whole number). Never larger, at least 1."""
     if spec is None:
         return current
-    if isinstance(spec, numbers.Integral) and not isinstance(spec, bool):
-        new = int(spec)
-    elif isinstance(spec, str) and spec.strip().isdigit():
-        new = int(spec)
-    elif isinstance(spec, str) and (match := _MULTIPLIER.match(spec)):
-        new = round(float(match.group(1)) * current)
-    else:
+    request = size_request(spec, current)
+    if request is None:
         raise GrowthError(f"{what}: malformed size {spec!r}; give a count like 192 or a "
                           f"multiplier like '0.5x'")
+    new = round(request)
     if not 1 <= new <= current:
         raise GrowthError(f"{what}: cannot prune from {current} to {new}; pruning keeps between "
                           f"1 and {current} tokens (grow adds tokens)")
