@@ -184,6 +184,22 @@ def test_prune_renorm_keeps_the_pre_activation_scale():
     ids = torch.randint(0, 257, (2, 32))
     small = tokenformer.prune(model, ffn=64, by="value", calibration=ids, scale="renorm")
     assert small.config.ffn_scale < 128 ** 0.5  # fewer scores in the norm → smaller factor
+    # by hand, in float64: √n times the mean over FFNs of the mean over rows of
+    # ‖scores of the kept (largest-‖v‖) tokens‖ / ‖all scores‖
+    inputs = []
+    hooks = [block.mlp.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
+             for block in model.layers]
+    model(ids)
+    for h in hooks:
+        h.remove()
+    ratios = []
+    for block, x in zip(model.layers, inputs, strict=True):
+        key = block.mlp.key_param_tokens.double()
+        scores = x.double().reshape(-1, key.shape[1]) @ key.t()
+        kept = block.mlp.value_param_tokens.norm(dim=1).topk(64).indices
+        ratios.append((scores[:, kept].norm(dim=1) / scores.norm(dim=1)).mean().item())
+    assert small.config.ffn_scale == pytest.approx(128 ** 0.5 * sum(ratios) / len(ratios),
+                                                   rel=1e-5)
     follow = tokenformer.prune(model, ffn=64, by="value", scale="follow")
     assert follow.config.ffn_scale is None
 
