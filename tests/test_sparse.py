@@ -239,8 +239,11 @@ def _one_error_line(code, err):
 
 
 def test_prune_cli(tmp_path, capsys):
+    from tokenformer.tokenizer import TOKENIZER_FILE
+
     model = _model()
     model.save(tmp_path / "m")
+    (tmp_path / "m" / TOKENIZER_FILE).write_text('{"stand-in": true}')
     code, out, err = _cli(capsys, "prune", str(tmp_path / "m"), str(tmp_path / "out"), "--ffn",
                           "0.5x", "--by", "value")
     assert code in (0, None), err
@@ -249,6 +252,7 @@ def test_prune_cli(tmp_path, capsys):
     from tokenformer.checkpoint import verify_checkpoint
 
     assert verify_checkpoint(tmp_path / "out")  # a manifest, as grow writes: train verifies it
+    assert (tmp_path / "out" / TOKENIZER_FILE).read_text() == '{"stand-in": true}'
     for args in (["--ffn", "999"], ["--by", "nope"], ["--ffn", "half"]):
         code, _, err = _cli(capsys, "prune", str(tmp_path / "m"), str(tmp_path / "bad"), *args)
         assert _one_error_line(code, err), err
