@@ -48,7 +48,7 @@ def test_top_k_equal_n_is_dense(rows):
     assert torch.equal(layer(x), dense)
     # the gather / masked path itself at k = n: the same sum in another order
     theta_ = tokenformer.theta(x @ layer.key_param_tokens.t(), "l2_norm_gelu", layer.scale)
-    sparse = top_k_pattention(x, layer.key_param_tokens, layer.value_param_tokens, theta_, 24)
+    sparse = top_k_pattention(layer.value_param_tokens, theta_, 24)
     torch.testing.assert_close(sparse, dense, rtol=1e-5, atol=1e-5)
 
 
@@ -184,6 +184,22 @@ def test_prune_renorm_keeps_the_pre_activation_scale():
     ids = torch.randint(0, 257, (2, 32))
     small = tokenformer.prune(model, ffn=64, by="value", calibration=ids, scale="renorm")
     assert small.config.ffn_scale < 128 ** 0.5  # fewer scores in the norm → smaller factor
+    # by hand, in float64: √n times the mean over FFNs of the mean over rows of
+    # ‖scores of the kept (largest-‖v‖) tokens‖ / ‖all scores‖
+    inputs = []
+    hooks = [block.mlp.register_forward_hook(lambda m, a, o: inputs.append(a[0]))
+             for block in model.layers]
+    model(ids)
+    for h in hooks:
+        h.remove()
+    ratios = []
+    for block, x in zip(model.layers, inputs, strict=True):
+        key = block.mlp.key_param_tokens.double()
+        scores = x.double().reshape(-1, key.shape[1]) @ key.t()
+        kept = block.mlp.value_param_tokens.norm(dim=1).topk(64).indices
+        ratios.append((scores[:, kept].norm(dim=1) / scores.norm(dim=1)).mean().item())
+    assert small.config.ffn_scale == pytest.approx(128 ** 0.5 * sum(ratios) / len(ratios),
+                                                   rel=1e-5)
     follow = tokenformer.prune(model, ffn=64, by="value", scale="follow")
     assert follow.config.ffn_scale is None
 
@@ -198,6 +214,11 @@ def test_prune_refuses_bad_requests():
         tokenformer.prune(model, ffn=64)
     with pytest.raises(GrowthError, match="unknown importance"):
         tokenformer.prune(model, ffn=64, by="random")
+    from tokenformer.baselines import matched_config, model_class
+
+    tpp = model_class("transformer++")(matched_config(model.config, "transformer++"))
+    with pytest.raises(GrowthError, match="transformer\\+\\+ model has none"):
+        tokenformer.prune(tpp, ffn="0.5x", by="value")
 
 
 def _cli(capsys, *args):
@@ -218,13 +239,20 @@ def _one_error_line(code, err):
 
 
 def test_prune_cli(tmp_path, capsys):
+    from tokenformer.tokenizer import TOKENIZER_FILE
+
     model = _model()
     model.save(tmp_path / "m")
+    (tmp_path / "m" / TOKENIZER_FILE).write_text('{"stand-in": true}')
     code, out, err = _cli(capsys, "prune", str(tmp_path / "m"), str(tmp_path / "out"), "--ffn",
                           "0.5x", "--by", "value")
     assert code in (0, None), err
     assert "ffn 64" in out
     assert TokenFormerLM.load(tmp_path / "out").config.ffn_tokens == 64
+    from tokenformer.checkpoint import verify_checkpoint
+
+    assert verify_checkpoint(tmp_path / "out")  # a manifest, as grow writes: train verifies it
+    assert (tmp_path / "out" / TOKENIZER_FILE).read_text() == '{"stand-in": true}'
     for args in (["--ffn", "999"], ["--by", "nope"], ["--ffn", "half"]):
         code, _, err = _cli(capsys, "prune", str(tmp_path / "m"), str(tmp_path / "bad"), *args)
         assert _one_error_line(code, err), err

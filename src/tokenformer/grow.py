@@ -87,6 +87,22 @@ _MULTIPLIER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*[xX×]\s*$")
 
 
 # ------------------------------------------------------------------------------------ sizes
+def size_request(spec: object, current: int) -> int | float | None:
+    """The count a size spec asks for, before the caller's rounding and bounds (grow's
+    :func:`resolve_size`, prune's ``prune_size``): an int (numpy integers too) or "768" is that
+    count; "2x" / "0.5x" is that multiple of ``current`` (a float); anything else (a bool
+    included) is None, malformed."""
+    if isinstance(spec, bool):
+        return None
+    if isinstance(spec, numbers.Integral):
+        return int(spec)
+    if isinstance(spec, str) and spec.strip().isdigit():
+        return int(spec)
+    if isinstance(spec, str) and (match := _MULTIPLIER.match(spec)):
+        return float(match.group(1)) * current
+    return None
+
+
 def resolve_size(spec: int | str | None, current: int, what: str) -> int:
     """The new count for ``what``: ``None`` keeps ``current``; an int or "768" is absolute;
     "2x" / "1.5x" multiplies ``current`` (the product must be a whole number). Never smaller."""
@@ -94,19 +110,14 @@ def resolve_size(spec: int | str | None, current: int, what: str) -> int:
         return current
     if isinstance(spec, bool):
         raise GrowthError(f"{what}: expected a count or a multiplier like '2x', got {spec!r}")
-    if isinstance(spec, numbers.Integral):  # int, numpy integers
-        new = int(spec)
-    elif isinstance(spec, str) and spec.strip().isdigit():
-        new = int(spec)
-    elif isinstance(spec, str) and (match := _MULTIPLIER.match(spec)):
-        product = float(match.group(1)) * current
-        if abs(product - round(product)) > 1e-9:
-            raise GrowthError(f"{what}: {spec.strip()} of {current} is {product:g}, not a whole "
-                              f"number; give an absolute count instead")
-        new = round(product)
-    else:
+    request = size_request(spec, current)
+    if request is None:
         raise GrowthError(f"{what}: malformed size {spec!r}; give a count like 1536 or a "
                           f"multiplier like '2x' or '1.5x'")
+    if isinstance(request, float) and abs(request - round(request)) > 1e-9:  # a multiplier
+        raise GrowthError(f"{what}: {str(spec).strip()} of {current} is {request:g}, not a "
+                          f"whole number; give an absolute count instead")
+    new = round(request)
     if new < current:
         raise GrowthError(f"{what}: cannot shrink from {current} to {new}; growth only adds "
                           f"parameter tokens or blocks")

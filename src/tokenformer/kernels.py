@@ -77,11 +77,11 @@ def _flags() -> list[str]:
 def build_name() -> str:
     """The extension's name: the ISA it is compiled for and a hash of what it is built from
     (source, flags, torch version), e.g. ``tokenformer_theta_avx512_bf16_1a2b3c4d``."""
-    target = isa()
-    if "-mavx512bf16" in _flags():
+    target, flags = isa(), _flags()
+    if "-mavx512bf16" in flags:
         target += "_BF16"
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join([*_flags(), torch.__version__]).encode())
+    digest.update(" ".join([*flags, torch.__version__]).encode())
     return f"tokenformer_theta_{target.lower()}_{digest.hexdigest()[:8]}"
 
 

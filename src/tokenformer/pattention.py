@@ -118,8 +118,7 @@ def check_top_k(spec: object, what: str = "top_k") -> None:
         raise ConfigError(f"{what}: a count must be >= 1, got {spec!r}")
 
 
-def top_k_pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, theta_: torch.Tensor,
-                     k: int) -> torch.Tensor:
+def top_k_pattention(value: torch.Tensor, theta_: torch.Tensor, k: int) -> torch.Tensor:
     """Θ·V with only each row's ``k`` largest-|Θ| entries of ``theta_`` [..., n] kept. Gathers
     the k value rows per row (decoding) or multiplies a masked dense Θ (many rows); autograd
     flows through both (gradients reach the kept weights and value rows only)."""
@@ -295,9 +294,10 @@ class Pattention(nn.Module):
         """This layer's Pattention (Θ, scale, eps, impl, top_k) over the tokens ``key``/``value``:
         its own parameters, or those with more tokens appended (token adapters)."""
         impl = self.impl
-        k = resolve_top_k(self.top_k, key.shape[0])
-        if k is not None and k < key.shape[0]:
-            return self._top_k_forward(x, key, value, k)
+        if self.top_k is not None:  # the dense default pays no top-k bookkeeping per call
+            k = resolve_top_k(self.top_k, key.shape[0])
+            if k is not None and k < key.shape[0]:
+                return self._top_k_forward(x, key, value, k)
         if impl == "reference":
             return _reference(x, key, value, self.norm, self.scale, self.eps)
         records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
@@ -330,7 +330,7 @@ class Pattention(nn.Module):
                                            self.eps)[0].view(scores.shape)
         else:
             theta_ = theta(scores, self.norm, self.scale, self.eps)
-        return top_k_pattention(x, key, value, theta_, k)
+        return top_k_pattention(value, theta_, k)
 
     def _inference_value(self, value: torch.Tensor) -> torch.Tensor:
         """V for a matmul autograd does not record. In bf16/fp16, the CPU's matrix-vector

@@ -26,7 +26,6 @@ factors are written to ``config.*_scale`` so save/load reproduces them.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import GrowthError
-from .grow import _MULTIPLIER, KINDS, rebuild, refuse_product_ffn
+from .grow import KINDS, rebuild, refuse_product_ffn, size_request
 from .pattention import Pattention, default_scale, pattention_kind, theta
 
 PRUNE_BY: tuple[str, ...] = ("contribution", "mass", "value", "newest")
@@ -47,19 +46,35 @@ def prune_size(spec: int | str | None, current: int, what: str) -> int:
     "0.5x" multiplies ``current`` (rounded to a whole number). Never larger, at least 1."""
     if spec is None:
         return current
-    if isinstance(spec, numbers.Integral) and not isinstance(spec, bool):
-        new = int(spec)
-    elif isinstance(spec, str) and spec.strip().isdigit():
-        new = int(spec)
-    elif isinstance(spec, str) and (match := _MULTIPLIER.match(spec)):
-        new = round(float(match.group(1)) * current)
-    else:
+    request = size_request(spec, current)
+    if request is None:
         raise GrowthError(f"{what}: malformed size {spec!r}; give a count like 192 or a "
                           f"multiplier like '0.5x'")
+    new = round(request)
     if not 1 <= new <= current:
         raise GrowthError(f"{what}: cannot prune from {current} to {new}; pruning keeps between "
                           f"1 and {current} tokens (grow adds tokens)")
     return new
+
+
+def prune_sizes(config: Any, qkv: int | str | None = None, proj: int | str | None = None,
+                ffn: int | str | None = None) -> dict[str, int]:
+    """The new token count per kind (``qkv``/``proj``/``ffn``, as :func:`prune`), every request
+    refused here, from the config alone (before any calibration data is loaded): a model without
+    Pattention tokens, a size out of range, a product-key FFN resized."""
+    if not hasattr(config, "qkv_tokens"):
+        arch = getattr(config, "arch", type(config).__name__)
+        raise GrowthError(f"prune removes Pattention parameter tokens; a {arch} model has none")
+    sizes = {kind: prune_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
+             for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
+    refuse_product_ffn(config, sizes["ffn"], "prune")
+    return sizes
+
+
+def needs_calibration(by: str, scale: str, importance: object = None) -> bool:
+    """Whether :func:`prune` needs calibration input ids: importance by ``contribution``/``mass``
+    (unless a custom ``importance`` replaces it), or ``scale="renorm"``."""
+    return (importance is None and by in ("contribution", "mass")) or scale == "renorm"
 
 
 def _normaliser(scores: torch.Tensor, norm: str) -> torch.Tensor:
@@ -130,10 +145,8 @@ def prune(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | N
     if scale not in SCALES:
         raise GrowthError(f"unknown scale rule {scale!r}; choose one of {', '.join(SCALES)}")
     config = model.config
-    sizes = {kind: prune_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
-             for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
-    refuse_product_ffn(config, sizes["ffn"], "prune")
-    needs_data = (importance is None and by in ("contribution", "mass")) or scale == "renorm"
+    sizes = prune_sizes(config, qkv, proj, ffn)
+    needs_data = needs_calibration(by, scale, importance)
     if needs_data and calibration is None:
         raise GrowthError(f"prune by={by!r} with scale={scale!r} needs calibration input ids")
     stats = calibrate(model, calibration, keep_scores=scale == "renorm") if needs_data else {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +33,31 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
                      overwrite: bool = False) -> dict[str, Any]:
     """Load ``checkpoint``, prune it (:func:`tokenformer.prune.prune`, calibrated on ``data``
     when ``by``/``scale`` need it), write the model and its tokenizer files to ``out``
-    atomically. Returns parameter counts and the new config."""
+    atomically, with a manifest (as ``grow``). Returns parameter counts and the new config."""
+    from .. import checkpoint as ckpt
     from ..errors import CheckpointError
     from ..io import atomic_dir
     from ..loading import load_model
     from ..outputs import check_output, write_marker
-    from ..prune import prune, prune_size
+    from ..prune import needs_calibration, prune, prune_sizes
     from .grow import _tokenizer_files
 
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
     check_output(out, [source], command="prune", overwrite=overwrite)
+    if source.is_dir():
+        ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
     model = load_model(source).eval()
-    for kind, spec in (("qkv", qkv), ("proj", proj), ("ffn", ffn)):  # refuse before calibrating
-        prune_size(spec, getattr(model.config, f"{kind}_tokens"), f"{kind} tokens")
-    needs = by in ("contribution", "mass") or scale == "renorm"
-    ids = calibration_ids(model, data, tokenizer) if needs else None
+    prune_sizes(model.config, qkv, proj, ffn)  # refuse before loading calibration data
+    ids = calibration_ids(model, data, tokenizer) if needs_calibration(by, scale) else None
     small = prune(model, qkv=qkv, proj=proj, ffn=ffn, by=by, calibration=ids, scale=scale)
-    import shutil
-
     with atomic_dir(out, overwrite=overwrite) as tmp:
         small.save(tmp)
         for name in _tokenizer_files(source):
             shutil.copy2(source / name, tmp / name)
         write_marker(tmp, "prune")
+        ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": small.num_parameters(), "config": small.config.to_dict()}
 
