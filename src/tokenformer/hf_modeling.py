@@ -339,7 +339,8 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
             raise ConfigError(f"resize_token_embeddings: need positive sizes, got "
                               f"new_num_tokens={new_num_tokens}, "
                               f"pad_to_multiple_of={pad_to_multiple_of}")
-        rows = -(-vocab // multiple) * multiple
+        rows = dataclasses.replace(self.model.config, vocab_size=vocab,
+                                   vocab_multiple=multiple).padded_vocab_size
         embeddings = super().resize_token_embeddings(rows, None, mean_resizing)
         for config in (self.config, self.model.config):
             config.vocab_size, config.vocab_multiple = vocab, multiple
