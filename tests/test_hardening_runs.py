@@ -497,6 +497,15 @@ def test_official_config_with_fractional_heads(capsys, tmp_path, model_dir):
     refused(capsys, "info", release, match="num_attention_heads must be a positive integer")
 
 
+@pytest.mark.parametrize("vocab", [{"vocab_size": 400}, {"vocab_size": 257, "vocab_multiple": 1}])
+def test_official_config_vocabulary_must_fit_the_embedding(capsys, tmp_path, model_dir, vocab):
+    """257 tokens in 384 rows (multiple 128): 400 pads to 512 rows, 257 unpadded is 257 rows."""
+    release = tmp_path / "release"
+    assert run(capsys, "convert", "to-official", model_dir, release)[0] == 0
+    (release / "config.json").write_text(json.dumps(vocab))
+    refused(capsys, "info", release, match="does not match the embedding's 384 rows")
+
+
 def test_generate_arguments(capsys, tmp_path, reference):
     refused(capsys, "generate", "tiny", "--prompt", "x", "--temperature", "-1",
             match="--temperature")
