@@ -171,6 +171,25 @@ def test_convert_never_deletes_or_replaces_its_input(capsys, tmp_path, model_dir
     assert run(capsys, "convert", "official", bin_file, hf, "--overwrite")[0] == 0
 
 
+def test_convert_to_hf_never_replaces_its_input(capsys, tmp_path, model_dir):
+    pytest.importorskip("transformers")
+    before = snapshot(model_dir)
+    refused(capsys, "convert", "to-hf", model_dir, model_dir, "--overwrite", match="is the input")
+    refused(capsys, "convert", "to-hf", model_dir, model_dir / "hf", match="lies inside the input")
+    refused(capsys, "convert", "to-hf", model_dir, model_dir.parent, "--overwrite",
+            match="contains the input")
+    assert snapshot(model_dir) == before
+    official = tmp_path / "official"
+    assert run(capsys, "convert", "to-official", model_dir, official)[0] == 0
+    refused(capsys, "convert", "to-hf", model_dir, official, "--overwrite",
+            match="was written by tokenformer convert to-official, not convert to-hf")
+    hf = tmp_path / "hf"
+    assert run(capsys, "convert", "to-hf", model_dir, hf)[0] == 0
+    assert json.loads((hf / MARKER).read_text())["command"] == "convert to-hf"
+    assert run(capsys, "convert", "to-hf", model_dir, hf, "--overwrite")[0] == 0
+    assert snapshot(model_dir) == before
+
+
 def test_grow_train_and_plot_outputs(capsys, tmp_path, model_dir, dataset_dir, reference):
     before = snapshot(model_dir)
     refused(capsys, "grow", model_dir, "--ffn", "2x", "--out", model_dir / "grown",
