@@ -171,6 +171,25 @@ def test_convert_never_deletes_or_replaces_its_input(capsys, tmp_path, model_dir
     assert run(capsys, "convert", "official", bin_file, hf, "--overwrite")[0] == 0
 
 
+def test_convert_to_hf_never_replaces_its_input(capsys, tmp_path, model_dir):
+    pytest.importorskip("transformers")
+    before = snapshot(model_dir)
+    refused(capsys, "convert", "to-hf", model_dir, model_dir, "--overwrite", match="is the input")
+    refused(capsys, "convert", "to-hf", model_dir, model_dir / "hf", match="lies inside the input")
+    refused(capsys, "convert", "to-hf", model_dir, model_dir.parent, "--overwrite",
+            match="contains the input")
+    assert snapshot(model_dir) == before
+    official = tmp_path / "official"
+    assert run(capsys, "convert", "to-official", model_dir, official)[0] == 0
+    refused(capsys, "convert", "to-hf", model_dir, official, "--overwrite",
+            match="was written by tokenformer convert to-official, not convert to-hf")
+    hf = tmp_path / "hf"
+    assert run(capsys, "convert", "to-hf", model_dir, hf)[0] == 0
+    assert json.loads((hf / MARKER).read_text())["command"] == "convert to-hf"
+    assert run(capsys, "convert", "to-hf", model_dir, hf, "--overwrite")[0] == 0
+    assert snapshot(model_dir) == before
+
+
 def test_grow_train_and_plot_outputs(capsys, tmp_path, model_dir, dataset_dir, reference):
     before = snapshot(model_dir)
     refused(capsys, "grow", model_dir, "--ffn", "2x", "--out", model_dir / "grown",
@@ -495,6 +514,15 @@ def test_official_config_with_fractional_heads(capsys, tmp_path, model_dir):
     assert run(capsys, "convert", "to-official", model_dir, release)[0] == 0
     (release / "config.json").write_text(json.dumps({"num_attention_heads": 2.5}))
     refused(capsys, "info", release, match="num_attention_heads must be a positive integer")
+
+
+@pytest.mark.parametrize("vocab", [{"vocab_size": 400}, {"vocab_size": 257, "vocab_multiple": 1}])
+def test_official_config_vocabulary_must_fit_the_embedding(capsys, tmp_path, model_dir, vocab):
+    """257 tokens in 384 rows (multiple 128): 400 pads to 512 rows, 257 unpadded is 257 rows."""
+    release = tmp_path / "release"
+    assert run(capsys, "convert", "to-official", model_dir, release)[0] == 0
+    (release / "config.json").write_text(json.dumps(vocab))
+    refused(capsys, "info", release, match="does not match the embedding's 384 rows")
 
 
 def test_generate_arguments(capsys, tmp_path, reference):

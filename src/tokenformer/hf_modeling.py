@@ -37,7 +37,7 @@ from transformers.modeling_outputs import (
 
 from .baselines import model_class
 from .errors import ConfigError
-from .model import LayerNorm, RotaryEmbedding, TokenFormerLM
+from .model import LayerNorm, RotaryEmbedding, TokenFormerLM, positions_from_mask
 from .pattention import Pattention
 from .product_keys import ProductKeyPattention
 
@@ -237,7 +237,7 @@ class TokenFormerPreTrainedModel(PreTrainedModel):
         if attention_mask is not None and position_ids is None:
             # Left padding: real tokens count positions from 0, as in TokenFormerLM.generate.
             T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -T:]
+            position_ids = positions_from_mask(attention_mask, T)
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # all ones: let the core take its fused causal path
         if output_hidden_states is None:
@@ -339,7 +339,8 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
             raise ConfigError(f"resize_token_embeddings: need positive sizes, got "
                               f"new_num_tokens={new_num_tokens}, "
                               f"pad_to_multiple_of={pad_to_multiple_of}")
-        rows = -(-vocab // multiple) * multiple
+        rows = dataclasses.replace(self.model.config, vocab_size=vocab,
+                                   vocab_multiple=multiple).padded_vocab_size
         embeddings = super().resize_token_embeddings(rows, None, mean_resizing)
         for config in (self.config, self.model.config):
             config.vocab_size, config.vocab_multiple = vocab, multiple

@@ -177,6 +177,12 @@ def _mask(attention_mask: torch.Tensor | None, B: int, T: int, past: int,
     return mask
 
 
+def positions_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Position ids of the last ``length`` tokens of a [B, S] ``attention_mask``: real tokens
+    count from 0, so left padding is invisible (padding positions get 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+
+
 # ----------------------------------------------------------------------------------------- block
 class LayerNorm(nn.Module):
     """LayerNorm whose weight and bias are each optional (official blocks have neither)."""
@@ -456,8 +462,7 @@ class TokenFormerLM(nn.Module):
         for _ in range(max_new_tokens):
             position_ids = None
             if attention_mask is not None:
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-                position_ids = position_ids[:, -step_input.shape[1]:]
+                position_ids = positions_from_mask(attention_mask, step_input.shape[1])
             out = self(step_input, attention_mask=attention_mask, position_ids=position_ids,
                        past_key_values=cache, use_cache=use_cache, logits_to_keep=1)
             logits = out.logits[:, -1, :vocab].float()

@@ -133,10 +133,7 @@ def infer_config(state: dict[str, torch.Tensor], config_json: dict[str, Any] | N
     vocab = int(cfg.get("vocab_size") or (OFFICIAL_VOCAB_SIZE if vocab_rows == 50304
                                           else vocab_rows))
     multiple = int(cfg.get("vocab_multiple") or (128 if vocab_rows % 128 == 0 else 1))
-    if -(-vocab // multiple) * multiple != vocab_rows:
-        raise CheckpointError(f"config.json's vocab_size={vocab} (padded to a multiple of "
-                              f"{multiple}) does not match the embedding's {vocab_rows} rows")
-    return TokenFormerConfig(
+    config = TokenFormerConfig(
         vocab_size=vocab, vocab_multiple=multiple, eos_token_id=cfg.get("eos_token_id", 0),
         hidden_size=int(d), num_layers=len(layers), num_heads=int(heads),
         qkv_tokens=tokens("attention.query"), proj_tokens=tokens("attention.proj"),
@@ -146,6 +143,10 @@ def infer_config(state: dict[str, torch.Tensor], config_json: dict[str, Any] | N
         rotary_pct=float(rotary_pct if rotary_pct is not None else cfg.get("rotary_pct", 0.25)),
         norm=norm or cfg.get("norm_activation_type") or "l2_norm_gelu",
         name="official")
+    if config.padded_vocab_size != vocab_rows:
+        raise CheckpointError(f"config.json's vocab_size={vocab} (padded to a multiple of "
+                              f"{multiple}) does not match the embedding's {vocab_rows} rows")
+    return config
 
 
 def load_official(path: str | Path, *, num_heads: int | None = None,
