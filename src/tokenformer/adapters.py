@@ -392,15 +392,24 @@ def merge(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
     return merged
 
 
-def load_adapted(base: str | Path, adapters: Sequence[str | Path] = ()) -> nn.Module:
-    """The model at ``base`` (:func:`tokenformer.load_model`) with ``adapters`` loaded onto it,
-    stacked in order and all active (each refused if trained on another base)."""
+def load_base(base: str | Path) -> nn.Module:
+    """:func:`tokenformer.load_model` after checking a model directory against its manifest: an
+    adapter is bound to its base's exact tensors, when trained on it and when loaded onto it."""
     from . import checkpoint as ckpt
     from .loading import load_model
 
-    if adapters and Path(base).is_dir():  # without adapters: exactly what load_model does
+    if Path(base).is_dir():
         ckpt.verify_checkpoint(base)
-    model = load_model(base)
+    return load_model(base)
+
+
+def load_adapted(base: str | Path, adapters: Sequence[str | Path] = ()) -> nn.Module:
+    """The model at ``base`` (:func:`tokenformer.load_model`) with ``adapters`` loaded onto it,
+    stacked in order and all active (each refused if trained on another base)."""
+    from .loading import load_model
+
+    # without adapters: exactly what load_model does
+    model = load_base(base) if adapters else load_model(base)
     for directory in adapters:
         load_adapter(model, directory)
     return model

@@ -49,8 +49,6 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     import torch
 
     from .. import adapters as ad
-    from .. import checkpoint as ckpt
-    from ..loading import load_model
     from ..outputs import check_output
     from ..train import fit, lm_evaluator, load_config, resolve_device
 
@@ -59,12 +57,10 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     cfg = load_config(None, {"steps": 200, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20,
                              "eval_interval": 0, "eval_batches": 8, "batch_size": 16,
                              "seq_len": 128, "weight_decay": 0.0, **(overrides or {})})
-    if Path(base).is_dir():
-        ckpt.verify_checkpoint(base)
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model = load_model(base).to(device)
+    model = ad.load_base(base).to(device)
     dataset = open_data(data_spec, progress=bool(progress))
     dataset.check_model(model.config.vocab_size, cfg.seq_len)
     if cfg.seq_len > model.config.max_seq_len:
