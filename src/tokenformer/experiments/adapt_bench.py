@@ -578,7 +578,7 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
                    ["tokenformer adapt-bench --preset", name]
                    + ([f"--seeds {seeds}"] if seeds is not None else [])
                    + ([f"--budgets {','.join(f'{b:g}' for b in budgets)}"] if budgets else [])
-                   + [f"--out {out}"]),
+                   + ([f"--threads {threads}"] if threads else []) + [f"--out {out}"]),
                "code_corpus": CODE_SOURCE}
     results["summary"] = summarize(results)
     results["verdict_lines"] = verdict(results)
