@@ -224,6 +224,26 @@ def test_tampered_adapter_refused(tmp_path: Path) -> None:
         ad.load_adapter(make(), tmp_path / "adapter")
 
 
+@pytest.mark.parametrize("tokens", [{"ffn": "2"}, {"ffn": -1}, {"mlp": 2}, None])
+def test_malformed_adapter_config_refused(tmp_path: Path, tokens) -> None:
+    """A config that passes its manifest (rewritten) but names bad token counts: one
+    CheckpointError, nothing attached."""
+    from tokenformer.checkpoint import write_manifest
+
+    model = make()
+    ad.adapt(model, ffn=2, name="a")
+    ad.save_adapter(model, "a", tmp_path / "adapter")
+    config_file = tmp_path / "adapter" / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["tokens"] = tokens
+    config_file.write_text(json.dumps(config))
+    write_manifest(tmp_path / "adapter")
+    fresh = make()
+    with pytest.raises(CheckpointError, match="malformed 'tokens'"):
+        ad.load_adapter(fresh, tmp_path / "adapter")
+    assert ad.adapter_names(fresh) == []
+
+
 def test_fingerprint_ignores_adapters_and_sees_any_base_change() -> None:
     model = make()
     h = ad.base_fingerprint(model)
