@@ -277,6 +277,9 @@ def test_merge_equals_adapted_forward(tmp_path: Path) -> None:
     torch.testing.assert_close(logits(TokenFormerLM.load(tmp_path / "merged"), x), adapted,
                                rtol=0, atol=1e-5)
     assert ad.adapter_names(model) == ["a", "b"]  # the input is untouched
+    assert torch.equal(logits(model, x), adapted)  # ... its tensors included
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [
+        n for n, _ in model.named_parameters() if ".adapters.b." in n]  # and its flags
     with pytest.raises(ConfigError, match="no adapter is active"):
         ad.set_active(model, [])
         ad.merge(model)
