@@ -369,7 +369,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             cells.append(cell)
     comparisons = []
     pairs = [("tok-ffn", "lora-ffn"), ("tok-all", "lora-ffn"), ("tok-ffn", "lora-tpp"),
-             ("tok-all", "lora-tpp"), ("tok-ffn", "tok-all")]
+             ("tok-all", "lora-tpp"), ("tok-ffn", "tok-all"), ("lora-ffn", "lora-tpp")]
     for budget in results["preset"]["budgets"]:
         for a, b in pairs:
             ra = {r["seed"]: r for r in _runs(results, a, budget)}
