@@ -224,6 +224,26 @@ def test_tampered_adapter_refused(tmp_path: Path) -> None:
         ad.load_adapter(make(), tmp_path / "adapter")
 
 
+@pytest.mark.parametrize("tokens", [{"ffn": "2"}, {"ffn": -1}, {"mlp": 2}, None])
+def test_malformed_adapter_config_refused(tmp_path: Path, tokens) -> None:
+    """A config that passes its manifest (rewritten) but names bad token counts: one
+    CheckpointError, nothing attached."""
+    from tokenformer.checkpoint import write_manifest
+
+    model = make()
+    ad.adapt(model, ffn=2, name="a")
+    ad.save_adapter(model, "a", tmp_path / "adapter")
+    config_file = tmp_path / "adapter" / "adapter_config.json"
+    config = json.loads(config_file.read_text())
+    config["tokens"] = tokens
+    config_file.write_text(json.dumps(config))
+    write_manifest(tmp_path / "adapter")
+    fresh = make()
+    with pytest.raises(CheckpointError, match="malformed 'tokens'"):
+        ad.load_adapter(fresh, tmp_path / "adapter")
+    assert ad.adapter_names(fresh) == []
+
+
 def test_fingerprint_ignores_adapters_and_sees_any_base_change() -> None:
     model = make()
     h = ad.base_fingerprint(model)
@@ -257,6 +277,9 @@ def test_merge_equals_adapted_forward(tmp_path: Path) -> None:
     torch.testing.assert_close(logits(TokenFormerLM.load(tmp_path / "merged"), x), adapted,
                                rtol=0, atol=1e-5)
     assert ad.adapter_names(model) == ["a", "b"]  # the input is untouched
+    assert torch.equal(logits(model, x), adapted)  # ... its tensors included
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [
+        n for n, _ in model.named_parameters() if ".adapters.b." in n]  # and its flags
     with pytest.raises(ConfigError, match="no adapter is active"):
         ad.set_active(model, [])
         ad.merge(model)

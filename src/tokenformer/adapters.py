@@ -314,6 +314,12 @@ def read_adapter_config(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory / ADAPTER_CONFIG} is corrupt (not JSON)") from None
     if not isinstance(config, dict) or config.get("format") != ADAPTER_FORMAT:
         raise CheckpointError(f"{directory / ADAPTER_CONFIG} is not a {ADAPTER_FORMAT} file")
+    tokens = config.get("tokens")
+    if not isinstance(tokens, dict) or set(tokens) - set(KINDS) or not all(
+            type(v) is int and v >= 0 for v in tokens.values()):
+        raise CheckpointError(f"{directory / ADAPTER_CONFIG}: malformed 'tokens'")
+    if not isinstance(config.get("name"), str):
+        raise CheckpointError(f"{directory / ADAPTER_CONFIG}: malformed 'name'")
     return config
 
 
@@ -334,15 +340,12 @@ def load_adapter(model: nn.Module, directory: str | Path, *, name: str | None = 
             raise CheckpointError(f"adapter {directory} was trained on base sha256 {want[:16]}…, "
                                   f"this model is sha256 {have[:16]}… (hash mismatch: another "
                                   f"base model)")
-    name = name or str(config["name"])
-    tokens = config.get("tokens", {})
-    if not isinstance(tokens, dict) or set(tokens) - set(KINDS):
-        raise CheckpointError(f"{directory / ADAPTER_CONFIG}: malformed 'tokens'")
+    name = name or config["name"]
     try:
         state = load_file(str(directory / ADAPTER_WEIGHTS))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{directory / ADAPTER_WEIGHTS} is corrupt: {exc}") from None
-    adapt(model, **{k: int(v) for k, v in tokens.items()}, name=name)
+    adapt(model, **config["tokens"], name=name)
     own = adapter_state(model, name)
     from .model import check_state_dict
 
@@ -392,15 +395,24 @@ def merge(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
     return merged
 
 
-def load_adapted(base: str | Path, adapters: Sequence[str | Path] = ()) -> nn.Module:
-    """The model at ``base`` (:func:`tokenformer.load_model`) with ``adapters`` loaded onto it,
-    stacked in order and all active (each refused if trained on another base)."""
+def load_base(base: str | Path) -> nn.Module:
+    """:func:`tokenformer.load_model` after checking a model directory against its manifest: an
+    adapter is bound to its base's exact tensors, when trained on it and when loaded onto it."""
     from . import checkpoint as ckpt
     from .loading import load_model
 
-    if adapters and Path(base).is_dir():  # without adapters: exactly what load_model does
+    if Path(base).is_dir():
         ckpt.verify_checkpoint(base)
-    model = load_model(base)
+    return load_model(base)
+
+
+def load_adapted(base: str | Path, adapters: Sequence[str | Path] = ()) -> nn.Module:
+    """The model at ``base`` (:func:`tokenformer.load_model`) with ``adapters`` loaded onto it,
+    stacked in order and all active (each refused if trained on another base)."""
+    from .loading import load_model
+
+    # without adapters: exactly what load_model does
+    model = load_base(base) if adapters else load_model(base)
     for directory in adapters:
         load_adapter(model, directory)
     return model

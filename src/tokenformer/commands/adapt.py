@@ -27,18 +27,17 @@ def parse_tokens(spec: str) -> dict[str, int]:
     return sizes
 
 
-def open_data(spec: str, progress: bool = True) -> Any:
-    """A prepared data directory, ``default`` (the embedded KJV) or ``code`` (the embedded
-    Jinja2 source corpus, :mod:`tokenformer.experiments.adapt_bench`)."""
-    from .. import data
-
-    if spec == "default":
-        return data.default_dataset("bytes", progress=progress)
-    if spec == "code":
+def open_data(cfg: Any, progress: bool = True) -> Any:
+    """``cfg.data``: what the trainer opens (a prepared directory, ``default`` = the embedded
+    KJV) or ``code`` (the embedded Jinja2 source corpus,
+    :mod:`tokenformer.experiments.adapt_bench`)."""
+    if cfg.data == "code":
         from ..experiments.adapt_bench import code_dataset
 
         return code_dataset(progress=progress)
-    return data.TokenDataset.open(spec)
+    from ..train import open_dataset
+
+    return open_dataset(cfg, progress=progress)
 
 
 def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str | Path, *,
@@ -49,8 +48,6 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     import torch
 
     from .. import adapters as ad
-    from .. import checkpoint as ckpt
-    from ..loading import load_model
     from ..outputs import check_output
     from ..train import fit, lm_evaluator, load_config, resolve_device
 
@@ -58,14 +55,13 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt")
     cfg = load_config(None, {"steps": 200, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20,
                              "eval_interval": 0, "eval_batches": 8, "batch_size": 16,
-                             "seq_len": 128, "weight_decay": 0.0, **(overrides or {})})
-    if Path(base).is_dir():
-        ckpt.verify_checkpoint(base)
+                             "seq_len": 128, "weight_decay": 0.0, **(overrides or {}),
+                             "data": data_spec})
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model = load_model(base).to(device)
-    dataset = open_data(data_spec, progress=bool(progress))
+    model = ad.load_base(base).to(device)
+    dataset = open_data(cfg, progress=bool(progress))
     dataset.check_model(model.config.vocab_size, cfg.seq_len)
     if cfg.seq_len > model.config.max_seq_len:
         raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "

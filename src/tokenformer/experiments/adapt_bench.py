@@ -28,7 +28,6 @@ import copy
 import functools
 import json
 import math
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +39,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, DataError
+from . import stats
 from .common import markdown_table, to_json
 
 SCHEMA = "tokenformer-adapt-bench-v1"
@@ -325,17 +325,13 @@ def run_one(arm: str, size: int, lr: float, seed: int, preset: BenchPreset,
 
 # ------------------------------------------------------------------------------- statistics
 def t_interval(values: Sequence[float]) -> dict[str, float]:
-    """Mean, t-based 95 % half-width and the p-value of a one-sample t-test against 0."""
-    from scipy import stats
+    """Mean, t-based 95 % half-width and p-value against 0, in this report's ``results.json``
+    shape (:func:`.stats.t_interval`: the experiments' one rule)."""
+    return _as_dict(stats.t_interval(values))
 
-    n = len(values)
-    mean = statistics.fmean(values)
-    if n < 2:
-        return {"mean": mean, "half": math.nan, "p": math.nan, "n": n}
-    sd = statistics.stdev(values)
-    half = float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
-    p = float(stats.ttest_1samp(values, 0.0).pvalue) if sd > 0 else (0.0 if mean else 1.0)
-    return {"mean": mean, "half": half, "p": p, "n": n}
+
+def _as_dict(ci: stats.Interval) -> dict[str, float]:
+    return {"mean": ci.mean, "half": ci.mean - ci.low, "p": ci.p_value, "n": ci.n}
 
 
 def _runs(results: dict[str, Any], arm: str, budget: float | None) -> list[dict[str, Any]]:
@@ -373,7 +369,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             cells.append(cell)
     comparisons = []
     pairs = [("tok-ffn", "lora-ffn"), ("tok-all", "lora-ffn"), ("tok-ffn", "lora-tpp"),
-             ("tok-all", "lora-tpp"), ("tok-ffn", "tok-all")]
+             ("tok-all", "lora-tpp"), ("tok-ffn", "tok-all"), ("lora-ffn", "lora-tpp")]
     for budget in results["preset"]["budgets"]:
         for a, b in pairs:
             ra = {r["seed"]: r for r in _runs(results, a, budget)}
@@ -382,10 +378,9 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             if not seeds:
                 continue
             for metric in ("new_loss", "forgetting"):
-                diff = t_interval([ra[s][metric] - rb[s][metric] for s in seeds])
-                comparisons.append({"a": a, "b": b, "budget": budget, "metric": metric, **diff,
-                                    "resolved": bool(diff["n"] > 1 and abs(diff["mean"])
-                                                     > diff["half"])})
+                ci = stats.t_interval([ra[s][metric] - rb[s][metric] for s in seeds])
+                comparisons.append({"a": a, "b": b, "budget": budget, "metric": metric,
+                                    **_as_dict(ci), "resolved": ci.excludes_zero})
     return {"cells": cells, "comparisons": comparisons}
 
 
@@ -583,7 +578,7 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
                    ["tokenformer adapt-bench --preset", name]
                    + ([f"--seeds {seeds}"] if seeds is not None else [])
                    + ([f"--budgets {','.join(f'{b:g}' for b in budgets)}"] if budgets else [])
-                   + [f"--out {out}"]),
+                   + ([f"--threads {threads}"] if threads else []) + [f"--out {out}"]),
                "code_corpus": CODE_SOURCE}
     results["summary"] = summarize(results)
     results["verdict_lines"] = verdict(results)
