@@ -386,6 +386,23 @@ def test_to_official_keeps_vocabulary_eos_and_tokenizer(core, tmp_path):
     assert tok("héllo", add_special_tokens=False)["input_ids"] == list("héllo".encode())
 
 
+def test_to_official_refuses_a_tokenizer_beside_the_model_that_does_not_fit(core, tmp_path,
+                                                                             capsys):
+    """A tokenizer.json beside the model with more tokens (400) than the model has rows (384) is
+    refused with one line, not silently left out of the folder."""
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers.models import WordLevel
+
+    core.save(tmp_path / "ours")
+    (tmp_path / "ours" / "tokenizer_bytes.json").unlink(missing_ok=True)
+    vocab = {f"w{i}": i for i in range(400)}
+    RawTokenizer(WordLevel(vocab, unk_token="w0")).save(str(tmp_path / "ours" / "tokenizer.json"))
+    assert main(["convert", "to-official", str(tmp_path / "ours"), str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("error: tokenizer has 400 tokens but the model's "
+                                       "vocabulary has 384 rows\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_to_official_refuses_what_the_official_code_cannot_compute(tmp_path, capsys):
     TokenFormerLM(tiny_config(qkv_scale=3.0)).save(tmp_path / "grown")
     assert main(["convert", "to-official", str(tmp_path / "grown"), str(tmp_path / "o")]) == 2

@@ -55,7 +55,14 @@ from .hf_modeling import (
 from .io import atomic_dir
 from .model import TokenFormerLM
 from .official import load_official, official_config, save_official
-from .tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from .tokenizer import (
+    BYTES_MARKER,
+    TOKENIZER_FILE,
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
 
 __all__ = [
     "AUTO_MAP", "REMOTE_MODULE", "TokenFormerForCausalLM", "TokenFormerForSequenceClassification",
@@ -239,10 +246,11 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
     if beyond:  # the official code would load the weights and compute another function
         raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
     tok: Tokenizer | None = None
+    beside = any((Path(model_dir) / name).is_file() for name in (TOKENIZER_FILE, BYTES_MARKER))
     try:
         tok = resolve_tokenizer(model_dir, model.config, tokenizer)
     except ConfigError:
-        if tokenizer is not None:
+        if tokenizer is not None or beside:  # one was given or found, and it does not fit
             raise
         # none beside the model (e.g. an official checkpoint converted without one): the
         # folder holds the weights and the config only
