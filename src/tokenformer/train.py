@@ -916,6 +916,19 @@ def open_dataset(cfg: TrainConfig, progress: bool = True) -> Any:
     return data.TokenDataset.open(cfg.data)
 
 
+def lm_batches(dataset: Any, batch_size: int, seq_len: int, seed: int,
+               device: torch.device | str = "cpu", rank: int = 0, world_size: int = 1
+               ) -> Callable[[int], dict[str, torch.Tensor]]:
+    """``fit``'s batch function for a language model: step → this rank's share of the training
+    batch (a pure function of seed and step, so runs of one seed see the same data)."""
+    def batch_fn(step: int) -> dict[str, torch.Tensor]:
+        ids = dataset.batch("train", step, batch_size, seq_len, seed=seed, rank=rank,
+                            world_size=world_size).to(device)
+        return {"input_ids": ids, "labels": ids}
+
+    return batch_fn
+
+
 def lm_evaluator(dataset: Any, seq_len: int, batch_size: int, max_batches: int,
                  device: torch.device) -> Callable[[nn.Module], dict[str, float]]:
     """Validation loss (nats/token), perplexity and bits per byte over fixed, evenly spread
@@ -1023,11 +1036,13 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
             atomic_write_text(run_dir / RUN_CONFIG, json.dumps(cfg.to_dict(), indent=2) + "\n")
         per_rank = cfg.batch_size // world.world_size
 
+        rank_batches = lm_batches(dataset, cfg.batch_size, cfg.seq_len, cfg.seed, device,
+                                  world.rank, world.world_size)
+
         def batch_fn(step: int) -> dict[str, torch.Tensor]:
-            ids = dataset.batch("train", step, cfg.batch_size, cfg.seq_len, seed=cfg.seed,
-                                rank=world.rank, world_size=world.world_size).to(device)
-            assert ids.shape[0] == per_rank
-            return {"input_ids": ids, "labels": ids}
+            batch = rank_batches(step)
+            assert batch["input_ids"].shape[0] == per_rank
+            return batch
 
         if world.is_main:
             n = model.num_parameters()

@@ -49,7 +49,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
 
     from .. import adapters as ad
     from ..outputs import check_output
-    from ..train import fit, lm_evaluator, load_config, resolve_device
+    from ..train import fit, lm_batches, lm_evaluator, load_config, resolve_device
 
     out = Path(out)
     check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt")
@@ -70,9 +70,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     ad.adapt(model, **tokens, name=name, generator=torch.Generator().manual_seed(cfg.seed))
     evaluate = lm_evaluator(dataset, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device)
 
-    def batch_fn(step: int) -> dict[str, torch.Tensor]:
-        ids = dataset.batch("train", step, cfg.batch_size, cfg.seq_len, seed=cfg.seed).to(device)
-        return {"input_ids": ids, "labels": ids}
+    batch_fn = lm_batches(dataset, cfg.batch_size, cfg.seq_len, cfg.seed, device)
 
     model.eval()
     with torch.no_grad(), ad.adapters_active(model, []):

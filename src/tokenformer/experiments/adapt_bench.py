@@ -183,13 +183,10 @@ def _train_cfg(preset: BenchPreset, lr: float, steps: int, seed: int) -> Any:
 
 
 def _fit(model: nn.Module, dataset: Any, cfg: Any, progress: bool | None) -> Any:
-    from ..train import fit
+    from ..train import fit, lm_batches
 
-    def batch_fn(step: int) -> dict[str, torch.Tensor]:
-        ids = dataset.batch("train", step, cfg.batch_size, cfg.seq_len, seed=cfg.seed)
-        return {"input_ids": ids, "labels": ids}
-
-    return fit(model, batch_fn, cfg, progress=progress)
+    return fit(model, lm_batches(dataset, cfg.batch_size, cfg.seq_len, cfg.seed), cfg,
+               progress=progress)
 
 
 @torch.no_grad()
