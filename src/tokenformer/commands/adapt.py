@@ -108,7 +108,7 @@ def merge_checkpoint(base: str, adapters: list[str], out: str | Path) -> dict[st
     from .. import checkpoint as ckpt
     from ..io import atomic_dir
     from ..outputs import check_output
-    from .grow import _tokenizer_files
+    from .grow import copy_tokenizer
 
     out = Path(out)
     check_output(out, [base, *adapters], command="merge")
@@ -117,8 +117,7 @@ def merge_checkpoint(base: str, adapters: list[str], out: str | Path) -> dict[st
     source = Path(base)
     with atomic_dir(out) as tmp:
         merged.save(tmp)
-        for name in _tokenizer_files(source):
-            (tmp / name).write_bytes((source / name).read_bytes())
+        copy_tokenizer(source, tmp)
         ckpt.write_manifest(tmp)
     return {"out": str(out), "adapters": ad.active_adapters(model),
             "parameters": merged.num_parameters(), "config": merged.config.to_dict()}

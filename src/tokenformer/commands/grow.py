@@ -77,8 +77,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                 "from": str(source), "strategy": strategy, "qkv": qkv, "proj": proj,
                 "ffn": ffn, "layers": layers, "positions": positions, "seed": seed,
                 "reset_optimizer": reset_optimizer})
-        for name in _tokenizer_files(source):
-            shutil.copy2(source / name, tmp / name)
+        copy_tokenizer(source, tmp)
         write_marker(tmp, "grow")
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
@@ -115,13 +114,17 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _tokenizer_files(source: Path) -> list[str]:
+def copy_tokenizer(source: Path, target: Path) -> None:
+    """Copy the tokenizer files saved beside a model directory (none for a checkpoint file), so
+    a model derived from it (grown, pruned, merged) keeps its tokenizer."""
     from ..tokenizer import BYTES_MARKER, TOKENIZER_FILE
 
     if not source.is_dir():
-        return []
-    return [name for name in (TOKENIZER_FILE, BYTES_MARKER, "tokenizer_config.json",
-                              "special_tokens_map.json") if (source / name).is_file()]
+        return
+    for name in (TOKENIZER_FILE, BYTES_MARKER, "tokenizer_config.json",
+                 "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
 
 
 def _optimizer_from_checkpoint(model: torch.nn.Module, directory: Path) -> torch.optim.Optimizer:

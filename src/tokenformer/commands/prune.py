@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
     from ..loading import load_model
     from ..outputs import check_output, write_marker
     from ..prune import needs_calibration, prune, prune_sizes
-    from .grow import _tokenizer_files
+    from .grow import copy_tokenizer
 
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
@@ -54,8 +53,7 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
     small = prune(model, qkv=qkv, proj=proj, ffn=ffn, by=by, calibration=ids, scale=scale)
     with atomic_dir(out, overwrite=overwrite) as tmp:
         small.save(tmp)
-        for name in _tokenizer_files(source):
-            shutil.copy2(source / name, tmp / name)
+        copy_tokenizer(source, tmp)
         write_marker(tmp, "prune")
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
