@@ -30,7 +30,6 @@ from typing import Any
 from ...config import TokenFormerConfig, flops_per_token
 from ...errors import ConfigError
 from ...grow import NEW_ROW_MOMENTS, STRATEGIES
-from ..common import extend_grid  # noqa: F401  (moved to common: shared with ablate)
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")
