@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common import fmt, have_matplotlib, markdown_table
-from ..stats import RULE, describe, format_p, paired, t_interval
+from ..stats import RULE, describe, format_p, paired, spread, t_interval
 from .plan import DENSE_FAMILIES
 
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
@@ -470,11 +470,8 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
             if not seeds:
                 cells.append("—")
                 continue
-            vals = [x[0] for x in seeds.values()]
-            mean = _mean(vals)
-            sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 \
-                if len(vals) > 1 and math.isfinite(mean) else None
-            cells.append(f"{mean:.4f}" + (f" ± {sd:.4f}" if sd is not None else ""))
+            s = spread(x[0] for x in seeds.values())
+            cells.append(str(s) if math.isfinite(s.mean) else f"{s.mean:.4f}")
         rows.append([arm, f"{v['lr']:.3g}", *cells])
     lines += [markdown_table(header, rows, "l" * len(header)), ""]
     if summary["comparisons"]:
