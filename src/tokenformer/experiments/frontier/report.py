@@ -17,7 +17,7 @@ from typing import Any
 
 from ..common import fmt, have_matplotlib, markdown_table
 from ..stats import RULE, describe, format_p, paired, spread, t_interval
-from .plan import DENSE_FAMILIES
+from .plan import DENSE_FAMILIES, size_key
 
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
                 "tokenformer-pk16": "product-key TokenFormer (16× FFN tokens)",
@@ -120,12 +120,12 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                 c.update(chain_size=v["sizes"][j], first_size=v["stages"][0]["size"])
             # the paper's comparison: the grown model against the same size trained from
             # scratch with the same compute (not against the best size)
-            same = table.get(f"{v['family']}-{v['sizes'][j]}")
+            same_arm = size_key(v["family"], v["sizes"][j])
+            same = table.get(same_arm)
             if (v["sizes"][j] != v["stages"][0]["size"] and same is not None
                     and j in same["budgets"]):
                 c = compare("chain vs same size from scratch", {s: x[0] for s, x in seeds.items()},
-                            {s: x[0] for s, x in same["budgets"][j].items()}, arm,
-                            f"{v['family']}-{v['sizes'][j]}", j)
+                            {s: x[0] for s, x in same["budgets"][j].items()}, arm, same_arm, j)
                 c.update(chain_size=v["sizes"][j])
     if "chain-exact" in table and "chain-exact-anneal" in table:
         ex, an = table["chain-exact"]["budgets"], table["chain-exact-anneal"]["budgets"]

@@ -346,10 +346,6 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     return result
 
 
-def sweep_key(family: str, size: str) -> str:
-    return f"{family}-{size}"
-
-
 def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     """Every (family, size)'s LR grid, extended past an edge argmin up to ``max_extensions``
     times per side; the chosen LR is the argmin of the final validation loss."""
@@ -366,7 +362,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
                 return execute(ctx, run, lr)["branches"][-1]["loss"]
 
             s = sweep_lr(p.lr_grid, loss, max_extensions=p.max_extensions, on_extend=count)
-            sweeps[sweep_key(family, size)] = {
+            sweeps[plan_.size_key(family, size)] = {
                 "family": family, "size": size, "steps": p.sweep_steps, "seed": 0,
                 "points": [{"lr": lr, "loss": s.values[lr]} for lr in s.grid],
                 "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge}
