@@ -23,7 +23,7 @@ from tokenformer.config import (
     flops_per_token,
 )
 from tokenformer.errors import ConfigError
-from tokenformer.experiments.common import Arm, Curve, Point, crossing, run_arms, value_at
+from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
@@ -227,15 +227,11 @@ def test_paired_is_antisymmetric_and_resolved_means_interval_excludes_zero(pairs
 
 
 # ------------------------------------------------------------------------- generic machinery
-def test_crossing_and_value_at_hand_computed():
-    xs, ys = [0.0, 10.0, 20.0], [3.0, 2.0, 1.0]
-    assert crossing(xs, ys, 1.5) == pytest.approx(15.0)
-    assert crossing(xs, ys, 0.5) is None
-    assert value_at(xs, ys, 5.0) == pytest.approx(2.5)
-    assert value_at(xs, ys, 25.0) is None
+def test_crossing_log_hand_computed():
     # log-FLOP interpolation of the frontier: halfway between 1e10 and 1e12 in log is 1e11
     assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 2.5) == pytest.approx(1e11)
-    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 1.5) is None
+    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 1.5) is None  # never gets there
+    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 3.5) is None  # already below it
 
 
 def test_compute_to_reach_by_hand():

@@ -65,18 +65,7 @@ class Curve:
     def final(self) -> Point:
         return self.points[-1]
 
-    @property
-    def marginal_offset(self) -> float:
-        """FLOPs spent before the last event (the smaller models' training, for a grown chain).
-
-        The marginal view subtracts it: the compute a grown model costs when its smaller
-        predecessors are treated as free, which is the accounting critics object to.
-        """
-        return self.events[-1].flops if self.events else 0.0
-
     def column(self, name: str) -> list[float]:
-        if name == "marginal_flops":
-            return [p.flops - self.marginal_offset for p in self.points]
         return [p.metrics[name] if name in p.metrics else getattr(p, name) for p in self.points]
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,34 +99,6 @@ def mean_curve(curves: Sequence[Curve]) -> Curve:
     return Curve([mean_point(ps) for ps in zip(*(c.points for c in curves), strict=True)],
                  [mean_event(es) for es in zip(*(c.events for c in curves), strict=True)],
                  dict(curves[0].info))
-
-
-def crossing(xs: Sequence[float], ys: Sequence[float], target: float) -> float | None:
-    """The first x at which the piecewise-linear curve (xs, ys) comes down to ``target``.
-
-    ``None`` if it never does. Points must be in x order; a vertical jump (two points at one x,
-    as at a growth step) is handled like any other segment.
-    """
-    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-        if y <= target:
-            if i == 0 or not math.isfinite(ys[i - 1]):
-                return float(x)
-            x0, y0 = xs[i - 1], ys[i - 1]
-            return float(x0 + (x - x0) * (y0 - target) / (y0 - y))
-    return None
-
-
-def value_at(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
-    """y of the piecewise-linear curve at ``x`` (the last point at that x); None outside it."""
-    if not xs or x < xs[0] or x > xs[-1]:
-        return None
-    for i in range(len(xs) - 1, -1, -1):
-        if xs[i] <= x:
-            if xs[i] == x:
-                return float(ys[i])
-            x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
-            return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
-    return None
 
 
 # ------------------------------------------------------------------------------------- runner
@@ -311,8 +272,8 @@ def to_json(data: Any) -> str:
 
 
 # -------------------------------------------------------------------------------------- plots
-AXIS_LABELS = {"flops": "cumulative training FLOPs", "marginal_flops": "marginal training FLOPs",
-               "wall": "wall-clock (s, training only)", "step": "step", "tokens": "tokens",
+AXIS_LABELS = {"flops": "cumulative training FLOPs", "wall": "wall-clock (s, training only)",
+               "step": "step", "tokens": "tokens",
                "loss": "validation loss (nats/token)", "bpb": "validation bits per byte",
                "accuracy": "test accuracy (top-1)"}
 
