@@ -252,27 +252,23 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
                  f"(chain at {best['chain_size']}), Δloss {describe(best)} vs {best['b']}.")
         lines.append(head)
     for arm, r in summary["reach"].items():
+        head = f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along the envelope**"
         if r.get("ratio") is not None:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope** instead: ×{r['ratio']:.2f} of the chain's FLOPs "
-                         f"[95 % interval ×{r['low']:.2f}–×{r['high']:.2f}, p = "
-                         f"{format_p(r['p_value'])}] (< 1: from scratch is cheaper).")
+            lines.append(f"{head} instead: ×{r['ratio']:.2f} of the chain's FLOPs [95 % interval "
+                         f"×{r['low']:.2f}–×{r['high']:.2f}, p = {format_p(r['p_value'])}] (< 1: "
+                         f"from scratch is cheaper).")
         elif r.get("ratio_of_means") is not None:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: ×{r['ratio_of_means']:.2f} of the chain's FLOPs "
-                         f"(mean curves; no interval: "
+            lines.append(f"{head}: ×{r['ratio_of_means']:.2f} of the chain's FLOPs (mean curves; "
+                         f"no interval: "
                          + ("one seed" if n_seeds < 2 else "some seed is off the grid") + ").")
         elif r.get("more_than") is not None:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: more than ×{r['more_than']:.2f} of the chain's FLOPs "
-                         f"(the chain ends below every envelope point of the grid; mean curves).")
+            lines.append(f"{head}: more than ×{r['more_than']:.2f} of the chain's FLOPs (the chain "
+                         f"ends below every envelope point of the grid; mean curves).")
         elif r.get("at_most") is not None:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: at most ×{r['at_most']:.2f} of the chain's FLOPs (the "
-                         f"envelope is already below it at its first budget; mean curves).")
+            lines.append(f"{head}: at most ×{r['at_most']:.2f} of the chain's FLOPs (the envelope "
+                         f"is already below it at its first budget; mean curves).")
         else:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: not measurable on the budget grid.")
+            lines.append(f"{head}: not measurable on the budget grid.")
     same = [c for c in comps if c["question"] == "chain vs same size from scratch"]
     for arm in dict.fromkeys(c["a"] for c in same):
         cs = [c for c in same if c["a"] == arm]
