@@ -54,7 +54,7 @@ class Preset:
     num_layers: int = 2
     num_heads: int = 2
     # (qkv, proj, ffn) of the smallest size: the smallest whose matched Transformer++ still has an
-    # MLP of a useful width (43 units; its attention alone is 4·d² parameters per block)
+    # MLP of a useful width (42 units; its attention alone is 4·d² parameters per block)
     base_tokens: tuple[int, int, int] = (24, 24, 96)
     num_sizes: int = 5
     factor: int = 2  # tokens (≈ non-embedding parameters) multiply by this from size to size
