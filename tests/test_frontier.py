@@ -28,7 +28,7 @@ from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.plan import PRESETS, decay_start, get_preset, plan
-from tokenformer.experiments.stats import paired, spread, t_interval
+from tokenformer.experiments.stats import describe, format_p, paired, spread, t_interval
 
 KJV_TRAIN_TOKENS = 4_000_000  # below the embedded corpus' training split (a safe lower bound)
 
@@ -212,6 +212,15 @@ def test_paired_decision_rule_is_the_interval():
     assert never.winner is None and never.mean == math.inf
     s = spread([1.0, 2.0, 3.0])
     assert (s.mean, s.std, s.min, s.max, s.n) == (2.0, 1.0, 1.0, 3.0, 3)
+
+
+def test_p_values_and_differences_read_as_text():
+    assert format_p(0.1234) == "p = 0.123" and format_p(0.0004) == "p < 0.001"
+    assert format_p(math.nan) == "p —" and format_p(None) == "p —"
+    c = {"n": 3, "mean": -0.1, "ci_low": -0.15, "ci_high": -0.05, "p_value": 0.0004}
+    assert describe(c) == "-0.1000 [-0.1500, -0.0500], p < 0.001"
+    assert describe(c, digits=1, scale=100, unit=" pt") == "-10.0 pt [-15.0, -5.0], p < 0.001"
+    assert describe({**c, "n": 1, "ci_low": math.nan}) == "-0.1000"
 
 
 @settings(max_examples=60, deadline=None)

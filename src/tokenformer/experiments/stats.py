@@ -146,13 +146,14 @@ def describe(c: dict[str, Any], digits: int = 4, scale: float = 1.0, unit: str =
     if c["n"] < 2 or c.get("ci_low") is None or math.isnan(c["ci_low"]):
         return text
     return (f"{text} [{scale * c['ci_low']:+.{digits}f}, {scale * c['ci_high']:+.{digits}f}], "
-            f"p = {format_p(c['p_value'])}")
+            f"{format_p(c['p_value'])}")
 
 
 def format_p(p: float | None) -> str:
+    """``p = 0.123``, ``p < 0.001``, or ``p —`` when there is none."""
     if p is None or math.isnan(p):
-        return "—"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+        return "p —"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
 RULE = ("Differences are paired by seed (same batches); the interval is the two-sided 95 % "

@@ -255,7 +255,7 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         head = f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along the envelope**"
         if r.get("ratio") is not None:
             lines.append(f"{head} instead: ×{r['ratio']:.2f} of the chain's FLOPs [95 % interval "
-                         f"×{r['low']:.2f}–×{r['high']:.2f}, p = {format_p(r['p_value'])}] (< 1: "
+                         f"×{r['low']:.2f}–×{r['high']:.2f}, {format_p(r['p_value'])}] (< 1: "
                          f"from scratch is cheaper).")
         elif r.get("ratio_of_means") is not None:
             lines.append(f"{head}: ×{r['ratio_of_means']:.2f} of the chain's FLOPs (mean curves; "
