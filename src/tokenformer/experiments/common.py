@@ -114,14 +114,7 @@ class Arm:
     name: str
     run: Callable[[int, dict[str, Any]], Curve]
     label: str = ""
-    group: str = ""
-    description: str = ""
     seeds: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> dict[str, Any]:
-        return {"label": self.label or self.name, "group": self.group,
-                "description": self.description, **self.meta}
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -287,27 +280,22 @@ def have_matplotlib() -> bool:
 
 
 def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "flops",
-                y: str = "loss", labels: dict[str, str] | None = None,
-                groups: dict[str, str] | None = None, title: str = "",
-                hline: tuple[float, str] | None = None, logx: bool = True,
-                ylim: tuple[float, float] | None = None, dpi: int = 110) -> Path:
-    """One curve per arm (mean over seeds, min–max band when several), events marked by dots.
-
-    ``groups`` maps arm to a group name: arms of a group share a colour family; pass the groups
-    of every arm of the experiment so that an arm keeps its colour in every plot. ``hline`` draws
-    a dashed reference level (value, label), e.g. a target loss. Written atomically as PNG.
-    """
+                y: str = "loss", labels: dict[str, str] | None = None, title: str = "",
+                logx: bool = True, ylim: tuple[float, float] | None = None, dpi: int = 110
+                ) -> Path:
+    """One curve per arm (mean over seeds, min–max band when several; tab10 colours in arm
+    order), events marked by dots. Written atomically as PNG."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure  # lazy: the ``plot`` extra
 
     fig = Figure(figsize=(10, 5.6), layout="constrained")
     ax = fig.add_subplot()
-    groups = groups or {}
-    palette = _palette(list(dict.fromkeys([*groups, *curves])), groups)
-    for name, runs in curves.items():
+    cmap = colormaps["tab10"]
+    for i, (name, runs) in enumerate(curves.items()):
         mean = mean_curve(runs)
         xs, ys = mean.column(x), mean.column(y)
-        color, style = palette[name]
-        ax.plot(xs, ys, linestyle=style, color=color, linewidth=1.4,
+        color = cmap(i % 10)[:3]
+        ax.plot(xs, ys, linestyle="-", color=color, linewidth=1.4,
                 label=(labels or {}).get(name, name))
         if len(runs) > 1:
             lo = [min(c) for c in zip(*(r.column(y) for r in runs), strict=True)]
@@ -318,10 +306,6 @@ def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "f
             after = [i for i, p in enumerate(mean.points) if p.step == event.step]
             if after:
                 ax.plot([xs[after[-1]]], [ys[after[-1]]], "o", color=color, markersize=4)
-    if hline is not None:
-        ax.axhline(hline[0], color="black", linestyle=":", linewidth=1)
-        ax.annotate(hline[1], (0.01, hline[0]), xycoords=("axes fraction", "data"),
-                    textcoords="offset points", xytext=(0, 3), fontsize=8)
     if logx:
         ax.set_xscale("log")
     if ylim is not None:
@@ -335,25 +319,6 @@ def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "f
     path = Path(path)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
     return path
-
-
-def _palette(names: list[str], groups: dict[str, str]) -> dict[str, tuple[Any, str]]:
-    """A colour per group (tab10) and a line style per member of the group."""
-    styles = ("-", "--", "-.", ":")
-    order: dict[str, list[str]] = {}
-    for name in names:
-        order.setdefault(groups.get(name, name), []).append(name)
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    out = {}
-    for g, (_, members) in enumerate(order.items()):
-        for m, name in enumerate(members):
-            base = cmap(g % 10)
-            # members beyond the line styles get a lighter shade of the group colour
-            shade = 1 - 0.25 * (m // len(styles))
-            out[name] = (tuple(c * shade + (1 - shade) for c in base[:3]), styles[m % len(styles)])
-    return out
 
 
 # ------------------------------------------------------------------------------------ machine
