@@ -210,6 +210,10 @@ def test_paired_decision_rule_is_the_interval():
     assert single.winner is None and single.verdict == "not resolved (one seed)"
     never = paired("g", "s", {0: math.inf, 1: math.inf}, {0: 3.0, 1: 3.1}, "compute")
     assert never.winner is None and never.mean == math.inf
+    both = paired("g", "s", {0: math.inf, 1: 1.0, 2: 1.1}, {0: math.inf, 1: 1.2, 2: 1.3})
+    assert both.diffs == pytest.approx([0.0, -0.2, -0.2])  # both failed at seed 0: a tie there
+    one_nan = paired("g", "s", {0: math.nan, 1: 1.0, 2: 1.1}, {0: 3.0, 1: 3.1, 2: 3.2})
+    assert one_nan.winner is None and math.isnan(one_nan.mean)  # not a tie at seed 0
     s = spread([1.0, 2.0, 3.0])
     assert (s.mean, s.std, s.min, s.max, s.n) == (2.0, 1.0, 1.0, 3.0, 3)
 

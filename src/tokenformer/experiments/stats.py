@@ -118,8 +118,7 @@ def paired(a: str, b: str, a_values: dict[int, float], b_values: dict[int, float
     otherwise) and the comparison is not resolved: a t-test cannot rank infinities.
     """
     seeds = sorted(set(a_values) & set(b_values))
-    diffs = [float(a_values[s]) - float(b_values[s]) for s in seeds]
-    diffs = [0.0 if math.isnan(d) else d for d in diffs]  # inf - inf: both failed alike
+    diffs = [_diff(float(a_values[s]), float(b_values[s])) for s in seeds]
     n = len(diffs)
     if not diffs:
         return Paired(a, b, metric, [], math.nan, math.nan, 0, None)
@@ -133,6 +132,12 @@ def paired(a: str, b: str, a_values: dict[int, float], b_values: dict[int, float
     if ci.excludes_zero:
         winner = a if (ci.mean < 0) == lower_is_better else b
     return Paired(a, b, metric, diffs, ci.mean, sd, n, winner, ci.low, ci.high, ci.p_value)
+
+
+def _diff(x: float, y: float) -> float:
+    """x − y, except 0 for two equal infinities (both runs failed alike); a NaN on either side
+    stays NaN (no interval: not a tie)."""
+    return 0.0 if math.isinf(x) and x == y else x - y
 
 
 def describe(c: dict[str, Any], digits: int = 4, scale: float = 1.0, unit: str = "") -> str:
