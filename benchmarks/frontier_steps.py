@@ -29,6 +29,7 @@ from tokenformer.experiments.frontier.plan import (
     get_preset,
     model_configs,
     plan,
+    size_key,
     sweep_plan,
     sweep_run,
 )
@@ -60,7 +61,7 @@ def main() -> int:
                     opt.zero_grad(set_to_none=True)
 
             t = interleaved({"step": step}, args.rounds, warmup=1)["step"]
-            seconds[f"{family}-{size}"] = t["min"] / args.steps
+            seconds[size_key(family, size)] = t["min"] / args.steps
     runs = plan(preset, 256)
     sweeps = sweep_plan(preset, 256)
     margin = [sweep_run(preset, f, s, 1.0, 256) for f in preset.families for s in preset.sizes]

@@ -23,12 +23,12 @@ from tokenformer.config import (
     flops_per_token,
 )
 from tokenformer.errors import ConfigError
-from tokenformer.experiments.common import Arm, Curve, Point, crossing, run_arms, value_at
+from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.plan import PRESETS, decay_start, get_preset, plan
-from tokenformer.experiments.stats import paired, spread, t_interval
+from tokenformer.experiments.stats import describe, format_p, paired, spread, t_interval
 
 KJV_TRAIN_TOKENS = 4_000_000  # below the embedded corpus' training split (a safe lower bound)
 
@@ -210,8 +210,21 @@ def test_paired_decision_rule_is_the_interval():
     assert single.winner is None and single.verdict == "not resolved (one seed)"
     never = paired("g", "s", {0: math.inf, 1: math.inf}, {0: 3.0, 1: 3.1}, "compute")
     assert never.winner is None and never.mean == math.inf
+    both = paired("g", "s", {0: math.inf, 1: 1.0, 2: 1.1}, {0: math.inf, 1: 1.2, 2: 1.3})
+    assert both.diffs == pytest.approx([0.0, -0.2, -0.2])  # both failed at seed 0: a tie there
+    one_nan = paired("g", "s", {0: math.nan, 1: 1.0, 2: 1.1}, {0: 3.0, 1: 3.1, 2: 3.2})
+    assert one_nan.winner is None and math.isnan(one_nan.mean)  # not a tie at seed 0
     s = spread([1.0, 2.0, 3.0])
     assert (s.mean, s.std, s.min, s.max, s.n) == (2.0, 1.0, 1.0, 3.0, 3)
+
+
+def test_p_values_and_differences_read_as_text():
+    assert format_p(0.1234) == "p = 0.123" and format_p(0.0004) == "p < 0.001"
+    assert format_p(math.nan) == "p —" and format_p(None) == "p —"
+    c = {"n": 3, "mean": -0.1, "ci_low": -0.15, "ci_high": -0.05, "p_value": 0.0004}
+    assert describe(c) == "-0.1000 [-0.1500, -0.0500], p < 0.001"
+    assert describe(c, digits=1, scale=100, unit=" pt") == "-10.0 pt [-15.0, -5.0], p < 0.001"
+    assert describe({**c, "n": 1, "ci_low": math.nan}) == "-0.1000"
 
 
 @settings(max_examples=60, deadline=None)
@@ -227,15 +240,11 @@ def test_paired_is_antisymmetric_and_resolved_means_interval_excludes_zero(pairs
 
 
 # ------------------------------------------------------------------------- generic machinery
-def test_crossing_and_value_at_hand_computed():
-    xs, ys = [0.0, 10.0, 20.0], [3.0, 2.0, 1.0]
-    assert crossing(xs, ys, 1.5) == pytest.approx(15.0)
-    assert crossing(xs, ys, 0.5) is None
-    assert value_at(xs, ys, 5.0) == pytest.approx(2.5)
-    assert value_at(xs, ys, 25.0) is None
+def test_crossing_log_hand_computed():
     # log-FLOP interpolation of the frontier: halfway between 1e10 and 1e12 in log is 1e11
     assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 2.5) == pytest.approx(1e11)
-    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 1.5) is None
+    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 1.5) is None  # never gets there
+    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 3.5) is None  # already below it
 
 
 def test_compute_to_reach_by_hand():

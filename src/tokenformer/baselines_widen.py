@@ -76,13 +76,15 @@ def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
             grown.mlp.down.weight.copy_(down)
             if block.mlp.down.bias is not None:
                 grown.mlp.down.bias.copy_(block.mlp.down.bias)
-    return new, _widened_optimizer(model, optimizer, new, reset_optimizer)
+    return new, optimizer_for(model, optimizer, new, reset=reset_optimizer)
 
 
-def _widened_optimizer(old: Any, optimizer: Any, new: Any, reset: bool) -> Any:
+def optimizer_for(old: Any, optimizer: Any, new: Any, *, reset: bool = False) -> Any:
     """``optimizer``'s class, groups and hyper-parameters over ``new``'s parameters (matched by
-    name); each state tensor of a widened parameter fills the leading corner of a zero tensor of
-    the new shape (old units come first in every widened dimension), unless ``reset``."""
+    name), with a deep copy of its state: each state tensor of a widened parameter fills the
+    leading corner of a zero tensor of the new shape (old units come first in every widened
+    dimension), unless ``reset``. With ``new`` a same-shaped copy of ``old`` (a frontier
+    cooldown branch) it is an independent copy of ``optimizer``."""
     names = {id(p): n for n, p in old.named_parameters()}
     params = dict(new.named_parameters())
     groups = [{**{k: v for k, v in g.items() if k != "params"},

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..cli import positive
 
@@ -12,11 +11,10 @@ def ablate(args: argparse.Namespace) -> int:
     import torch
 
     from ..experiments.ablate import run_ablation
+    from .scale import command_line, experiment_folder
 
     torch.set_num_threads(args.threads)
-    command = ("tokenformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["ablate"]
-               else None)
-    from .scale import experiment_folder
+    command = command_line("ablate")
 
     out = args.out or f"runs/ablate-{args.study}-{args.task}-{args.preset}"
     with experiment_folder(out, [args.data], "ablate"):

@@ -30,13 +30,18 @@ def scale(args: argparse.Namespace) -> int:
             vocab = TokenDataset.open(args.data).vocab_size
         print(describe(preset, vocab))
         return 0
-    command = "tokenformer scale " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["scale"] \
-        else "tokenformer scale"
     run_frontier(preset, data=args.data, out=args.out or f"runs/scale-{args.preset}",
                  device=args.device, dtype=args.dtype,
-                 progress=False if args.no_progress else None, command=command,
+                 progress=False if args.no_progress else None,
+                 command=command_line("scale") or "tokenformer scale",
                  hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"))
     return 0
+
+
+def command_line(name: str) -> str | None:
+    """The command as typed (recorded in results.json), when ``tokenformer NAME`` is running;
+    None when called otherwise (e.g. from Python)."""
+    return "tokenformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == [name] else None
 
 
 def experiment_folder(out: str, inputs: list[str | None], command: str

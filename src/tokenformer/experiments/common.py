@@ -65,18 +65,7 @@ class Curve:
     def final(self) -> Point:
         return self.points[-1]
 
-    @property
-    def marginal_offset(self) -> float:
-        """FLOPs spent before the last event (the smaller models' training, for a grown chain).
-
-        The marginal view subtracts it: the compute a grown model costs when its smaller
-        predecessors are treated as free, which is the accounting critics object to.
-        """
-        return self.events[-1].flops if self.events else 0.0
-
     def column(self, name: str) -> list[float]:
-        if name == "marginal_flops":
-            return [p.flops - self.marginal_offset for p in self.points]
         return [p.metrics[name] if name in p.metrics else getattr(p, name) for p in self.points]
 
     def to_dict(self) -> dict[str, Any]:
@@ -112,34 +101,6 @@ def mean_curve(curves: Sequence[Curve]) -> Curve:
                  dict(curves[0].info))
 
 
-def crossing(xs: Sequence[float], ys: Sequence[float], target: float) -> float | None:
-    """The first x at which the piecewise-linear curve (xs, ys) comes down to ``target``.
-
-    ``None`` if it never does. Points must be in x order; a vertical jump (two points at one x,
-    as at a growth step) is handled like any other segment.
-    """
-    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-        if y <= target:
-            if i == 0 or not math.isfinite(ys[i - 1]):
-                return float(x)
-            x0, y0 = xs[i - 1], ys[i - 1]
-            return float(x0 + (x - x0) * (y0 - target) / (y0 - y))
-    return None
-
-
-def value_at(xs: Sequence[float], ys: Sequence[float], x: float) -> float | None:
-    """y of the piecewise-linear curve at ``x`` (the last point at that x); None outside it."""
-    if not xs or x < xs[0] or x > xs[-1]:
-        return None
-    for i in range(len(xs) - 1, -1, -1):
-        if xs[i] <= x:
-            if xs[i] == x:
-                return float(ys[i])
-            x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
-            return float(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
-    return None
-
-
 # ------------------------------------------------------------------------------------- runner
 @dataclass
 class Arm:
@@ -153,14 +114,7 @@ class Arm:
     name: str
     run: Callable[[int, dict[str, Any]], Curve]
     label: str = ""
-    group: str = ""
-    description: str = ""
     seeds: int | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    def describe(self) -> dict[str, Any]:
-        return {"label": self.label or self.name, "group": self.group,
-                "description": self.description, **self.meta}
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -311,8 +265,8 @@ def to_json(data: Any) -> str:
 
 
 # -------------------------------------------------------------------------------------- plots
-AXIS_LABELS = {"flops": "cumulative training FLOPs", "marginal_flops": "marginal training FLOPs",
-               "wall": "wall-clock (s, training only)", "step": "step", "tokens": "tokens",
+AXIS_LABELS = {"flops": "cumulative training FLOPs", "wall": "wall-clock (s, training only)",
+               "step": "step", "tokens": "tokens",
                "loss": "validation loss (nats/token)", "bpb": "validation bits per byte",
                "accuracy": "test accuracy (top-1)"}
 
@@ -326,27 +280,22 @@ def have_matplotlib() -> bool:
 
 
 def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "flops",
-                y: str = "loss", labels: dict[str, str] | None = None,
-                groups: dict[str, str] | None = None, title: str = "",
-                hline: tuple[float, str] | None = None, logx: bool = True,
-                ylim: tuple[float, float] | None = None, dpi: int = 110) -> Path:
-    """One curve per arm (mean over seeds, min–max band when several), events marked by dots.
-
-    ``groups`` maps arm to a group name: arms of a group share a colour family; pass the groups
-    of every arm of the experiment so that an arm keeps its colour in every plot. ``hline`` draws
-    a dashed reference level (value, label), e.g. a target loss. Written atomically as PNG.
-    """
+                y: str = "loss", labels: dict[str, str] | None = None, title: str = "",
+                logx: bool = True, ylim: tuple[float, float] | None = None, dpi: int = 110
+                ) -> Path:
+    """One curve per arm (mean over seeds, min–max band when several; tab10 colours in arm
+    order), events marked by dots. Written atomically as PNG."""
+    from matplotlib import colormaps
     from matplotlib.figure import Figure  # lazy: the ``plot`` extra
 
     fig = Figure(figsize=(10, 5.6), layout="constrained")
     ax = fig.add_subplot()
-    groups = groups or {}
-    palette = _palette(list(dict.fromkeys([*groups, *curves])), groups)
-    for name, runs in curves.items():
+    cmap = colormaps["tab10"]
+    for i, (name, runs) in enumerate(curves.items()):
         mean = mean_curve(runs)
         xs, ys = mean.column(x), mean.column(y)
-        color, style = palette[name]
-        ax.plot(xs, ys, linestyle=style, color=color, linewidth=1.4,
+        color = cmap(i % 10)[:3]
+        ax.plot(xs, ys, linestyle="-", color=color, linewidth=1.4,
                 label=(labels or {}).get(name, name))
         if len(runs) > 1:
             lo = [min(c) for c in zip(*(r.column(y) for r in runs), strict=True)]
@@ -357,10 +306,6 @@ def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "f
             after = [i for i, p in enumerate(mean.points) if p.step == event.step]
             if after:
                 ax.plot([xs[after[-1]]], [ys[after[-1]]], "o", color=color, markersize=4)
-    if hline is not None:
-        ax.axhline(hline[0], color="black", linestyle=":", linewidth=1)
-        ax.annotate(hline[1], (0.01, hline[0]), xycoords=("axes fraction", "data"),
-                    textcoords="offset points", xytext=(0, 3), fontsize=8)
     if logx:
         ax.set_xscale("log")
     if ylim is not None:
@@ -374,25 +319,6 @@ def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "f
     path = Path(path)
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
     return path
-
-
-def _palette(names: list[str], groups: dict[str, str]) -> dict[str, tuple[Any, str]]:
-    """A colour per group (tab10) and a line style per member of the group."""
-    styles = ("-", "--", "-.", ":")
-    order: dict[str, list[str]] = {}
-    for name in names:
-        order.setdefault(groups.get(name, name), []).append(name)
-    from matplotlib import colormaps
-
-    cmap = colormaps["tab10"]
-    out = {}
-    for g, (_, members) in enumerate(order.items()):
-        for m, name in enumerate(members):
-            base = cmap(g % 10)
-            # members beyond the line styles get a lighter shade of the group colour
-            shade = 1 - 0.25 * (m // len(styles))
-            out[name] = (tuple(c * shade + (1 - shade) for c in base[:3]), styles[m % len(styles)])
-    return out
 
 
 # ------------------------------------------------------------------------------------ machine

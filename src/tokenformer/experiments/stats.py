@@ -118,8 +118,7 @@ def paired(a: str, b: str, a_values: dict[int, float], b_values: dict[int, float
     otherwise) and the comparison is not resolved: a t-test cannot rank infinities.
     """
     seeds = sorted(set(a_values) & set(b_values))
-    diffs = [float(a_values[s]) - float(b_values[s]) for s in seeds]
-    diffs = [0.0 if math.isnan(d) else d for d in diffs]  # inf - inf: both failed alike
+    diffs = [_diff(float(a_values[s]), float(b_values[s])) for s in seeds]
     n = len(diffs)
     if not diffs:
         return Paired(a, b, metric, [], math.nan, math.nan, 0, None)
@@ -135,6 +134,12 @@ def paired(a: str, b: str, a_values: dict[int, float], b_values: dict[int, float
     return Paired(a, b, metric, diffs, ci.mean, sd, n, winner, ci.low, ci.high, ci.p_value)
 
 
+def _diff(x: float, y: float) -> float:
+    """x − y, except 0 for two equal infinities (both runs failed alike); a NaN on either side
+    stays NaN (no interval: not a tie)."""
+    return 0.0 if math.isinf(x) and x == y else x - y
+
+
 def describe(c: dict[str, Any], digits: int = 4, scale: float = 1.0, unit: str = "") -> str:
     """``+0.0123 [−0.0040, +0.0286], p = 0.12`` (one seed: the difference alone)."""
     if c["n"] == 0:
@@ -146,13 +151,14 @@ def describe(c: dict[str, Any], digits: int = 4, scale: float = 1.0, unit: str =
     if c["n"] < 2 or c.get("ci_low") is None or math.isnan(c["ci_low"]):
         return text
     return (f"{text} [{scale * c['ci_low']:+.{digits}f}, {scale * c['ci_high']:+.{digits}f}], "
-            f"p = {format_p(c['p_value'])}")
+            f"{format_p(c['p_value'])}")
 
 
 def format_p(p: float | None) -> str:
+    """``p = 0.123``, ``p < 0.001``, or ``p —`` when there is none."""
     if p is None or math.isnan(p):
-        return "—"
-    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+        return "p —"
+    return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
 RULE = ("Differences are paired by seed (same batches); the interval is the two-sided 95 % "

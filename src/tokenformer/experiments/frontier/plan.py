@@ -30,7 +30,6 @@ from typing import Any
 from ...config import TokenFormerConfig, flops_per_token
 from ...errors import ConfigError
 from ...grow import NEW_ROW_MOMENTS, STRATEGIES
-from ..common import extend_grid  # noqa: F401  (moved to common: shared with ablate)
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")
@@ -55,7 +54,7 @@ class Preset:
     num_layers: int = 2
     num_heads: int = 2
     # (qkv, proj, ffn) of the smallest size: the smallest whose matched Transformer++ still has an
-    # MLP of a useful width (43 units; its attention alone is 4·d² parameters per block)
+    # MLP of a useful width (42 units; its attention alone is 4·d² parameters per block)
     base_tokens: tuple[int, int, int] = (24, 24, 96)
     num_sizes: int = 5
     factor: int = 2  # tokens (≈ non-embedding parameters) multiply by this from size to size
@@ -280,6 +279,12 @@ def branch_for(stages: tuple[Stage, ...], index: int, budget: float, preset: Pre
     return Branch(index, budget, n, decay_start(n, preset), total(n))
 
 
+def size_key(family: str, size: str) -> str:
+    """``"<family>-<size>"``: the name of that size's from-scratch arm, the key of the LR sweep
+    that sets its LR (a run's ``lr_from``) and of its measured seconds per step."""
+    return f"{family}-{size}"
+
+
 def arch(family: str) -> str:
     """The model architecture (``baselines.model_class`` / the trainer's ``arch``) of a family:
     a product-key family is a TokenFormer."""
@@ -346,8 +351,9 @@ def sweep_run(preset: Preset, family: str, size: str, lr: float, vocab_size: int
     n = preset.sweep_steps
     branch = Branch(0, n * stage.flops_per_step, n, decay_start(n, preset),
                     n * stage.flops_per_step)
-    return Run(f"sweep/{family}-{size}/lr={lr:.6g}", f"sweep-{family}-{size}", "sweep", family,
-               0, (stage,), (branch,), lr, f"{family}-{size}")
+    key = size_key(family, size)
+    return Run(f"sweep/{key}/lr={lr:.6g}", f"sweep-{key}", "sweep", family, 0, (stage,),
+               (branch,), lr, key)
 
 
 def chain_stages(preset: Preset, configs: list[Any]) -> tuple[Stage, ...]:
@@ -374,8 +380,9 @@ def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None) -> li
             configs = model_configs(preset, family, vocab_size)
             for size, config in zip(preset.sizes, configs, strict=True):
                 stages = (_stage(preset, size, config, 0),)
-                runs.append(_with_branches(preset, f"{family}-{size}", "scratch", family, seed,
-                                           stages, budgets, f"{family}-{size}"))
+                key = size_key(family, size)
+                runs.append(_with_branches(preset, key, "scratch", family, seed, stages,
+                                           budgets, key))
             chain = preset.chain_sizes
             recipes = {"tokenformer": preset.chains, "transformer++": preset.widenings}.get(
                 family, ())  # product-key families: from scratch only
@@ -384,7 +391,7 @@ def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None) -> li
                 stages = chain_stages(preset, configs[:len(chain)])
                 runs.append(_with_branches(preset, arm, "chain" if family == "tokenformer"
                                            else "widen", family, seed, stages, budgets,
-                                           f"{family}-{chain[-1]}", recipe))
+                                           size_key(family, chain[-1]), recipe))
     if train_tokens is not None:
         for run in runs:
             epochs = run.total_steps * preset.tokens_per_step / train_tokens
@@ -436,10 +443,10 @@ def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str
     total = 0.0
     for run in runs:
         for size, steps in steps_by_size(run).items():
-            total += steps * seconds_per_step[f"{run.family}-{size}"]
+            total += steps * seconds_per_step[size_key(run.family, size)]
         last = run.stages[-1].size
         total += len(run.branches) * preset.eval_batches / 3 * seconds_per_step[
-            f"{run.family}-{last}"]
+            size_key(run.family, last)]
     return total
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..common import fmt, have_matplotlib, markdown_table
-from ..stats import RULE, describe, format_p, paired, t_interval
-from .plan import DENSE_FAMILIES
+from ..stats import RULE, describe, format_p, paired, spread, t_interval
+from .plan import DENSE_FAMILIES, size_key
 
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
                 "tokenformer-pk16": "product-key TokenFormer (16× FFN tokens)",
@@ -120,12 +120,12 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                 c.update(chain_size=v["sizes"][j], first_size=v["stages"][0]["size"])
             # the paper's comparison: the grown model against the same size trained from
             # scratch with the same compute (not against the best size)
-            same = table.get(f"{v['family']}-{v['sizes'][j]}")
+            same_arm = size_key(v["family"], v["sizes"][j])
+            same = table.get(same_arm)
             if (v["sizes"][j] != v["stages"][0]["size"] and same is not None
                     and j in same["budgets"]):
                 c = compare("chain vs same size from scratch", {s: x[0] for s, x in seeds.items()},
-                            {s: x[0] for s, x in same["budgets"][j].items()}, arm,
-                            f"{v['family']}-{v['sizes'][j]}", j)
+                            {s: x[0] for s, x in same["budgets"][j].items()}, arm, same_arm, j)
                 c.update(chain_size=v["sizes"][j])
     if "chain-exact" in table and "chain-exact-anneal" in table:
         ex, an = table["chain-exact"]["budgets"], table["chain-exact-anneal"]["budgets"]
@@ -252,27 +252,23 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
                  f"(chain at {best['chain_size']}), Δloss {describe(best)} vs {best['b']}.")
         lines.append(head)
     for arm, r in summary["reach"].items():
+        head = f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along the envelope**"
         if r.get("ratio") is not None:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope** instead: ×{r['ratio']:.2f} of the chain's FLOPs "
-                         f"[95 % interval ×{r['low']:.2f}–×{r['high']:.2f}, p = "
-                         f"{format_p(r['p_value'])}] (< 1: from scratch is cheaper).")
+            lines.append(f"{head} instead: ×{r['ratio']:.2f} of the chain's FLOPs [95 % interval "
+                         f"×{r['low']:.2f}–×{r['high']:.2f}, {format_p(r['p_value'])}] (< 1: "
+                         f"from scratch is cheaper).")
         elif r.get("ratio_of_means") is not None:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: ×{r['ratio_of_means']:.2f} of the chain's FLOPs "
-                         f"(mean curves; no interval: "
+            lines.append(f"{head}: ×{r['ratio_of_means']:.2f} of the chain's FLOPs (mean curves; "
+                         f"no interval: "
                          + ("one seed" if n_seeds < 2 else "some seed is off the grid") + ").")
         elif r.get("more_than") is not None:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: more than ×{r['more_than']:.2f} of the chain's FLOPs "
-                         f"(the chain ends below every envelope point of the grid; mean curves).")
+            lines.append(f"{head}: more than ×{r['more_than']:.2f} of the chain's FLOPs (the chain "
+                         f"ends below every envelope point of the grid; mean curves).")
         elif r.get("at_most") is not None:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: at most ×{r['at_most']:.2f} of the chain's FLOPs (the "
-                         f"envelope is already below it at its first budget; mean curves).")
+            lines.append(f"{head}: at most ×{r['at_most']:.2f} of the chain's FLOPs (the envelope "
+                         f"is already below it at its first budget; mean curves).")
         else:
-            lines.append(f"**Compute to reach {arm}'s final loss ({r['chain_loss']:.4f}) along "
-                         f"the envelope**: not measurable on the budget grid.")
+            lines.append(f"{head}: not measurable on the budget grid.")
     same = [c for c in comps if c["question"] == "chain vs same size from scratch"]
     for arm in dict.fromkeys(c["a"] for c in same):
         cs = [c for c in same if c["a"] == arm]
@@ -470,11 +466,8 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
             if not seeds:
                 cells.append("—")
                 continue
-            vals = [x[0] for x in seeds.values()]
-            mean = _mean(vals)
-            sd = (sum((x - mean) ** 2 for x in vals) / (len(vals) - 1)) ** 0.5 \
-                if len(vals) > 1 and math.isfinite(mean) else None
-            cells.append(f"{mean:.4f}" + (f" ± {sd:.4f}" if sd is not None else ""))
+            s = spread(x[0] for x in seeds.values())
+            cells.append(str(s) if math.isfinite(s.mean) else f"{s.mean:.4f}")
         rows.append([arm, f"{v['lr']:.3g}", *cells])
     lines += [markdown_table(header, rows, "l" * len(header)), ""]
     if summary["comparisons"]:

@@ -279,10 +279,11 @@ def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start
 def _branch(ctx: Context, run: Run, lr: float, model: Any, optimizer: Any, branch: Branch,
             state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
+    from ...baselines_widen import optimizer_for
+
     cfg = _train_config(ctx, run, lr, branch.steps, "wsd")
     b_model = copy.deepcopy(model)
-    b_opt = type(optimizer)(_same_groups(optimizer, model, b_model))
-    b_opt.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    b_opt = optimizer_for(model, optimizer, b_model)
     result = _segment(ctx, run, b_model, b_opt, cfg, branch.decay_start, state, None,
                       check=branch.steps, eval_fn=ctx.eval_fn)
     final = result.final_eval
@@ -295,15 +296,6 @@ def _branch(ctx: Context, run: Run, lr: float, model: Any, optimizer: Any, branc
             "tokens": state["counters"]["tokens"] + result.tokens,
             "size": plan_.size_at(run.stages, max(branch.decay_start - 1, 0)).size,
             "loss": final["val_loss"], "bpb": final["val_bpb"]}
-
-
-def _same_groups(optimizer: Any, old: Any, new: Any) -> list[dict[str, Any]]:
-    """``optimizer``'s param groups over ``new``'s parameters (matched by name)."""
-    names = {id(p): n for n, p in old.named_parameters()}
-    params = dict(new.named_parameters())
-    return [{**{k: v for k, v in g.items() if k != "params"},
-             "params": [params[names[id(p)]] for p in g["params"]]}
-            for g in optimizer.param_groups]
 
 
 def _bar(ctx: Context, run: Run) -> Any:
@@ -354,10 +346,6 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     return result
 
 
-def sweep_key(family: str, size: str) -> str:
-    return f"{family}-{size}"
-
-
 def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     """Every (family, size)'s LR grid, extended past an edge argmin up to ``max_extensions``
     times per side; the chosen LR is the argmin of the final validation loss."""
@@ -374,7 +362,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
                 return execute(ctx, run, lr)["branches"][-1]["loss"]
 
             s = sweep_lr(p.lr_grid, loss, max_extensions=p.max_extensions, on_extend=count)
-            sweeps[sweep_key(family, size)] = {
+            sweeps[plan_.size_key(family, size)] = {
                 "family": family, "size": size, "steps": p.sweep_steps, "seed": 0,
                 "points": [{"lr": lr, "loss": s.values[lr]} for lr in s.grid],
                 "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge}
