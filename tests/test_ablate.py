@@ -11,7 +11,7 @@ import os
 import pytest
 
 from tokenformer.cli import main
-from tokenformer.errors import ConfigError, TokenFormerError
+from tokenformer.errors import ConfigError, DivergedError, TokenFormerError
 from tokenformer.experiments import ablate
 from tokenformer.experiments.ablate import (
     STUDIES,
@@ -194,7 +194,7 @@ def test_a_diverged_run_is_recorded_with_the_worst_metric(tmp_path, monkeypatch)
                    {"type": "train", "step": 2, "loss": math.nan, "tokens": 64, "flops": 2.0,
                     "train_time": 0.2}]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        raise TokenFormerError("the training loss became nan at step 2")
+        raise DivergedError("the training loss became nan at step 2")
 
     monkeypatch.setattr(train_module, "train", diverging_train)
     curve = ablate.train_variant("lm", STUDIES["theta"], "softmax", TOY["lm"], 0, tmp_path / "r")

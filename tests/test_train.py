@@ -366,3 +366,26 @@ def test_train_grow_cli_then_init_from(tmp_path, dataset_dir):
         train(cfg_for(dataset_dir, tmp_path / "c", steps=2, init_from=str(grown),
                       arch="transformer"), progress=False)
     assert not (tmp_path / "c").exists()
+
+
+def test_fit_raises_diverged_error_at_the_first_non_finite_loss():
+    """A model whose loss is inf from step 3 on: fit stops there with DivergedError (what the
+    experiments catch to record a diverged run), after emitting that step's record."""
+    from tokenformer.errors import DivergedError
+
+    class Exploding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x, step):
+            loss = (self.w * x).pow(2).mean()
+            return type("Out", (), {"loss": loss * math.inf if step >= 3 else loss})()
+
+    records = []
+    cfg = TrainConfig(steps=10, lr=0.01, warmup_steps=0, eval_interval=100)
+    with pytest.raises(DivergedError, match="the training loss became inf at step 3"):
+        fit(Exploding(), lambda step: {"x": torch.ones(4), "step": step + 1}, cfg,
+            flops_fn=lambda m, b: 1.0, callbacks=[lambda r, m: records.append(r)],
+            progress=False)
+    assert [r["step"] for r in records if r["type"] == "train"] == [1, 2, 3]

@@ -25,3 +25,8 @@ class OutputError(DataError, ConfigError):
     """An output would lose data: it is (or holds, or lies in) an input, it exists and
     ``--overwrite`` was not given, or it is a folder the command did not write. (Also a DataError
     and a ConfigError: what callers caught for an existing output before.)"""
+
+
+class DivergedError(TokenFormerError):
+    """The training loss became non-finite. Experiments that probe learning rates catch it and
+    record the run as diverged; everywhere else it is one error line."""

@@ -42,7 +42,7 @@ from . import checkpoint as ckpt
 from . import distributed as dist_
 from . import outputs
 from .config import PRESETS, TokenFormerConfig, flops_per_token
-from .errors import CheckpointError, ConfigError, TokenFormerError
+from .errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
 from .pattention import PATTENTION_IMPLS, set_pattention_impl
 from .progress import progress_bar
 
@@ -747,7 +747,7 @@ def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], c
                       "tokens_per_s": tokens / dt, "flops_per_s": flops / dt}
             emit(record)
             if not math.isfinite(loss_value):
-                raise TokenFormerError(f"the training loss became {loss_value} at step {done}; "
+                raise DivergedError(f"the training loss became {loss_value} at step {done}; "
                                        f"lower the learning rate or enable grad_clip")
             if bar is not None:
                 bar.update(1)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError, TokenFormerError
+from ...errors import ConfigError, DivergedError, TokenFormerError
 from ..common import fingerprint, machine_summary, sweep_lr, to_json
 from . import plan as plan_
 from .plan import Branch, Preset, Run
@@ -321,9 +321,7 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         result = train_run(ctx, run, lr)
-    except TokenFormerError as err:  # a diverged run (sweeps probe LRs that may diverge)
-        if "became" not in str(err):
-            raise
+    except DivergedError as err:  # sweeps probe LRs that may diverge
         result = {"lr": lr, "diverged": str(err), "timing": {"train_time": 0.0,
                                                              "step_time": {}},
                   "branches": [{"budget_index": b.budget_index, "budget": b.budget,
