@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import BLOCK_NORMS
-from ..errors import ConfigError, TokenFormerError
+from ..errors import ConfigError, DivergedError
 from ..pattention import THETA_VARIANTS
 from ..progress import inner_progress
 from .common import (
@@ -279,12 +279,8 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
 
             train_vision(preset.base, "digits", out=run_dir, progress=progress,
                          model_overrides=overrides, **recipe)
-    except TokenFormerError:
-        records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
-        last = [r for r in records if r["type"] == "train"][-1:]
-        if not last or math.isfinite(last[0]["loss"]):
-            raise
-        diverged = last[0]
+    except DivergedError:  # its last training record holds the step, tokens and FLOPs
+        diverged = [r for r in read_metrics(run_dir) if r["type"] == "train"][-1]
     records = read_metrics(run_dir)
     points = _points(records, task)
     info: dict[str, Any] = {"run_dir": str(run_dir), "lr": lr}
@@ -836,8 +832,7 @@ def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", 
                 metric, _ = _final(curve, task)
                 print_fn(f"ablate: LR sweep {n} lr {lr_:.3g} (seed {seed}): {tk.metric} "
                          f"{_fmt(tk, metric)}")
-                value = metric if tk.lower_is_better else -metric
-                return value if math.isfinite(value) else math.inf
+                return metric if tk.lower_is_better else -metric
 
             sweep = sweep_lr(grid, measure, max_extensions=p.max_extensions)
             sweeps[n] = _sweep_record(sweep, curves_n, task)

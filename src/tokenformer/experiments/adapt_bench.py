@@ -100,18 +100,12 @@ def tuning_key(arm: str, budget: float | None) -> str:
 
 def tune_lr(grid: list[float], max_extensions: int, loss_of: Any) -> dict[str, Any]:
     """The argmin of ``loss_of(lr)`` over ``grid``, extended past an edge pick by the shared
-    rule (:func:`..common.sweep_lr`, as the frontier and the ablations); one value: no tuning.
-    A non-finite loss counts as the worst."""
+    rule (:func:`..common.sweep_lr`, as the frontier and the ablations); one value: no tuning."""
     from .common import sweep_lr
 
     if len(grid) < 2:
         return {"lr": grid[0], "grid": grid, "losses": {}, "added": [], "edge": False}
-
-    def measure(lr: float) -> float:
-        loss = float(loss_of(lr))
-        return loss if math.isfinite(loss) else math.inf
-
-    sweep = sweep_lr(grid, measure, max_extensions=max_extensions)
+    sweep = sweep_lr(grid, loss_of, max_extensions=max_extensions)
     return {"lr": sweep.chosen, "grid": sweep.grid, "losses": sweep.values,
             "added": sweep.added, "edge": sweep.at_edge}
 

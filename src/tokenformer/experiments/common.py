@@ -204,7 +204,8 @@ def sweep_lr(grid: Sequence[float], measure: Callable[[float], float], *,
              on_extend: Callable[[float], None] | None = None) -> LRSweep:
     """Measure every LR of ``grid`` (in its order); while the argmin sits on an edge, add one
     log step beyond it (:func:`extend_grid`) and measure that, at most ``max_extensions`` times
-    per side. ``on_extend`` hears of each LR added before it is measured."""
+    per side. ``on_extend`` hears of each LR added before it is measured. A non-finite value
+    (a diverged run) counts as the worst, +inf."""
     initial = list(grid)
     if len(initial) < 2:
         raise ValueError("an LR sweep needs at least two learning rates")
@@ -213,7 +214,8 @@ def sweep_lr(grid: Sequence[float], measure: Callable[[float], float], *,
     while True:
         for lr in lrs:
             if lr not in values:
-                values[lr] = measure(lr)
+                value = float(measure(lr))
+                values[lr] = value if math.isfinite(value) else math.inf
         extra = extend_grid(lrs, values)
         below = extra is not None and extra < low
         if extra is None or sum((x < low) == below for x in added) >= max_extensions:
