@@ -244,7 +244,7 @@ def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
 
 def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start: int,
              state: dict[str, Any], bar: Any, check: int, eval_fn: Any = None) -> Any:
-    from ...train import fit
+    from ...train import fit, lm_batches
 
     _check_lr(cfg, start, cfg.steps, check if cfg.schedule == "constant" else cfg.steps,
               ctx.preset)
@@ -252,10 +252,7 @@ def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start
         raise AssertionError("a stable segment runs into the cooldown")
     timing = state["timing"]
 
-    def batch_fn(step: int) -> dict[str, Any]:
-        ids = ctx.dataset.batch("train", step, cfg.batch_size, cfg.seq_len,
-                                seed=run.seed).to(ctx.device)
-        return {"input_ids": ids, "labels": ids}
+    batch_fn = lm_batches(ctx.dataset, cfg.batch_size, cfg.seq_len, run.seed, ctx.device)
 
     def on_record(record: dict[str, Any], current: Any) -> None:
         if record["type"] != "train":
