@@ -25,8 +25,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, autocast, command_line, interleaved, machine
 
-from tokenformer import TokenFormerConfig, TokenFormerLM, kernels
-from tokenformer.pattention import set_pattention_impl
+from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer.nn import kernels
+from tokenformer.nn.pattention import set_pattention_impl
 
 
 def make_step(model: torch.nn.Module, forward, opt: torch.optim.Optimizer, ids: torch.Tensor,

@@ -22,7 +22,6 @@ from common import (
     machine,
 )
 
-from tokenformer.baselines import model_class
 from tokenformer.experiments.frontier.plan import (
     arch,
     estimate_seconds,
@@ -33,6 +32,7 @@ from tokenformer.experiments.frontier.plan import (
     sweep_plan,
     sweep_run,
 )
+from tokenformer.models.baselines import model_class
 
 
 def main() -> int:

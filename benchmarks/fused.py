@@ -26,10 +26,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, autocast, command_line, interleaved, machine
 
-from tokenformer import kernels
-from tokenformer.fused import fused_pattention
-from tokenformer.pattention import Pattention, theta
-from tokenformer.profiling import peak_allocated_bytes
+from tokenformer.nn import kernels
+from tokenformer.nn.fused import fused_pattention
+from tokenformer.nn.pattention import Pattention, theta
+from tokenformer.nn.profiling import peak_allocated_bytes
 
 # "default": a Pattention module with nothing set (impl="auto": the kernel where it is available).
 VARIANTS = ("mlp", "reference", "fused", "kernel", "default")

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, log, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.grow import grow, grow_with_optimizer, max_logit_change
+from tokenformer.ops.growth import grow, grow_with_optimizer, max_logit_change
 
 TARGET_S = 1.0
 

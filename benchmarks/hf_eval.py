@@ -29,9 +29,9 @@ from common import command_line, log, machine
 
 import tokenformer.hf as H
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.data import default_dataset
-from tokenformer.evaluate import evaluate_text
-from tokenformer.official import save_official
+from tokenformer.data.datasets import default_dataset
+from tokenformer.eval.evaluate import evaluate_text
+from tokenformer.models.official import save_official
 
 
 def best_of(repeats: int, fn):

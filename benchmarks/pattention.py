@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, machine
 
 from tokenformer import Pattention
-from tokenformer import pattention as pattention_module
+from tokenformer.nn import pattention as pattention_module
 
 
 class TwoMatmulMLP(nn.Module):

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from tokenformer.io import atomic_write_text
+from tokenformer.io.files import atomic_write_text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, machine

@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, interleaved, log, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.loading import load_model
-from tokenformer.model import KVCache
-from tokenformer.pattention import Pattention, set_pattention_top_k, theta
-from tokenformer.prune import prune
+from tokenformer.formats.loading import load_model
+from tokenformer.models.lm import KVCache
+from tokenformer.nn.pattention import Pattention, set_pattention_top_k, theta
+from tokenformer.ops.pruning import prune
 
 FRACTIONS = (1.0, 1 / 2, 1 / 4, 1 / 8, 1 / 16)
 PRUNED = (0.0, 0.25, 0.5, 0.75)
@@ -68,7 +68,7 @@ def frontier_recipe(results: str | Path, family: str, size: str, budget: int = -
 def train_frontier(args: argparse.Namespace) -> dict:
     """Train the frontier's arm (``--size``, largest budget) with the normal trainer, one run
     per family and seed, into ``OUT/<family>-<size>-seed<s>`` (weights in ``final/``)."""
-    from tokenformer.train import TrainConfig, train
+    from tokenformer.training.train import TrainConfig, train
 
     rows = []
     for family in args.families:
@@ -97,8 +97,8 @@ def train_frontier(args: argparse.Namespace) -> dict:
 
 
 def evaluator(model: torch.nn.Module, eval_batches: int, seq_len: int = 256):
-    from tokenformer.data import default_dataset
-    from tokenformer.train import lm_evaluator
+    from tokenformer.data.datasets import default_dataset
+    from tokenformer.training.train import lm_evaluator
 
     dataset = default_dataset("bytes", progress=False)
     seq = min(seq_len, model.config.max_seq_len)
@@ -351,7 +351,7 @@ def finetune_wsd(model: torch.nn.Module, run: dict, steps: int, lr: float, datas
     frontier's schedule family: WSD (10 warmup steps, the last 20 % decaying to 0.1 × ``lr``);
     batch, sequence, weight decay, clipping and data seed of the run's config (``run``), on the
     training batches that follow the run's last step."""
-    from tokenformer.train import TrainConfig, fit
+    from tokenformer.training.train import TrainConfig, fit
 
     cfg = TrainConfig(arch=run["arch"], seq_len=run["seq_len"], batch_size=run["batch_size"],
                       steps=steps, lr=lr, min_lr=0.1 * lr, schedule="wsd", warmup_steps=10,
@@ -758,7 +758,7 @@ def product_profile(args: argparse.Namespace) -> dict:
     op), for the FLOP-matched arms of ``product-speed``, next to the dense FFN."""
     from torch.profiler import ProfilerActivity, profile
 
-    from tokenformer.product_keys import ProductKeyPattention
+    from tokenformer.nn.product_keys import ProductKeyPattention
 
     dense = TokenFormerConfig.from_name(args.preset)
     d = dense.hidden_size

@@ -26,11 +26,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, command_line, interleaved, machine
 
-from tokenformer import kernels
-from tokenformer.baselines import TransformerLM, matched_config
-from tokenformer.config import TokenFormerConfig, flops_per_token
-from tokenformer.model import TokenFormerLM
-from tokenformer.train import TrainConfig, fit
+from tokenformer.models.baselines import TransformerLM, matched_config
+from tokenformer.models.config import TokenFormerConfig, flops_per_token
+from tokenformer.models.lm import TokenFormerLM
+from tokenformer.nn import kernels
+from tokenformer.training.train import TrainConfig, fit
 
 PRECISIONS = ("fp32", "bf16")
 KERNEL = "TokenFormer (kernel)"

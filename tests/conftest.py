@@ -34,7 +34,7 @@ def one_thread():
 def theta_kernel_built():
     """Build (or load) the C++ Θ kernel once, before any test: the default Pattention impl uses
     it, and a first-use compile must not land inside one test's time."""
-    from tokenformer import kernels
+    from tokenformer.nn import kernels
 
     kernels.available()
 
@@ -42,7 +42,7 @@ def theta_kernel_built():
 @pytest.fixture(scope="session")
 def dataset_dir(tmp_path_factory) -> Path:
     """A small byte-level prepared dataset: the first 200 kB of the embedded corpus."""
-    from tokenformer.data import kjv_text, prepare
+    from tokenformer.data.datasets import kjv_text, prepare
 
     root = tmp_path_factory.mktemp("data")
     (root / "text.txt").write_text(kjv_text()[:200_000])

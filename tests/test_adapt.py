@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer import adapters as ad
 from tokenformer.cli import main
 from tokenformer.errors import CheckpointError, ConfigError
-from tokenformer.pattention import Pattention
+from tokenformer.nn.pattention import Pattention
+from tokenformer.ops import adapters as ad
 
 GELU_VARIANTS = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm")
 
@@ -228,7 +228,7 @@ def test_tampered_adapter_refused(tmp_path: Path) -> None:
 def test_malformed_adapter_config_refused(tmp_path: Path, tokens) -> None:
     """A config that passes its manifest (rewritten) but names bad token counts: one
     CheckpointError, nothing attached."""
-    from tokenformer.checkpoint import write_manifest
+    from tokenformer.io.checkpoint import write_manifest
 
     model = make()
     ad.adapt(model, ffn=2, name="a")

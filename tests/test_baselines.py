@@ -9,15 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenformer import TokenFormerConfig, TokenFormerLM, flops_per_token
-from tokenformer.baselines import (
+from tokenformer.errors import ConfigError
+from tokenformer.models.baselines import (
     TransformerConfig,
     TransformerLM,
     build_from_dir_config,
     load_model_dir,
     matched_config,
 )
-from tokenformer.baselines_widen import widen_mlp
-from tokenformer.errors import ConfigError
+from tokenformer.ops.widening import widen_mlp
 
 ARCHS = ("transformer", "transformer++")
 

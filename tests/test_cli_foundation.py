@@ -14,7 +14,7 @@ import torch
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
-from tokenformer.official import save_official
+from tokenformer.models.official import save_official
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:

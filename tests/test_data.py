@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenformer.cli import main
-from tokenformer.data import (
+from tokenformer.data.datasets import (
     TokenDataset,
     default_dataset,
     kjv_text,

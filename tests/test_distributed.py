@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from tokenformer import TokenFormerLM
-from tokenformer.checkpoint import read_metrics
-from tokenformer.distributed import load_sharded_model
-from tokenformer.train import load_config, train
+from tokenformer.io.checkpoint import read_metrics
+from tokenformer.training.distributed import load_sharded_model
+from tokenformer.training.train import load_config, train
 
 STEPS = 5
 

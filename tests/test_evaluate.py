@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
-from tokenformer.evaluate import evaluate_text, sliding_windows
+from tokenformer.eval.evaluate import evaluate_text, sliding_windows
 
 TEXT = "In the beginning was the Word — ünïcödé, and tabs\tand lines.\n"
 
@@ -110,7 +110,7 @@ def test_cli_eval_text_file_matches_hand_computed(model, model_dir, tmp_path, ca
 
 
 def test_cli_eval_prepared_folder(model, model_dir, tmp_path, capsys):
-    data = pytest.importorskip("tokenformer.data")
+    data = pytest.importorskip("tokenformer.data.datasets")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line of text number {i}.\n" for i in range(200)))
     data.prepare([corpus], "bytes", tmp_path / "prepared", val_fraction=0.1, progress=False)
@@ -166,7 +166,7 @@ def test_lm_eval_offline_tasks_run_and_return_metrics(model_dir, capsys):
 
 
 def test_offline_task_data_is_deterministic_and_well_formed():
-    from tokenformer.eval_tasks import kjv
+    from tokenformer.eval.tasks import kjv
 
     last, choice = kjv.lastword_docs(), kjv.choice_docs()
     assert len(last) == len(choice) == kjv.MAX_DOCS
@@ -203,7 +203,7 @@ def test_a_context_shorter_than_a_shipped_answer_says_what_is_needed(tmp_path, c
     choice, counted here from the documents themselves."""
     pytest.importorskip("lm_eval")
     pytest.importorskip("transformers")
-    from tokenformer.eval_tasks import kjv
+    from tokenformer.eval.tasks import kjv
 
     longest = 1 + max(len(c.encode()) for d in kjv.choice_docs() for c in d["choices"])
     config = TokenFormerConfig(vocab_size=257, hidden_size=16, num_layers=1, num_heads=2,
@@ -233,7 +233,7 @@ def test_output_path_and_log_samples_write_lm_eval_files(model_dir, tmp_path, ca
     assert saved["results"]["kjv_lastword"]["acc,none"] == printed["kjv_lastword"]["acc,none"]
     rows = [json.loads(line) for line in sample_files[0].read_text().splitlines()]
     assert len(rows) == 3
-    from tokenformer.eval_tasks import kjv
+    from tokenformer.eval.tasks import kjv
 
     assert [r["doc"]["target"] for r in rows] == [d["target"] for d in kjv.lastword_docs()[:3]]
 

@@ -15,13 +15,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenformer.baselines import matched_config, model_class
-from tokenformer.config import (
-    SOFTMAX_FLOPS_PER_SCORE,
-    THETA_FLOPS_PER_SCORE,
-    TokenFormerConfig,
-    flops_per_token,
-)
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.frontier import plan as plan_
@@ -29,6 +22,13 @@ from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.plan import PRESETS, decay_start, get_preset, plan
 from tokenformer.experiments.stats import describe, format_p, paired, spread, t_interval
+from tokenformer.models.baselines import matched_config, model_class
+from tokenformer.models.config import (
+    SOFTMAX_FLOPS_PER_SCORE,
+    THETA_FLOPS_PER_SCORE,
+    TokenFormerConfig,
+    flops_per_token,
+)
 
 KJV_TRAIN_TOKENS = 4_000_000  # below the embedded corpus' training split (a safe lower bound)
 

@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 
-from tokenformer.baselines import model_class
-from tokenformer.config import THETA_FLOPS_PER_SCORE, TokenFormerConfig, flops_per_token
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.plan import get_preset, plan, product_key_config
+from tokenformer.models.baselines import model_class
+from tokenformer.models.config import THETA_FLOPS_PER_SCORE, TokenFormerConfig, flops_per_token
 
 KJV_TRAIN_TOKENS = 4_000_000
 
@@ -131,8 +131,8 @@ def test_product_key_flops_match_torch_flop_counter():
     assert cfg.projection_flops()[1] == 2 * s * d + min(k, s) ** 2 + theta * k + 2 * k * d
     ffn = model.layers[0].mlp
     rows = torch.randn(7, d)
-    from tokenformer.pattention import theta as theta_fn
-    from tokenformer.product_keys import product_top_k
+    from tokenformer.nn.pattention import theta as theta_fn
+    from tokenformer.nn.product_keys import product_top_k
 
     scores, index = product_top_k(rows, ffn.sub_keys_a, ffn.sub_keys_b, k)
     weights = theta_fn(scores, cfg.norm, ffn.scale, 0.0)

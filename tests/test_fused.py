@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.errors import ConfigError
-from tokenformer.fused import PattentionFunction, fused_pattention
-from tokenformer.pattention import THETA_VARIANTS, Pattention, set_pattention_impl, theta
+from tokenformer.nn.fused import PattentionFunction, fused_pattention
+from tokenformer.nn.pattention import THETA_VARIANTS, Pattention, set_pattention_impl, theta
 
 
 def reference(x, k, v, norm, scale, eps):
@@ -178,7 +178,7 @@ def test_pattention_impl_switch():
 def test_tiny_lm_fused_equals_reference(norm, impl):
     """A whole tiny TokenFormerLM in fp32: fused (or the C++ kernel) and reference give the same
     logits, and parameter gradients as close to the float64 model's as the reference path's are."""
-    from tokenformer import kernels
+    from tokenformer.nn import kernels
 
     if impl == "kernel" and not kernels.available():
         pytest.skip(f"Θ kernel unavailable: {kernels.unavailable_reason()}")
@@ -207,7 +207,7 @@ def peak_memory_vs_mlp(precision: str, impl: str) -> tuple[int, int, int]:
     """Peak tensor memory of a forward + backward of a Pattention with ``impl`` and of
     ``GELU(x·Kᵀ)·V`` with the same x, K, V (float32 leaves, bf16 autocast or not), and the bytes
     of one [L, n] scores tensor in the compute dtype."""
-    from tokenformer.profiling import peak_allocated_bytes
+    from tokenformer.nn.profiling import peak_allocated_bytes
 
     L, d, n = 512, 64, 768
     torch.manual_seed(0)

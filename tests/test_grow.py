@@ -16,18 +16,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenformer import GrowthError, TokenFormerConfig, TokenFormerLM
-from tokenformer.checkpoint import load_optimizer_state, verify_checkpoint
 from tokenformer.cli import main
 from tokenformer.errors import ConfigError
-from tokenformer.grow import (
+from tokenformer.io.checkpoint import load_optimizer_state, verify_checkpoint
+from tokenformer.nn.pattention import THETA_VARIANTS
+from tokenformer.ops.growth import (
     default_positions,
     grow,
     grow_with_optimizer,
     max_logit_change,
     resolve_size,
 )
-from tokenformer.pattention import THETA_VARIANTS
-from tokenformer.train import TrainConfig
+from tokenformer.training.train import TrainConfig
 
 GROWABLE_EXACTLY = THETA_VARIANTS  # softmax too, for whole multiples (see test below)
 KINDS = {"qkv": ("attention.query", "attention.key", "attention.value"),
@@ -489,7 +489,7 @@ def test_train_grow_continue_loss() -> None:
 
 # ------------------------------------------------------------------------------------ vision
 def test_grows_the_vision_model_exactly() -> None:
-    vit = pytest.importorskip("tokenformer.vit")
+    vit = pytest.importorskip("tokenformer.models.vit")
     torch.manual_seed(0)
     config = vit.TokenFormerViTConfig.from_name("vit-digits-tiny")
     model = vit.TokenFormerViT(config).eval()
@@ -576,8 +576,8 @@ def test_cli_unknown_checkpoint_and_existing_output(checkpoint, tmp_path, capsys
 
 def test_cli_grows_a_training_checkpoint(tmp_path, capsys) -> None:
     """A trainer checkpoint (two named AdamW groups) grows into one the trainer can resume."""
-    from tokenformer.checkpoint import save_checkpoint
-    from tokenformer.train import group_names, param_groups
+    from tokenformer.io.checkpoint import save_checkpoint
+    from tokenformer.training.train import group_names, param_groups
 
     model = make()
     optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-3)
@@ -608,7 +608,7 @@ def test_cli_grows_a_training_checkpoint(tmp_path, capsys) -> None:
 def test_cli_grows_an_official_checkpoint(tmp_path, capsys) -> None:
     """A released-layout pytorch_model.bin (here a tiny one) grows like 354M → 757M: qkv and proj
     768 → 1792, ffn 3072 → 7168 is ×7/3, scaled down to 12 → 28 and 48 → 112 tokens."""
-    from tokenformer.official import load_official, save_official
+    from tokenformer.models.official import load_official, save_official
 
     model = make(qkv_tokens=12, proj_tokens=12, ffn_tokens=48)
     source = tmp_path / "official"

@@ -24,8 +24,10 @@ import torch
 
 import tokenformer
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer import checkpoint as ckpt
-from tokenformer.checkpoint import (
+from tokenformer.cli import main as cli
+from tokenformer.errors import CheckpointError
+from tokenformer.io import checkpoint as ckpt
+from tokenformer.io.checkpoint import (
     MANIFEST_NAME,
     latest_checkpoint,
     load_optimizer_state,
@@ -34,11 +36,9 @@ from tokenformer.checkpoint import (
     save_tree,
     verify_checkpoint,
 )
-from tokenformer.cli import main as cli
-from tokenformer.distributed import World, load_sharded, load_sharded_model, save_sharded
-from tokenformer.errors import CheckpointError
-from tokenformer.official import save_official
-from tokenformer.train import load_config, train
+from tokenformer.models.official import save_official
+from tokenformer.training.distributed import World, load_sharded, load_sharded_model, save_sharded
+from tokenformer.training.train import load_config, train
 
 FAST = {"threads": 1, "samples": 0, "eval_batches": 1, "eval_interval": 0}
 
@@ -96,7 +96,7 @@ def test_restricted_loader_stubs_foreign_objects_and_keeps_tensors(tmp_path, mar
     an argparse namespace as an inert stub); the payload beside them is a stub too."""
     import argparse
 
-    from tokenformer.io import safe_torch_load
+    from tokenformer.io.files import safe_torch_load
 
     base = torch.arange(12.0).reshape(3, 4)
     obj = OrderedDict(view=base[:, 1:3], param=torch.nn.Parameter(torch.ones(2)),
@@ -121,7 +121,7 @@ def test_torchscript_and_tar_archives_are_refused(tmp_path):
     """torch.load(weights_only=False) would hand these to torch.jit.load / tarfile."""
     import tarfile
 
-    from tokenformer.io import safe_torch_load
+    from tokenformer.io.files import safe_torch_load
 
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), tmp_path / "script.pt")
     with pytest.raises(CheckpointError, match="TorchScript"):

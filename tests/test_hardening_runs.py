@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.checkpoint import read_metrics, write_manifest
 from tokenformer.cli import main as cli
-from tokenformer.outputs import LOCK_PID, MARKER
+from tokenformer.io.checkpoint import read_metrics, write_manifest
+from tokenformer.io.outputs import LOCK_PID, MARKER
 
 # A few-second run: the tiny preset on the small prepared dataset, a checkpoint every 2 steps.
 TRAIN = ["--config", "tiny", "--steps", "6", "--checkpoint-interval", "2", "--keep-last", "2",
@@ -286,7 +286,7 @@ def test_crash_leftovers_are_cleaned_and_never_block(capsys, tmp_path, dataset_d
 
     # kill -9 between the two renames of a replacement: final/ is gone, .final.old is complete
     os.replace(run_dir / "final", run_dir / ".final.old")
-    from tokenformer.checkpoint import clean_leftovers
+    from tokenformer.io.checkpoint import clean_leftovers
 
     clean_leftovers(run_dir)
     assert leftovers(run_dir) == []
@@ -351,7 +351,7 @@ def refused_code(capsys, code: int, *argv) -> str:
 
 
 def test_second_ctrl_c_stops_at_once(capsys, tmp_path, dataset_dir, monkeypatch):
-    from tokenformer.train import _StopOnSignal
+    from tokenformer.training.train import _StopOnSignal
 
     run_dir = tmp_path / "run"
     _signal_at(monkeypatch, 2, signal.SIGINT, signal.SIGINT, pause=_StopOnSignal.ECHO + 0.1)
@@ -474,9 +474,8 @@ def test_token_ids_beyond_the_vocabulary_are_refused_when_opened(capsys, tmp_pat
 
 
 def test_any_failure_is_one_line_exit_2(capsys, monkeypatch):
-    from torch.distributed.checkpoint.api import CheckpointException
-
     import tokenformer.commands.model as model_commands
+    from torch.distributed.checkpoint.api import CheckpointException
 
     def fail(*args, **kwargs):
         raise CheckpointException("shard 3 is corrupt\n" + "detail\n" * 150, {})

@@ -29,7 +29,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeli
 import tokenformer.hf as H
 from tokenformer import ByteTokenizer, HFTokenizer, TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
-from tokenformer.official import load_official
+from tokenformer.models.official import load_official
 
 
 def tiny_config(**overrides) -> TokenFormerConfig:
@@ -207,7 +207,7 @@ def assert_remote_logits_equal(folder: Path, reference: TokenFormerLM, tmp_path:
 
 def test_save_hf_folder_loads_where_tokenformer_is_not_installed(core, hf_dir, tmp_path):
     modeling = (hf_dir / "modeling_tokenformer.py").read_text()
-    assert "tokenformer/pattention.py" in modeling and "\nfrom ." not in modeling
+    assert "tokenformer/nn/pattention.py" in modeling and "\nfrom ." not in modeling
     assert json.loads((hf_dir / "config.json").read_text())["auto_map"] == H.AUTO_MAP
     # Also: the base model, and a re-save from the remote classes loads again.
     extra = (f"from transformers import AutoModel\n"
@@ -223,7 +223,9 @@ def test_save_hf_folder_loads_where_tokenformer_is_not_installed(core, hf_dir, t
 
 
 def test_remote_code_is_generated_from_the_package_source():
-    from tokenformer import hf_remote, model, pattention
+    from tokenformer.hf import remote as hf_remote
+    from tokenformer.models import lm as model
+    from tokenformer.nn import pattention
 
     text = hf_remote.generate()["modeling_tokenformer.py"]
     # The core classes are in the file verbatim (those without imports of the package).
@@ -440,8 +442,8 @@ def test_convert_refuses_to_overwrite(official_folder, tmp_path, capsys):
 def test_convert_to_hf_of_a_trained_model(arch, dataset_dir, tmp_path, capsys):
     """`train` → `convert to-hf` → AutoModelForCausalLM: the same logits and the same tokenizer
     ids as the trained model; the baseline also through its remote code, without tokenformer."""
-    from tokenformer.loading import load_model
-    from tokenformer.train import load_config, train
+    from tokenformer.formats.loading import load_model
+    from tokenformer.training.train import load_config, train
 
     cfg = load_config("tiny", {"data": str(dataset_dir), "out": str(tmp_path / "run"),
                                "threads": 1, "samples": 0, "eval_batches": 1, "steps": 2,

@@ -27,7 +27,7 @@ from transformers import (
 import tokenformer.hf as H
 from tokenformer import ByteTokenizer, TokenFormerConfig, TokenFormerLM
 from tokenformer.errors import ConfigError, TokenFormerError
-from tokenformer.hf_modeling import (
+from tokenformer.hf.modeling import (
     LORA_ON_EMBEDDING_WARNING,
     OUTPUT_ATTENTIONS_REFUSED,
     STATIC_CACHE_REFUSED,

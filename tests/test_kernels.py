@@ -31,9 +31,10 @@ from test_fused import (
     reference,
     value_and_grads,
 )
-from tokenformer import TokenFormerConfig, TokenFormerLM, kernels
-from tokenformer.fused import fused_pattention
-from tokenformer.pattention import THETA_VARIANTS, Pattention, set_pattention_impl
+from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer.nn import kernels
+from tokenformer.nn.fused import fused_pattention
+from tokenformer.nn.pattention import THETA_VARIANTS, Pattention, set_pattention_impl
 
 
 def kernel_pattention(x, k, v, norm, scale, eps):

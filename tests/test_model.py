@@ -17,7 +17,7 @@ from tokenformer import (
     TokenFormerLM,
     flops_per_token,
 )
-from tokenformer.model import _sample
+from tokenformer.models.lm import _sample
 
 # Spec §3: the exact parameter counts of the released models and of the paper's scaling chain.
 OFFICIAL_PARAMETERS = {

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tokenformer import CheckpointError, ConfigError, TokenFormerConfig, TokenFormerLM
-from tokenformer.official import infer_config, official_to_ours, save_official
+from tokenformer.models.official import infer_config, official_to_ours, save_official
 
 
 # ------------------------------------------------------------------------ the independent reference

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tokenformer.cli import build_parser, command_index, field_docs, main
-from tokenformer.progress import inner_progress, progress_bar
+from tokenformer.io.progress import inner_progress, progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,15 +88,16 @@ def test_constraints_file_pins_the_lowest_tested_versions():
 
 
 # ------------------------------------------------------------------------------ import graph
-CORE = {"tokenformer", "tokenformer.model", "tokenformer.config", "tokenformer.errors",
-        "tokenformer.pattention", "tokenformer.fused", "tokenformer.kernels"}
+CORE = {"tokenformer", "tokenformer.models", "tokenformer.models.lm", "tokenformer.models.config",
+        "tokenformer.errors", "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.fused",
+        "tokenformer.nn.kernels"}
 
 
 def test_model_py_imports_only_the_core():
     """model.py no longer dispatches load_model: importing it pulls no baseline, HF, official or
     loading module (no import cycle), and never transformers."""
     loaded = json.loads(run_python(
-        "import json, sys, tokenformer.model; "
+        "import json, sys, tokenformer.models.lm; "
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('tokenformer', 'transformers', 'lm_eval', 'datasets'))))"))
     assert set(loaded) <= CORE, set(loaded) - CORE
@@ -104,8 +105,8 @@ def test_model_py_imports_only_the_core():
 
 def test_load_model_lives_in_loading_and_reads_every_spec(tmp_path):
     import tokenformer
-    from tokenformer.baselines import TransformerConfig, TransformerLM
-    from tokenformer.loading import load_model
+    from tokenformer.formats.loading import load_model
+    from tokenformer.models.baselines import TransformerConfig, TransformerLM
 
     assert tokenformer.load_model is load_model
     config = tokenformer.TokenFormerConfig.from_name("tiny")
@@ -133,10 +134,10 @@ def test_help_and_version_do_not_import_torch():
 
 def test_package_attributes_are_lazy_but_complete():
     """``import tokenformer`` is light; every public name still resolves, and ``tokenformer.grow``
-    stays the function even after ``import tokenformer.grow`` (the submodule)."""
+    stays the function after its module (``tokenformer.ops.growth``) is imported."""
     out = run_python(
         "import sys, tokenformer\nlight = 'torch' not in sys.modules\n"
-        "import tokenformer.grow\n"
+        "import tokenformer.ops.growth, tokenformer.ops.pruning\n"
         "names = [n for n in tokenformer.__all__ if getattr(tokenformer, n, None) is None]\n"
         "print(light, callable(tokenformer.grow) and tokenformer.grow.__name__ == 'grow', names)")
     assert out.split() == ["True", "True", "[]"], out
@@ -175,8 +176,8 @@ def test_field_docs_reads_attribute_docstrings():
 
 
 def test_train_help_lists_every_override_with_type_default_and_doc(capsys):
-    from tokenformer.config import TokenFormerConfig
-    from tokenformer.train import TrainConfig
+    from tokenformer.models.config import TokenFormerConfig
+    from tokenformer.training.train import TrainConfig
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])

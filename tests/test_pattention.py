@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenformer import ConfigError, Pattention
-from tokenformer.pattention import PATTENTION_IMPLS
+from tokenformer.nn.pattention import PATTENTION_IMPLS
 
 VARIANTS = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
 IMPLS = list(PATTENTION_IMPLS)  # every path (the default auto too), each against the formulas

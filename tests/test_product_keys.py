@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import tokenformer
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.errors import ConfigError, GrowthError
-from tokenformer.product_keys import ProductKeyPattention, product_top_k
+from tokenformer.nn.product_keys import ProductKeyPattention, product_top_k
 
 
 @settings(max_examples=40, deadline=None)
@@ -138,7 +138,7 @@ def test_autocast_bf16_runs_and_matches_fp32():
 
 def test_product_key_model_round_trips_through_hugging_face(tmp_path):
     pytest.importorskip("transformers")
-    from tokenformer.hf_modeling import TokenFormerForCausalLM
+    from tokenformer.hf.modeling import TokenFormerForCausalLM
 
     torch.manual_seed(0)
     model = TokenFormerLM(TokenFormerConfig.from_name("tiny", ffn_keys="product", ffn_tokens=64,

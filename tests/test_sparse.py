@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import tokenformer
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.errors import ConfigError, GrowthError
-from tokenformer.pattention import (
+from tokenformer.nn.pattention import (
     GATHER_ELEMENTS,
     Pattention,
     parse_top_k,
@@ -124,7 +124,7 @@ def test_set_top_k_carries_through_config_save_load_and_hf(tmp_path):
     assert loaded.layers[1].mlp.top_k == 32 and loaded.config.qkv_top_k == 0.5
     assert torch.equal(loaded(ids).logits, sparse)
     pytest.importorskip("transformers")
-    from tokenformer.hf_modeling import TokenFormerForCausalLM
+    from tokenformer.hf.modeling import TokenFormerForCausalLM
 
     hf = TokenFormerForCausalLM.from_core(loaded)
     assert hf.config.ffn_top_k == 32
@@ -214,7 +214,7 @@ def test_prune_refuses_bad_requests():
         tokenformer.prune(model, ffn=64)
     with pytest.raises(GrowthError, match="unknown importance"):
         tokenformer.prune(model, ffn=64, by="random")
-    from tokenformer.baselines import matched_config, model_class
+    from tokenformer.models.baselines import matched_config, model_class
 
     tpp = model_class("transformer++")(matched_config(model.config, "transformer++"))
     with pytest.raises(GrowthError, match="transformer\\+\\+ model has none"):
@@ -239,7 +239,7 @@ def _one_error_line(code, err):
 
 
 def test_prune_cli(tmp_path, capsys):
-    from tokenformer.tokenizer import TOKENIZER_FILE
+    from tokenformer.data.tokenizer import TOKENIZER_FILE
 
     model = _model()
     model.save(tmp_path / "m")
@@ -249,7 +249,7 @@ def test_prune_cli(tmp_path, capsys):
     assert code in (0, None), err
     assert "ffn 64" in out
     assert TokenFormerLM.load(tmp_path / "out").config.ffn_tokens == 64
-    from tokenformer.checkpoint import verify_checkpoint
+    from tokenformer.io.checkpoint import verify_checkpoint
 
     assert verify_checkpoint(tmp_path / "out")  # a manifest, as grow writes: train verifies it
     assert (tmp_path / "out" / TOKENIZER_FILE).read_text() == '{"stand-in": true}'

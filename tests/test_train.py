@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from tokenformer import TokenFormerConfig, TokenFormerLM, flops_per_token
-from tokenformer.checkpoint import load_optimizer_state, read_metrics, verify_checkpoint
 from tokenformer.cli import main as cli
 from tokenformer.errors import ConfigError
-from tokenformer.train import (
+from tokenformer.io.checkpoint import load_optimizer_state, read_metrics, verify_checkpoint
+from tokenformer.training.train import (
     FitResult,
     TrainConfig,
     fit,
@@ -192,7 +192,7 @@ def test_train_end_to_end(tmp_path, dataset_dir):
 
 
 def test_growth_inside_a_run(tmp_path, dataset_dir):
-    pytest.importorskip("tokenformer.grow")
+    pytest.importorskip("tokenformer.ops.growth")
     out = tmp_path / "run"
     cfg = cfg_for(dataset_dir, out, steps=8, eval_interval=0,
                   grow_at=["4:qkv=2x,proj=2x,ffn=2x,layers=3,strategy=exact"],
@@ -247,7 +247,7 @@ def test_grad_accumulation_and_activation_checkpointing_match(tmp_path, dataset_
 
 
 def test_baseline_arch_trains(tmp_path, dataset_dir):
-    from tokenformer.baselines import TransformerLM, load_model_dir
+    from tokenformer.models.baselines import TransformerLM, load_model_dir
 
     cfg = cfg_for(dataset_dir, tmp_path / "run", steps=3, eval_interval=0, arch="transformer++")
     result = train(cfg, progress=False, print_fn=lambda s: None)
@@ -294,7 +294,7 @@ def test_plot(tmp_path, dataset_dir, monkeypatch):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ConfigError, match="pip install"):
-        from tokenformer.plot import plot_runs
+        from tokenformer.training.plot import plot_runs
 
         plot_runs([run], tmp_path / "x.png")
     assert not (tmp_path / "x.png").exists()
@@ -352,7 +352,7 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path, dataset_dir):
 
 
 def test_train_grow_cli_then_init_from(tmp_path, dataset_dir):
-    pytest.importorskip("tokenformer.grow")
+    pytest.importorskip("tokenformer.ops.growth")
     train(cfg_for(dataset_dir, tmp_path / "a", steps=4, eval_interval=0), progress=False,
           print_fn=lambda s: None)
     grown = tmp_path / "grown"

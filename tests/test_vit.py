@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenformer.cli import main
-from tokenformer.commands.vision import evaluate, train_vision, vision_info
+from tokenformer.cli.commands.vision import evaluate, train_vision, vision_info
+from tokenformer.data.images import ImageFolder, batch_fn, load_digits_split, random_shift
 from tokenformer.errors import ConfigError, DataError
-from tokenformer.vision_data import ImageFolder, batch_fn, load_digits_split, random_shift
-from tokenformer.vit import (
+from tokenformer.models.vit import (
     TokenFormerViT,
     TokenFormerViTConfig,
     ViT,
@@ -323,7 +323,7 @@ def test_small_budget_reaches_80_percent_on_digits(trained):
 
 
 def test_exact_growth_preserves_test_predictions(trained):
-    grow = pytest.importorskip("tokenformer.grow").grow
+    grow = pytest.importorskip("tokenformer.ops.growth").grow
     model = trained[0].model
     _, test = load_digits_split()
     x = test.normalized()
@@ -362,7 +362,7 @@ def test_image_folder_batches_are_the_same_with_prefetching_workers(folder):
 
 
 def test_vision_train_on_a_folder_with_workers_matches_without(folder, tmp_path):
-    from tokenformer.commands.vision import train_vision
+    from tokenformer.cli.commands.vision import train_vision
 
     runs = [train_vision("vit-digits-tiny", str(folder), steps=3, batch_size=4, seed=0,
                          eval_interval=0, threads=1, workers=w,

@@ -16,19 +16,21 @@ __version__ = "0.1.0"
 
 # public name -> the submodule that defines it
 _EXPORTS = {
-    "adapt": "adapters", "load_adapter": "adapters", "merge": "adapters",
-    "remove_adapter": "adapters", "save_adapter": "adapters", "set_active": "adapters",
-    "PRESETS": "config", "TokenFormerConfig": "config", "flops_per_token": "config",
+    "adapt": "ops.adapters", "load_adapter": "ops.adapters", "merge": "ops.adapters",
+    "remove_adapter": "ops.adapters", "save_adapter": "ops.adapters", "set_active": "ops.adapters",
+    "PRESETS": "models.config", "TokenFormerConfig": "models.config",
+    "flops_per_token": "models.config",
     "CheckpointError": "errors", "ConfigError": "errors", "DataError": "errors",
     "GrowthError": "errors", "TokenFormerError": "errors",
-    "grow": "grow", "grow_with_optimizer": "grow", "prune": "prune",
-    "ProductKeyPattention": "product_keys",
-    "CausalLMOutput": "model", "KVCache": "model", "TokenFormerLM": "model",
-    "load_model": "loading",
-    "THETA_VARIANTS": "pattention", "Pattention": "pattention", "theta": "pattention",
-    "set_pattention_top_k": "pattention",
-    "ByteTokenizer": "tokenizer", "HFTokenizer": "tokenizer", "load_tokenizer": "tokenizer",
-    "TokenFormerViT": "vit", "TokenFormerViTConfig": "vit",
+    "grow": "ops.growth", "grow_with_optimizer": "ops.growth", "prune": "ops.pruning",
+    "ProductKeyPattention": "nn.product_keys",
+    "CausalLMOutput": "models.lm", "KVCache": "models.lm", "TokenFormerLM": "models.lm",
+    "load_model": "formats.loading",
+    "THETA_VARIANTS": "nn.pattention", "Pattention": "nn.pattention", "theta": "nn.pattention",
+    "set_pattention_top_k": "nn.pattention",
+    "ByteTokenizer": "data.tokenizer", "HFTokenizer": "data.tokenizer",
+    "load_tokenizer": "data.tokenizer",
+    "TokenFormerViT": "models.vit", "TokenFormerViTConfig": "models.vit",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -62,14 +64,14 @@ sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:
-    from .adapters import adapt, load_adapter, merge, remove_adapter, save_adapter, set_active  # noqa: F401
-    from .config import PRESETS, TokenFormerConfig, flops_per_token  # noqa: F401
+    from .data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer  # noqa: F401
     from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError  # noqa: F401
-    from .grow import grow, grow_with_optimizer  # noqa: F401
-    from .loading import load_model  # noqa: F401
-    from .model import CausalLMOutput, KVCache, TokenFormerLM  # noqa: F401
-    from .pattention import THETA_VARIANTS, Pattention, set_pattention_top_k, theta  # noqa: F401
-    from .product_keys import ProductKeyPattention  # noqa: F401
-    from .prune import prune  # noqa: F401
-    from .tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer  # noqa: F401
-    from .vit import TokenFormerViT, TokenFormerViTConfig  # noqa: F401
+    from .formats.loading import load_model  # noqa: F401
+    from .models.config import PRESETS, TokenFormerConfig, flops_per_token  # noqa: F401
+    from .models.lm import CausalLMOutput, KVCache, TokenFormerLM  # noqa: F401
+    from .models.vit import TokenFormerViT, TokenFormerViTConfig  # noqa: F401
+    from .nn.pattention import THETA_VARIANTS, Pattention, set_pattention_top_k, theta  # noqa: F401
+    from .nn.product_keys import ProductKeyPattention  # noqa: F401
+    from .ops.adapters import adapt, load_adapter, merge, remove_adapter, save_adapter, set_active  # noqa: F401
+    from .ops.growth import grow, grow_with_optimizer  # noqa: F401
+    from .ops.pruning import prune  # noqa: F401

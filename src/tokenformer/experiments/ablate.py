@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import BLOCK_NORMS
 from ..errors import ConfigError, DivergedError
-from ..pattention import THETA_VARIANTS
-from ..progress import inner_progress
+from ..io.progress import inner_progress
+from ..models.config import BLOCK_NORMS
+from ..nn.pattention import THETA_VARIANTS
 from .common import (
     Arm,
     Curve,
@@ -179,10 +179,10 @@ def base_lr(task: str, preset: AblationPreset) -> float:
     if preset.lr is not None:
         return preset.lr
     if task == "lm":
-        from ..train import TrainConfig
+        from ..training.train import TrainConfig
 
         return TrainConfig.lr
-    from ..commands.vision import DIGITS_TRAIN
+    from ..cli.commands.vision import DIGITS_TRAIN
 
     return float(DIGITS_TRAIN["lr"])
 
@@ -251,7 +251,7 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
     A run whose loss becomes non-finite is recorded, not fatal: its curve ends with a point at the
     step it diverged, with the worst possible metric, and ``info["diverged"]`` holds that step.
     """
-    from ..checkpoint import read_metrics
+    from ..io.checkpoint import read_metrics
 
     run_dir = Path(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)  # a crashed attempt of this very arm
@@ -267,7 +267,7 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
     diverged = None
     try:
         if task == "lm":
-            from ..train import TrainConfig, train
+            from ..training.train import TrainConfig, train
 
             cfg = TrainConfig(model={"preset": preset.base, **overrides},
                               data=str(data) if data is not None else "default",
@@ -275,7 +275,7 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
                               samples=0, device="cpu", out=str(run_dir), **recipe)
             train(cfg, progress=progress, print_fn=lambda _: None)
         else:
-            from ..commands.vision import train_vision
+            from ..cli.commands.vision import train_vision
 
             train_vision(preset.base, "digits", out=run_dir, progress=progress,
                          model_overrides=overrides, **recipe)
@@ -498,7 +498,7 @@ def plot_final(results: dict[str, Any], path: str | Path) -> Path:
     """Final metric per variant (every seed, mean ± std) beside the paper's ImageNet top-1."""
     from matplotlib.figure import Figure
 
-    from ..io import atomic_write
+    from ..io.files import atomic_write
 
     study, task = STUDIES[results["study"]], TASKS[results["task"]]
     s = results["summary"]["variants"]
@@ -544,7 +544,7 @@ def plot_sweeps(results: dict[str, Any], path: str | Path) -> Path:
     """The sweep's metric against the LR per variant (log x), the chosen LR starred."""
     from matplotlib.figure import Figure
 
-    from ..io import atomic_write
+    from ..io.files import atomic_write
 
     study, task = STUDIES[results["study"]], TASKS[results["task"]]
     k = 100 if task.percent else 1
@@ -701,7 +701,7 @@ def _sweep_section(results: dict[str, Any]) -> list[str]:
 
 def write_outputs(results: dict[str, Any], out: str | Path) -> list[str]:
     """results.json, the plots and report.md, each written atomically."""
-    from ..io import atomic_write_text
+    from ..io.files import atomic_write_text
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -783,7 +783,7 @@ def run_ablation(study: str, task: str, preset: str | AblationPreset = "quick", 
     names = select_variants(st, variants)
     out = Path(out if out is not None else f"runs/ablate-{study}-{task}-{p.name}")
     if task == "lm":
-        from ..data import TokenDataset, default_dataset
+        from ..data.datasets import TokenDataset, default_dataset
 
         # opened once here: a bad directory fails before anything trains, the corpus is cached
         dataset = TokenDataset.open(data) if data is not None else default_dataset(

@@ -76,7 +76,7 @@ def code_text() -> str:
 def code_dataset(cache_dir: str | Path | None = None, progress: bool | None = True) -> Any:
     """The code corpus byte-tokenized (the KJV base's tokenizer), last 10 % held out, cached
     beside the embedded corpus."""
-    from .. import data
+    from ..data import datasets as data
 
     root = Path(cache_dir) if cache_dir is not None else data.default_cache_dir()
     path = root / f"code-{CODE_PACKAGE.lower()}-{CODE_VERSION}-bytes"
@@ -169,7 +169,7 @@ def get_preset(name: str | BenchPreset) -> BenchPreset:
 
 # ------------------------------------------------------------------------------------- arms
 def _train_cfg(preset: BenchPreset, lr: float, steps: int, seed: int) -> Any:
-    from ..train import TrainConfig
+    from ..training.train import TrainConfig
 
     return TrainConfig(seq_len=preset.seq_len, batch_size=preset.batch_size, steps=steps,
                        lr=lr, min_lr=lr / 10, warmup_steps=min(preset.warmup, steps // 4),
@@ -177,7 +177,7 @@ def _train_cfg(preset: BenchPreset, lr: float, steps: int, seed: int) -> Any:
 
 
 def _fit(model: nn.Module, dataset: Any, cfg: Any, progress: bool | None) -> Any:
-    from ..train import fit, lm_batches
+    from ..training.train import fit, lm_batches
 
     return fit(model, lm_batches(dataset, cfg.batch_size, cfg.seq_len, cfg.seed), cfg,
                progress=progress)
@@ -185,7 +185,7 @@ def _fit(model: nn.Module, dataset: Any, cfg: Any, progress: bool | None) -> Any
 
 @torch.no_grad()
 def _val_loss(model: nn.Module, dataset: Any, preset: BenchPreset) -> float:
-    from ..train import lm_evaluator
+    from ..training.train import lm_evaluator
 
     was = model.training
     model.eval()
@@ -200,10 +200,10 @@ def _bases(preset: BenchPreset, kjv: Any, progress: bool | None, cache: Path,
     """TokenFormer and matched Transformer++ pretrained on KJV: same data, steps, schedule, LR
     (``times`` receives each one's training seconds). Kept in ``cache`` (a directory per
     pretraining setting) so that a rerun, e.g. with more seeds, reuses them."""
-    from ..baselines import TransformerLM, matched_config
-    from ..config import TokenFormerConfig
-    from ..io import atomic_write_text
-    from ..model import TokenFormerLM
+    from ..io.files import atomic_write_text
+    from ..models.baselines import TransformerLM, matched_config
+    from ..models.config import TokenFormerConfig
+    from ..models.lm import TokenFormerLM
     from .common import fingerprint
 
     config = TokenFormerConfig.from_name(preset.model, max_seq_len=preset.seq_len)
@@ -282,7 +282,7 @@ def run_one(arm: str, size: int, lr: float, seed: int, preset: BenchPreset,
             progress: bool | None = None) -> dict[str, Any]:
     """Adapt a copy of the base with ``arm`` (``size`` tokens / rank; ignored by ``full``) and
     measure it."""
-    from .. import adapters as ad
+    from ..ops import adapters as ad
 
     base = bases[_base_of(arm)]
     model = copy.deepcopy(base).train()
@@ -505,7 +505,7 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
 
     Finished runs are kept in ``out/.partial.json`` and reused by a rerun of the same settings.
     """
-    from ..io import atomic_write_text
+    from ..io.files import atomic_write_text
     from .common import fingerprint, machine_summary
 
     name = preset if isinstance(preset, str) else "custom"
@@ -580,6 +580,6 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
 
 
 def _default_kjv(progress: bool | None) -> Any:
-    from ..data import default_dataset
+    from ..data.datasets import default_dataset
 
     return default_dataset("bytes", progress=progress)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write, atomic_write_text
+from ..io.files import atomic_write, atomic_write_text
 
 POINT_FIELDS = ("step", "tokens", "flops", "wall", "loss", "bpb", "stage")
 
@@ -132,7 +132,7 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
     the next seed. With ``partial``, each finished (arm, seed) is saved there atomically and a
     rerun with the same ``settings`` skips what is already done (a long run survives a crash).
     """
-    from ..progress import progress_bar
+    from ..io.progress import progress_bar
 
     key = fingerprint(settings or {})
     done: dict[str, dict[int, Curve]] = {arm.name: {} for arm in arms}

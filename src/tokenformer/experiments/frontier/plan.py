@@ -27,9 +27,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ...config import TokenFormerConfig, flops_per_token
 from ...errors import ConfigError
-from ...grow import NEW_ROW_MOMENTS, STRATEGIES
+from ...models.config import TokenFormerConfig, flops_per_token
+from ...ops.growth import NEW_ROW_MOMENTS, STRATEGIES
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")
@@ -321,7 +321,7 @@ def model_configs(preset: Preset, family: str, vocab_size: int) -> list[Any]:
     """Every size of ``family``: TokenFormers with ``factor``× the tokens per size, the
     Transformer++ matched to each in non-embedding parameters (MLP width), and the product-key
     TokenFormers matched to each in FLOPs per token (:func:`product_key_config`)."""
-    from ...baselines import matched_config
+    from ...models.baselines import matched_config
 
     out = []
     for i, name in enumerate(preset.sizes):

@@ -327,7 +327,7 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    from ...io import atomic_write
+    from ...io.files import atomic_write
 
     written = []
     table = arms(results)
@@ -560,7 +560,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
 def write(results: dict[str, Any], out: str | Path, plots: bool = True) -> dict[str, Any]:
     """report.md (and the plots unless ``plots`` is False) for ``results``; returns the
     summary."""
-    from ...io import atomic_write_text
+    from ...io.files import atomic_write_text
 
     out = Path(out)
     summary = summarize(results)

@@ -52,8 +52,8 @@ class Context:
 
 # ------------------------------------------------------------------------------ model & state
 def _config_class(family: str) -> type:
-    from ...baselines import TransformerConfig
-    from ...config import TokenFormerConfig
+    from ...models.baselines import TransformerConfig
+    from ...models.config import TokenFormerConfig
 
     return TokenFormerConfig if plan_.arch(family) == "tokenformer" else TransformerConfig
 
@@ -61,14 +61,14 @@ def _config_class(family: str) -> type:
 def _build(family: str, config: Any, seed: int, device: Any) -> Any:
     import torch
 
-    from ...baselines import model_class
+    from ...models.baselines import model_class
 
     torch.manual_seed(seed)  # every arm of a seed starts a given size from the same weights
     return model_class(plan_.arch(family))(config).to(device)
 
 
 def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) -> Any:
-    from ...train import TrainConfig
+    from ...training.train import TrainConfig
 
     p = ctx.preset
     return TrainConfig(arch=plan_.arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
@@ -82,7 +82,7 @@ def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) 
 
 def wsd_lr(step: int, steps: int, lr: float, preset: Preset) -> float:
     """The run's WSD learning rate at ``step`` for a branch of ``steps`` total steps."""
-    from ...train import TrainConfig, lr_at
+    from ...training.train import TrainConfig, lr_at
 
     cfg = TrainConfig(steps=steps, lr=lr, min_lr=lr * preset.min_lr_ratio, schedule="wsd",
                       warmup_steps=preset.warmup_steps, decay_fraction=preset.decay_fraction)
@@ -92,7 +92,7 @@ def wsd_lr(step: int, steps: int, lr: float, preset: Preset) -> float:
 def _check_lr(cfg: Any, start: int, end: int, branch_steps: int, preset: Preset) -> None:
     """The segment's schedule equals the WSD schedule of a ``branch_steps``-step run on
     [start, end): no approximation slips in when a run is cut into segments."""
-    from ...train import lr_at
+    from ...training.train import lr_at
 
     for step in (start, min(end - 1, start + 1), end - 1):
         if not math.isclose(lr_at(step, cfg), wsd_lr(step, branch_steps, cfg.lr, preset),
@@ -124,16 +124,16 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
     """Grow to ``stage``'s size with the run's recipe; returns the anneal record (or None)."""
     import torch
 
-    from ...pattention import default_scale
+    from ...nn.pattention import default_scale
 
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
     if run.kind == "widen":
-        from ...baselines_widen import widen_mlp
+        from ...ops.widening import widen_mlp
 
         model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
                                      run.recipe, generator=generator)
         return model.to(ctx.device).train(), optimizer, None
-    from ...grow import grow_with_optimizer
+    from ...ops.growth import grow_with_optimizer
 
     c = stage.config
     strategy = "exact" if run.recipe == "exact-anneal" else run.recipe
@@ -167,7 +167,7 @@ def _checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write the in-progress state atomically (the resume point of a killed run)."""
     import torch
 
-    from ...io import atomic_write
+    from ...io.files import atomic_write
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: torch.save(state, tmp))
@@ -189,7 +189,7 @@ def _load_state(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
 def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     """Train ``run`` at peak ``lr``: the stable phase in segments, a cooldown branch at each
     budget. Returns the run's results (branch losses and FLOPs) and timing."""
-    from ...train import group_names, make_optimizer
+    from ...training.train import group_names, make_optimizer
 
     p = ctx.preset
     stage_at = {s.start: s for s in run.stages[1:]}
@@ -244,7 +244,7 @@ def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
 
 def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start: int,
              state: dict[str, Any], bar: Any, check: int, eval_fn: Any = None) -> Any:
-    from ...train import fit, lm_batches
+    from ...training.train import fit, lm_batches
 
     _check_lr(cfg, start, cfg.steps, check if cfg.schedule == "constant" else cfg.steps,
               ctx.preset)
@@ -276,7 +276,7 @@ def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start
 def _branch(ctx: Context, run: Run, lr: float, model: Any, optimizer: Any, branch: Branch,
             state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
-    from ...baselines_widen import optimizer_for
+    from ...ops.widening import optimizer_for
 
     cfg = _train_config(ctx, run, lr, branch.steps, "wsd")
     b_model = copy.deepcopy(model)
@@ -307,7 +307,7 @@ def _bar(ctx: Context, run: Run) -> Any:
 def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     """A run's results: loaded when an earlier invocation finished it, else trained (resuming
     from its state file) and saved atomically."""
-    from ...io import atomic_write_text
+    from ...io.files import atomic_write_text
 
     path = _result_path(ctx, run)
     if path.is_file():
@@ -369,7 +369,7 @@ def pattention_impl(preset: Preset) -> str:
     built (l2_norm_gelu on the CPU), else the PyTorch paths (see tokenformer.pattention)."""
     if preset.pattention_impl != "auto":
         return preset.pattention_impl
-    from ... import kernels
+    from ...nn import kernels
 
     if kernels.available():
         return "auto (C++ Θ kernel for l2_norm_gelu on the CPU, fused elsewhere)"
@@ -379,8 +379,8 @@ def pattention_impl(preset: Preset) -> str:
 
 def context(preset: Preset, data: str | Path | None, device: str, dtype: str | None,
             progress: bool | None, out: Path, print_fn: Any) -> Context:
-    from ...data import TokenDataset, default_dataset
-    from ...train import lm_evaluator, resolve_device
+    from ...data.datasets import TokenDataset, default_dataset
+    from ...training.train import lm_evaluator, resolve_device
 
     precision = PRECISIONS.get(str(dtype or preset.dtype).lower())
     if precision is None:
@@ -431,7 +431,7 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
          data_info: dict[str, Any], out: Path, *, print_fn: Any, command: str | None,
          plots: bool) -> dict[str, Any]:
     from ... import __version__
-    from ...io import atomic_write_text
+    from ...io.files import atomic_write_text
     from . import report
 
     ds = ctx.dataset

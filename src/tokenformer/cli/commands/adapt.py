@@ -1,0 +1,208 @@
+"""``tokenformer adapt`` (train a token adapter), ``tokenformer merge`` and ``adapt-bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ...errors import ConfigError
+from .. import comma_list
+
+
+def parse_tokens(spec: str) -> dict[str, int]:
+    """``"qkv=4,ffn=64"`` → ``{"qkv": 4, "ffn": 64}``; one clear error for anything else."""
+    from ...ops.growth import KINDS
+
+    sizes: dict[str, int] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        kind, sep, count = part.partition("=")
+        if not sep or kind.strip() not in KINDS or not count.strip().isdigit():
+            raise ConfigError(f"--tokens: expected comma-separated KIND=COUNT with KIND one of "
+                              f"{', '.join(KINDS)} (e.g. qkv=4,ffn=64), got {spec!r}")
+        sizes[kind.strip()] = int(count)
+    if not any(sizes.values()):
+        raise ConfigError(f"--tokens: an adapter needs at least one count > 0, got {spec!r}")
+    return sizes
+
+
+def open_data(cfg: Any, progress: bool = True) -> Any:
+    """``cfg.data``: what the trainer opens (a prepared directory, ``default`` = the embedded
+    KJV) or ``code`` (the embedded Jinja2 source corpus,
+    :mod:`tokenformer.experiments.adapt_bench`)."""
+    if cfg.data == "code":
+        from ...experiments.adapt_bench import code_dataset
+
+        return code_dataset(progress=progress)
+    from ...training.train import open_dataset
+
+    return open_dataset(cfg, progress=progress)
+
+
+def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str | Path, *,
+                     name: str = "adapter", overrides: dict[str, Any] | None = None,
+                     progress: bool | None = None) -> dict[str, Any]:
+    """Load ``base``, attach a token adapter, train it on ``data_spec`` with the trainer
+    (:func:`tokenformer.train.fit`; any TrainConfig key in ``overrides``), save it to ``out``."""
+    import torch
+
+    from ...io.outputs import check_output
+    from ...ops import adapters as ad
+    from ...training.train import fit, lm_batches, lm_evaluator, load_config, resolve_device
+
+    out = Path(out)
+    check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt")
+    cfg = load_config(None, {"steps": 200, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20,
+                             "eval_interval": 0, "eval_batches": 8, "batch_size": 16,
+                             "seq_len": 128, "weight_decay": 0.0, **(overrides or {}),
+                             "data": data_spec})
+    device = resolve_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model = ad.load_base(base).to(device)
+    dataset = open_data(cfg, progress=bool(progress))
+    dataset.check_model(model.config.vocab_size, cfg.seq_len)
+    if cfg.seq_len > model.config.max_seq_len:
+        raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "
+                          f"{model.config.max_seq_len}")
+    torch.manual_seed(cfg.seed)
+    ad.adapt(model, **tokens, name=name, generator=torch.Generator().manual_seed(cfg.seed))
+    evaluate = lm_evaluator(dataset, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device)
+
+    batch_fn = lm_batches(dataset, cfg.batch_size, cfg.seq_len, cfg.seed, device)
+
+    model.eval()
+    with torch.no_grad(), ad.adapters_active(model, []):
+        before = evaluate(model)
+    model.train()
+    result = fit(model, batch_fn, cfg, eval_fn=evaluate, progress=progress)
+    after = result.final_eval or {}
+    summary = {"base": str(base), "data": data_spec, "name": name, "tokens": tokens,
+               "trainable_parameters": ad.trainable_parameters(model),
+               "base_parameters": sum(p.numel() for n, p in model.named_parameters()
+                                      if ".adapters." not in n),
+               "steps": result.step, "train_time_s": result.train_time,
+               "val_loss_base": before["val_loss"], "val_loss_adapted": after.get("val_loss"),
+               "train_config": cfg.to_dict()}
+    ad.save_adapter(model, name, out, extra={"training": summary})
+    return {**summary, "out": str(out)}
+
+
+def run_adapt(args: argparse.Namespace) -> int:
+    overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
+    summary = adapt_checkpoint(args.base, args.data, parse_tokens(args.tokens), args.out,
+                               name=args.name, overrides=overrides,
+                               progress=False if args.no_progress else None)
+    share = summary["trainable_parameters"] / summary["base_parameters"]
+    print(f"adapter {summary['name']} -> {summary['out']}: "
+          f"{summary['trainable_parameters']:,} trainable parameters ({share:.2%} of the base)")
+    print(f"val loss on {args.data}: base {summary['val_loss_base']:.4f} -> adapted "
+          f"{summary['val_loss_adapted']:.4f} nats/token after {summary['steps']} steps")
+    return 0
+
+
+def merge_checkpoint(base: str, adapters: list[str], out: str | Path) -> dict[str, Any]:
+    """Load ``base`` and ``adapters`` (stacked in order), write the merged plain model."""
+    from ...io import checkpoint as ckpt
+    from ...io.files import atomic_dir
+    from ...io.outputs import check_output
+    from ...ops import adapters as ad
+    from .grow import copy_tokenizer
+
+    out = Path(out)
+    check_output(out, [base, *adapters], command="merge")
+    model = ad.load_adapted(base, adapters)
+    merged = ad.merge(model)
+    source = Path(base)
+    with atomic_dir(out) as tmp:
+        merged.save(tmp)
+        copy_tokenizer(source, tmp)
+        ckpt.write_manifest(tmp)
+    return {"out": str(out), "adapters": ad.active_adapters(model),
+            "parameters": merged.num_parameters(), "config": merged.config.to_dict()}
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    summary = merge_checkpoint(args.base, args.adapter, args.out)
+    c = summary["config"]
+    print(f"merged {', '.join(summary['adapters'])} into {args.base} -> {summary['out']} "
+          f"({summary['parameters']:,} parameters; tokens qkv {c['qkv_tokens']} proj "
+          f"{c['proj_tokens']} ffn {c['ffn_tokens']})")
+    return 0
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from ...experiments.adapt_bench import run_adapt_bench
+    from .scale import experiment_folder
+
+    with experiment_folder(args.out, [], "adapt-bench"):
+        results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds, budgets=args.budgets,
+                                  progress=False if args.no_progress else None,
+                                  threads=args.threads, print_fn=print)
+    print(json.dumps(results["verdict_lines"], indent=1) if args.json else
+          "\n".join(results["verdict_lines"]))
+    print(f"report: {Path(args.out) / 'report.md'}")
+    return 0
+
+
+# Trainer keys that do not apply to adapting (the model, data and output are given otherwise;
+# growth, checkpoints and samples are not part of an adapter run).
+_NOT_FOR_ADAPT = {"arch", "model", "baseline", "data", "tokenizer", "out", "init_from", "grow_at",
+                  "growth_lr", "growth_optimizer", "eval_after_growth", "checkpoint_interval",
+                  "keep_last", "strategy", "tensorboard", "samples", "sample_tokens",
+                  "sample_prompt", "temperature"}
+
+
+def _add_trainer_overrides(p: argparse.ArgumentParser) -> None:
+    """``--lr 1e-2``, ``--steps 500`` ...: one flag per TrainConfig key that applies."""
+    import dataclasses
+
+    from ...training.train import TrainConfig
+
+    group = p.add_argument_group("trainer settings (TrainConfig keys; defaults in docs/adapt.md)")
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in _NOT_FOR_ADAPT:
+            flags = {f"--{f.name}", f"--{f.name.replace('_', '-')}"}
+            group.add_argument(*sorted(flags), dest=f"set:{f.name}", metavar="VALUE",
+                               default=argparse.SUPPRESS)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("adapt", help="train a parameter-token adapter on a new domain",
+                       description="Attach new parameter tokens to a trained TokenFormer (the "
+                                   "base stays frozen and exactly recoverable), train them with "
+                                   "the trainer, save the adapter alone. docs/adapt.md.")
+    p.add_argument("base", help="base model directory (or official checkpoint)")
+    p.add_argument("--data", required=True,
+                   help="prepared data directory, 'default' (embedded KJV) or 'code' (embedded "
+                        "Jinja2 source)")
+    p.add_argument("--tokens", required=True, metavar="qkv=M,proj=M,ffn=M",
+                   help="new tokens per Pattention of each kind, e.g. ffn=64 or qkv=8,ffn=32")
+    p.add_argument("--name", default="adapter", help="adapter name (an identifier)")
+    p.add_argument("--out", required=True, help="adapter directory to write (must not exist)")
+    p.add_argument("--no-progress", action="store_true")
+    _add_trainer_overrides(p)
+    p.set_defaults(func=run_adapt)
+
+    p = sub.add_parser("merge", help="merge token adapters into a plain (grown) model")
+    p.add_argument("base", help="base model directory")
+    p.add_argument("--adapter", action="append", required=True,
+                   help="adapter directory (repeat to stack, applied in order)")
+    p.add_argument("--out", required=True, help="model directory to write (must not exist)")
+    p.set_defaults(func=run_merge)
+
+    p = sub.add_parser("adapt-bench", help="token adapters vs LoRA vs full fine-tuning "
+                                           "(docs/adapt.md)")
+    p.add_argument("--preset", choices=("quick", "full", "test"), default="quick")
+    p.add_argument("--out", required=True, help="output directory (report.md, results.json, "
+                                                "plots); partial results there are reused")
+    p.add_argument("--seeds", type=int, default=None, help="override the preset's seed count")
+    p.add_argument("--budgets", type=comma_list(float, "fractions like 0.01,0.04"),
+                   default=None, metavar="F,F,...",
+                   help="override the preset's trainable-parameter budgets (fractions of the "
+                        "base), e.g. 0.01,0.04,0.16")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_bench)

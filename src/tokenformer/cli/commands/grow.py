@@ -1,0 +1,217 @@
+"""``tokenformer grow``: grow a checkpoint by adding parameter tokens or blocks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...errors import CheckpointError
+from ...io import checkpoint as ckpt
+from ...ops.growth import STRATEGIES, grow_with_optimizer, max_logit_change, refuse_unsupported
+from ...ops.growth import grow as grow_model
+from .. import comma_list
+
+# Training-checkpoint files (tokenformer.checkpoint); trainer_state.json names each param group's
+# parameters.
+OPTIMIZER_FILE = ckpt.OPTIMIZER_NAME
+TRAINER_STATE_FILE = ckpt.STATE_NAME
+
+
+def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
+                    proj: int | str | None = None, ffn: int | str | None = None,
+                    layers: int | str | None = None, strategy: str = "exact",
+                    positions: list[int] | None = None, seed: int = 0,
+                    reset_optimizer: bool = False, overwrite: bool = False,
+                    progress: bool = True,
+                    **unsupported: Any) -> dict[str, Any]:
+    """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
+
+    The optimizer state beside the weights (``optimizer.safetensors``, or an earlier version's
+    ``optimizer.pt``) is carried over (or reset with ``reset_optimizer``), and the trainer's
+    ``trainer_state.json`` (param-group names updated to the grown model, the growth appended to
+    ``grown``) and RNG state come along, so training resumes from ``out``; tokenizer files beside
+    the input are copied. ``out`` is written atomically, with a manifest, and must not exist
+    (``overwrite``: unless an earlier ``grow`` wrote it). Returns parameter counts before/after
+    and the max |Δlogit| on a fixed probe batch.
+    """
+    from ...formats.loading import load_model
+    from ...io.files import atomic_dir
+    from ...io.outputs import check_output, write_marker
+    from ...ops.growth import check_memory, plan_growth
+
+    refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
+    out, source = Path(out), Path(checkpoint)
+    if not source.exists():
+        raise CheckpointError(f"checkpoint not found: {source}")
+    check_output(out, [source], command="grow", overwrite=overwrite)
+    if source.is_dir():
+        ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
+    model = load_model(source)
+    carried = source.is_dir() and ckpt.has_optimizer_state(source) and not reset_optimizer
+    # Before any tensor is made: the grown weights, a working copy, and two moments if carried.
+    if hasattr(model.config, "qkv_tokens"):  # a TokenFormer: tokens can grow
+        check_memory(plan_growth(model.config, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
+                                 strategy=strategy, positions=positions),
+                     4 if carried else 2, "the grown model")
+    kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
+                  positions=positions, generator=torch.Generator().manual_seed(seed),
+                  copy=False, progress=progress, **unsupported)  # the input model is only read
+    optimizer = None
+    if source.is_dir() and ckpt.has_optimizer_state(source):
+        optimizer = _optimizer_from_checkpoint(model, source)
+        grown, optimizer = grow_with_optimizer(model, optimizer, reset_optimizer=reset_optimizer,
+                                               **kwargs)
+    else:
+        grown = grow_model(model, **kwargs)
+    delta, largest = max_logit_change(model, grown)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        grown.save(tmp)
+        if optimizer is not None:
+            ckpt.save_optimizer_state(tmp, optimizer)
+            _write_trainer_state(source, tmp, grown, optimizer, {
+                "from": str(source), "strategy": strategy, "qkv": qkv, "proj": proj,
+                "ffn": ffn, "layers": layers, "positions": positions, "seed": seed,
+                "reset_optimizer": reset_optimizer})
+        copy_tokenizer(source, tmp)
+        write_marker(tmp, "grow")
+        ckpt.write_manifest(tmp)
+    return {"out": str(out), "params_before": model.num_parameters(),
+            "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
+            "max_abs_logit": largest, "optimizer": optimizer is not None,
+            "reset_optimizer": reset_optimizer, "strategy": strategy,
+            "config": grown.config.to_dict()}
+
+
+def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
+                         optimizer: torch.optim.Optimizer, growth: dict[str, Any]) -> None:
+    from ...io.files import atomic_write_text
+
+    state_file = source / TRAINER_STATE_FILE
+    if not state_file.is_file():
+        return
+    state = _read_json(state_file)
+    names = {id(p): n for n, p in model.named_parameters()}
+    state["param_groups"] = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+    state["grown"] = [*state.get("grown", []), growth]
+    atomic_write_text(out / TRAINER_STATE_FILE, json.dumps(state, indent=2) + "\n")
+    rng = ckpt.read_rng_state(source)  # re-written: an earlier version's rng.pt becomes ours
+    if rng is not None:
+        ckpt.save_tree(out / ckpt.RNG_NAME, rng)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path} is corrupt (not JSON)") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return data
+
+
+def copy_tokenizer(source: Path, target: Path) -> None:
+    """Copy the tokenizer files saved beside a model directory (none for a checkpoint file), so
+    a model derived from it (grown, pruned, merged) keeps its tokenizer."""
+    from ...data.tokenizer import BYTES_MARKER, TOKENIZER_FILE
+
+    if not source.is_dir():
+        return
+    for name in (TOKENIZER_FILE, BYTES_MARKER, "tokenizer_config.json",
+                 "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy2(source / name, target / name)
+
+
+def _optimizer_from_checkpoint(model: torch.nn.Module, directory: Path) -> torch.optim.Optimizer:
+    """An AdamW over ``model`` holding the saved state (Adam and AdamW share the state format, and
+    every hyper-parameter, ``decoupled_weight_decay`` included, comes from the file)."""
+    state = ckpt.load_optimizer_state(directory)
+    params = dict(model.named_parameters())
+    names = _group_names(state["param_groups"], directory, list(params))
+    unknown = [n for group in names for n in group if n not in params]
+    if unknown:
+        raise CheckpointError(f"{directory / OPTIMIZER_FILE} names parameter {unknown[0]!r}, "
+                              f"which the model does not have")
+    groups = [{"params": [params[n] for n in group]} for group in names]
+    optimizer = torch.optim.AdamW(groups)
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise CheckpointError(f"{directory / OPTIMIZER_FILE} does not match the model: "
+                              f"{exc}".splitlines()[0]) from None
+    return optimizer
+
+
+def _group_names(groups: list[dict[str, Any]], directory: Path,
+                 model_names: list[str]) -> list[list[str]]:
+    """Parameter names of each saved param group: from the state dict (optimizers built from
+    ``named_parameters``), else from the trainer's state file, else, for a single group covering
+    every parameter, the model's own order."""
+    if all("param_names" in g for g in groups):
+        return [list(g["param_names"]) for g in groups]
+    state_file = directory / TRAINER_STATE_FILE
+    if state_file.is_file():
+        value = _read_json(state_file).get("param_groups")
+        if (isinstance(value, list) and len(value) == len(groups)
+                and all(isinstance(g, list) for g in value)):
+            return [list(g) for g in value]
+    if len(groups) == 1 and len(groups[0]["params"]) == len(model_names):
+        return [model_names]
+    raise CheckpointError(f"{directory / OPTIMIZER_FILE} has {len(groups)} parameter groups but "
+                          f"does not name their parameters; pass --reset-optimizer to grow "
+                          f"without carrying it over")
+
+
+def run(args: argparse.Namespace) -> None:
+    unsupported = {key: value for key in ("hidden_size", "num_heads", "vocab_size")
+                   if (value := getattr(args, key)) is not None}
+    summary = grow_checkpoint(args.checkpoint, args.out, qkv=args.qkv, proj=args.proj,
+                              ffn=args.ffn, layers=args.layers, strategy=args.strategy,
+                              positions=args.positions, seed=args.seed,
+                              reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
+                              progress=not args.no_progress, **unsupported)
+    c = summary["config"]
+    before, after = summary["params_before"], summary["params_after"]
+    rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
+    optimizer = ("reset" if summary["reset_optimizer"] else "carried over") \
+        if summary["optimizer"] else "none found"
+    print(f"grew {args.checkpoint} -> {summary['out']} ({summary['strategy']})")
+    print(f"tokens       qkv {c['qkv_tokens']}   proj {c['proj_tokens']}   ffn {c['ffn_tokens']}"
+          f"   layers {c['num_layers']}")
+    print(f"parameters   {before:,} -> {after:,} (+{after - before:,})")
+    print(f"max |Δlogit| {summary['max_abs_logit_change']:.3g} on a fixed 2x32 probe batch "
+          f"(relative {rel:.3g})")
+    print(f"optimizer    {optimizer}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("grow", help="grow a checkpoint by adding parameter tokens or blocks")
+    p.add_argument("checkpoint", help="model directory (ours, or a training checkpoint) or an "
+                                      "official checkpoint")
+    for kind in ("qkv", "proj", "ffn"):
+        p.add_argument(f"--{kind}", default=None, metavar="N|Kx",
+                       help=f"new {kind} token count, absolute or a multiplier like 2x")
+    p.add_argument("--layers", default=None, metavar="N|Kx",
+                   help="new total number of blocks (new blocks are the identity under exact)")
+    p.add_argument("--positions", type=comma_list(int, "block indices"), default=None,
+                   help="comma-separated indices of the new blocks in the grown model "
+                        "(default: spread evenly)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="exact")
+    p.add_argument("--seed", type=int, default=0, help="seed of the new random rows")
+    p.add_argument("--reset-optimizer", action="store_true",
+                   help="fresh optimizer state instead of carrying it over (the released code)")
+    # Accepted only to explain why they cannot be grown by tokens.
+    p.add_argument("--hidden", dest="hidden_size", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--heads", dest="num_heads", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--vocab", dest="vocab_size", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if an earlier tokenformer grow wrote it (never a folder "
+                        "it did not write)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)

@@ -1,0 +1,85 @@
+"""``tokenformer scale``: the loss-vs-compute frontier (from-scratch envelopes vs growth chains)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+from .. import device, positive
+
+
+def scale(args: argparse.Namespace) -> int:
+    import torch
+
+    from ...experiments.frontier.plan import get_preset
+    from ...experiments.frontier.run import run_frontier
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = {"seeds": args.seeds} if args.seeds else {}
+    preset = get_preset(args.preset, **overrides)
+    if args.plan:
+        from ...experiments.frontier.plan import describe
+
+        vocab = 256  # the embedded corpus is byte-level
+        if args.data:
+            from ...data.datasets import TokenDataset
+
+            vocab = TokenDataset.open(args.data).vocab_size
+        print(describe(preset, vocab))
+        return 0
+    run_frontier(preset, data=args.data, out=args.out or f"runs/scale-{args.preset}",
+                 device=args.device, dtype=args.dtype,
+                 progress=False if args.no_progress else None,
+                 command=command_line("scale") or "tokenformer scale",
+                 hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"))
+    return 0
+
+
+def command_line(name: str) -> str | None:
+    """The command as typed (recorded in results.json), when ``tokenformer NAME`` is running;
+    None when called otherwise (e.g. from Python)."""
+    return "tokenformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == [name] else None
+
+
+def experiment_folder(out: str, inputs: list[str | None], command: str
+                      ) -> contextlib.AbstractContextManager[Path]:
+    """The experiment's output folder, checked (not an input, not someone else's folder) and
+    held for the run: a rerun resumes it, a concurrent one is refused."""
+    from ...io.outputs import check_run_folder, hold_run_folder
+
+    check_run_folder(out, inputs, command=command,
+                     legacy=("results.json", "report.md", ".partial.json", "runs"))
+    return hold_run_folder(out, command=command)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "scale", help="loss-vs-compute frontier: TokenFormer and Transformer++ from scratch at "
+                      "every size vs growth chains, tuned LRs, one WSD schedule family",
+        description="LR sweeps, then one stable WSD run per arm and seed with a cooldown branch "
+                    "at each budget; writes results.json, report.md and PNG plots into --out. "
+                    "Rerunning the same command resumes an interrupted run.")
+    p.add_argument("--preset", choices=("quick", "full", "sparse", "gpu"), default="quick",
+                   help="quick: TokenFormer envelope and one chain, one seed (<= 10 min on 2 "
+                        "CPU cores); full: every arm, 3 seeds (<= 2 h on 2 idle cores); sparse: "
+                        "product-key TokenFormer (16x FFN tokens at equal FLOPs) vs dense "
+                        "TokenFormer and Transformer++, 3 seeds, no chains (about 1 h on one "
+                        "thread); gpu: the same protocol at GPU sizes (needs --data with a large "
+                        "corpus)")
+    p.add_argument("--seeds", type=positive(int), default=None,
+                   help="seeds of every final run (default: the preset's)")
+    p.add_argument("--data", default=None,
+                   help="prepared dataset directory (default: the embedded corpus, bytes)")
+    p.add_argument("--out", default=None, help="output directory (default: runs/scale-PRESET)")
+    p.add_argument("--device", type=device, default="cpu",
+                   help="cpu or cuda")
+    p.add_argument("--dtype", default=None, choices=("bf16", "fp32", "bfloat16", "float32"),
+                   help="training precision (default: the preset's)")
+    p.add_argument("--threads", type=positive(int), default=None, help="torch CPU threads")
+    p.add_argument("--plan", action="store_true",
+                   help="print every arm's sizes, growth steps, budgets and FLOPs; train nothing")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
+    p.set_defaults(func=scale)

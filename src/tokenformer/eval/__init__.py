@@ -1,0 +1,2 @@
+"""Evaluation: perplexity over text, lm-evaluation-harness tasks, vision accuracy
+(docs/architecture.md)."""

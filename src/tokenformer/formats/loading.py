@@ -1,0 +1,58 @@
+"""Load any model spec: a preset, one of our model directories, a Hugging Face folder, or an
+official checkpoint.
+
+This module sits above the model family it dispatches to (:mod:`tokenformer.model`,
+:mod:`tokenformer.baselines`, :mod:`tokenformer.official` and, for Hugging Face folders, the
+optional :mod:`tokenformer.hf`), so ``model.py`` imports nothing but the core: no cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError
+from ..models.baselines import load_model_dir
+from ..models.config import PRESETS, TokenFormerConfig
+from ..models.lm import CONFIG_NAME, WEIGHTS_NAME, TokenFormerLM
+from ..models.official import load_official
+
+
+def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
+    """The one loader behind every command: a preset name (random init, seeded by the caller);
+    a model directory of ours (any ``arch``: TokenFormer or a Transformer baseline); a Hugging
+    Face folder written by :mod:`tokenformer.hf` (needs the ``hf`` extra); or an official
+    checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file)."""
+    if str(spec) in PRESETS and not Path(spec).exists():
+        return TokenFormerLM(TokenFormerConfig.from_name(str(spec)))
+    path = Path(spec)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path} (nor a preset name; presets: "
+                              f"{', '.join(PRESETS)})")
+    if path.is_dir() and (path / WEIGHTS_NAME).is_file():
+        try:
+            model_type = json.loads((path / CONFIG_NAME).read_text()).get("model_type")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            model_type = None
+        if model_type == "tokenformer":
+            from ..hf import load_hf  # optional extra: imported only for an HF folder
+
+            return load_hf(path).model
+        return load_model_dir(path)
+    _refuse_run_folder(path)
+    return load_official(path, **official_kwargs)
+
+
+def _refuse_run_folder(path: Path) -> None:
+    """A training run folder is not a model: name the model inside it instead."""
+    if not path.is_dir() or not ((path / "metrics.jsonl").is_file()
+                                 or (path / "checkpoints").is_dir()):
+        return
+    if (path / "final" / WEIGHTS_NAME).is_file() or (path / "final" / "sharded").is_dir():
+        hint = f"use {path / 'final'}"
+    else:
+        steps = sorted((path / "checkpoints").glob("step-*"))
+        hint = (f"it has no final model yet; use a checkpoint such as {steps[-1]}" if steps
+                else "it holds no model yet")
+    raise CheckpointError(f"{path} is a training run folder, not a model: {hint}")

@@ -1,0 +1,265 @@
+"""Hugging Face ``transformers`` integration: registration, tokenizers, saving, conversions.
+
+Importing this module registers ``model_type = "tokenformer"`` with ``AutoConfig``, ``AutoModel``,
+``AutoModelForCausalLM`` and ``AutoModelForSequenceClassification``, so a folder written by
+``save_pretrained`` (or ``save_hf``, a ``Trainer`` checkpoint, ``tokenformer convert``) loads with::
+
+    import tokenformer.hf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    model = AutoModelForCausalLM.from_pretrained("out_dir")
+    tokenizer = AutoTokenizer.from_pretrained("out_dir")
+
+Every save also writes self-contained ``modeling_tokenformer.py`` / ``configuration_tokenformer.py``
+(:mod:`tokenformer.hf_remote`), so ``trust_remote_code=True`` loads the folder where this package
+is not installed. The classes are in :mod:`tokenformer.hf_modeling`; they wrap the core
+:class:`~tokenformer.model.TokenFormerLM` (or a Transformer baseline) as their ``model``
+attribute, so weights are named ``model.<core name>`` and going back to the official layout is a
+rename (:func:`tokenformer.official.ours_to_official`).
+
+Decisions worth knowing:
+
+* Logits cover the padded vocabulary (50304 rows for the released models), exactly as the official
+  model and :class:`TokenFormerLM` compute them. Generation never emits the padding ids: the
+  generation config lists them in ``suppress_tokens`` — the same rule as our own ``generate``.
+* The output head *is* the embedding matrix (``F.linear(h, E)``): there is no second tensor, so
+  ``_tied_weights_keys`` is empty and nothing needs tying after loading.
+* Our attention calls ``cache.update(k, v, layer_idx)`` and ``cache.get_seq_length(layer_idx)``,
+  the interface of a transformers ``Cache``, so ``generate()`` runs on a ``DynamicCache``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    PreTrainedTokenizerFast,
+)
+
+from ..data.tokenizer import (
+    BYTES_MARKER,
+    TOKENIZER_FILE,
+    ByteTokenizer,
+    HFTokenizer,
+    Tokenizer,
+    load_tokenizer,
+)
+from ..errors import CheckpointError, ConfigError
+from ..io.files import atomic_dir
+from ..models.lm import TokenFormerLM
+from ..models.official import load_official, official_config, save_official
+from .modeling import (
+    AUTO_MAP,
+    REMOTE_MODULE,
+    TokenFormerForCausalLM,
+    TokenFormerForSequenceClassification,
+    TokenFormerHFConfig,
+    TokenFormerModel,
+    TokenFormerPreTrainedModel,
+    default_generation_config,
+)
+
+__all__ = [
+    "AUTO_MAP", "REMOTE_MODULE", "TokenFormerForCausalLM", "TokenFormerForSequenceClassification",
+    "TokenFormerHFConfig", "TokenFormerModel", "TokenFormerPreTrainedModel", "convert_official",
+    "convert_to_hf", "convert_to_official", "default_generation_config", "load_for_transformers",
+    "load_hf", "lora_target_parameters", "save_hf", "to_hf_tokenizer",
+]
+
+EOS_TOKEN = "<|endoftext|>"
+
+AutoConfig.register("tokenformer", TokenFormerHFConfig, exist_ok=True)
+for _auto, _cls in ((AutoModel, TokenFormerModel), (AutoModelForCausalLM, TokenFormerForCausalLM),
+                    (AutoModelForSequenceClassification, TokenFormerForSequenceClassification)):
+    _auto.register(TokenFormerHFConfig, _cls, exist_ok=True)
+
+
+# ------------------------------------------------------------------------------------- tokenizer
+def byte_level_backend():
+    """A ``tokenizers`` tokenizer giving exactly :class:`ByteTokenizer`'s ids.
+
+    Byte-level BPE with the 256 single-byte tokens (id = byte value, GPT-2's byte→character
+    alphabet) and no merges, plus ``<|endoftext|>`` = 256 as a special token.
+    """
+    from tokenizers import Tokenizer as _Tok
+    from tokenizers import decoders, models, pre_tokenizers
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    tok = _Tok(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([EOS_TOKEN])
+    return tok
+
+
+def to_hf_tokenizer(tokenizer: Tokenizer, max_seq_len: int | None = None
+                    ) -> PreTrainedTokenizerFast:
+    """Our tokenizer (GPT-NeoX ``tokenizer.json`` or bytes) as a ``PreTrainedTokenizerFast``."""
+    if isinstance(tokenizer, HFTokenizer):
+        backend = tokenizer.backend
+    elif isinstance(tokenizer, ByteTokenizer):
+        backend = byte_level_backend()
+    else:
+        raise ConfigError(f"cannot express tokenizer {type(tokenizer).__name__} as a "
+                          f"PreTrainedTokenizerFast")
+    special: dict[str, str] = {}
+    if backend.token_to_id(EOS_TOKEN) is not None:
+        special = {"eos_token": EOS_TOKEN, "bos_token": EOS_TOKEN, "unk_token": EOS_TOKEN}
+        # GPT-NeoX has a dedicated padding token; otherwise pad with eos, as GPT-2 does.
+        special["pad_token"] = "<|padding|>" if backend.token_to_id("<|padding|>") is not None \
+            else EOS_TOKEN
+    extra = {"model_max_length": max_seq_len} if max_seq_len else {}
+    return PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False,
+                                   **special, **extra)
+
+
+# ------------------------------------------------------------------------------ saving, loading
+def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Path,
+            tokenizer: Tokenizer | PreTrainedTokenizerFast | None = None,
+            overwrite: bool = False) -> Path:
+    """Write a ``from_pretrained``-loadable folder (safetensors, config, generation config, the
+    remote code and, when given, the tokenizer); built under a temporary name and renamed when
+    complete. A core model (TokenFormer or a baseline) is saved as ``TokenFormerForCausalLM``."""
+    hf = model if isinstance(model, TokenFormerPreTrainedModel) else \
+        TokenFormerForCausalLM.from_core(model)
+    if tokenizer is not None and not isinstance(tokenizer, PreTrainedTokenizerFast):
+        tokenizer = to_hf_tokenizer(tokenizer, hf.config.max_seq_len)
+    if tokenizer is not None and len(tokenizer) > hf.config.padded_vocab_size:
+        raise ConfigError(f"tokenizer has {len(tokenizer)} tokens but the model's vocabulary has "
+                          f"{hf.config.padded_vocab_size} rows")
+    generation = getattr(hf, "generation_config", None)
+    if tokenizer is not None and tokenizer.pad_token_id is not None and generation is not None:
+        generation.pad_token_id = tokenizer.pad_token_id  # <|padding|> for GPT-NeoX
+    with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
+        hf.save_pretrained(tmp)  # + modeling_tokenformer.py, configuration_tokenformer.py
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+    return Path(out_dir)
+
+
+def load_hf(path: str | Path, **kwargs: Any) -> TokenFormerForCausalLM:
+    """``AutoModelForCausalLM.from_pretrained`` on a local folder, errors as one sentence."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"model folder not found: {path}")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"{path} is not a loadable tokenformer folder: {first}") from None
+    if not isinstance(model, TokenFormerForCausalLM):
+        raise CheckpointError(f"{path} holds a {type(model).__name__}, not a tokenformer model")
+    return model.eval()
+
+
+def load_for_transformers(spec: str | Path, tokenizer: str | Path | None = None
+                          ) -> tuple[TokenFormerForCausalLM, PreTrainedTokenizerFast]:
+    """Model and tokenizer objects for transformers/lm-eval from any model spec."""
+    from ..data.tokenizer import resolve_tokenizer
+    from ..formats.loading import (
+        load_model,  # loading imports this module for HF folders: call time only
+    )
+
+    model = TokenFormerForCausalLM.from_core(load_model(spec)).eval()
+    tok = resolve_tokenizer(spec, model.config.to_core(), tokenizer)
+    return model, to_hf_tokenizer(tok, model.config.max_seq_len)
+
+
+# ----------------------------------------------------------------------------------------- PEFT
+PATTENTION_NAMES = ("query", "key", "value", "proj", "mlp")  # the Pattentions of a block
+
+
+def lora_target_parameters(modules: tuple[str, ...] | list[str] = PATTENTION_NAMES) -> list[str]:
+    """``LoraConfig(target_parameters=...)`` for the parameter tokens of the named Pattentions.
+
+    PEFT's ``target_modules`` route accepts only its known layer types (``nn.Linear`` …) and
+    refuses a Pattention; its ``target_parameters`` route adds a low-rank update to a parameter
+    itself, ``K_P + B·A``, which is exactly a LoRA of the token matrices, and merges exactly.
+    """
+    unknown = sorted(set(modules) - set(PATTENTION_NAMES))
+    if unknown:
+        raise ConfigError(f"unknown Pattention {unknown[0]!r}; choose from "
+                          f"{', '.join(PATTENTION_NAMES)}")
+    return [f"{m}.{t}" for m in modules for t in ("key_param_tokens", "value_param_tokens")]
+
+
+# ---------------------------------------------------------------------------------- conversions
+def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | Path | None = None,
+                     overwrite: bool = False, **official_kwargs: Any) -> Path:
+    """Released checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file) → HF folder.
+
+    The tokenizer is ``tokenizer`` if given, else a ``tokenizer.json`` beside the checkpoint; with
+    neither, the folder is written without one (loading the model still works).
+    """
+    src = Path(src)
+    core = load_official(src, **official_kwargs)
+    tok: Tokenizer | None = None
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+    else:
+        beside = (src if src.is_dir() else src.parent) / "tokenizer.json"
+        if beside.is_file():
+            tok = load_tokenizer(beside)
+    return save_hf(core, out_dir, tok, overwrite=overwrite)
+
+
+def convert_to_hf(model_dir: str | Path, out_dir: str | Path, *,
+                  tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+    """Any model directory we write (``train``'s ``final`` or a checkpoint, ``grow``'s output; a
+    TokenFormer or a Transformer baseline), or a preset, → a Hugging Face folder with its
+    tokenizer (the one saved beside the model, ``tokenizer``, or bytes for 257 tokens)."""
+    from ..data.tokenizer import resolve_tokenizer
+    from ..formats.loading import load_model
+
+    core = load_model(model_dir)
+    tok = resolve_tokenizer(model_dir, core.config, tokenizer)
+    return save_hf(core, out_dir, tok, overwrite=overwrite)
+
+
+def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
+                        tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+    """A TokenFormer folder (ours or Hugging Face) → a folder laid out like the released repos:
+    ``pytorch_model.bin`` (official key names and order, fp32), ``config.json`` (the NeoX keys plus
+    ``vocab_size``/``eos_token_id``, so converting back restores them) and, when the model has one,
+    ``tokenizer.json``."""
+    from ..data.tokenizer import resolve_tokenizer
+    from ..formats.loading import load_model
+
+    out_dir = Path(out_dir)
+    if out_dir.suffix == ".bin":
+        raise ConfigError(f"to-official writes a folder like the released repos "
+                          f"(pytorch_model.bin, config.json, tokenizer.json): give a folder "
+                          f"name, not {out_dir.name}")
+    model = load_model(model_dir)
+    if type(model) is not TokenFormerLM:
+        raise ConfigError(f"{model_dir} holds a {model.config.arch} baseline: the official "
+                          f"layout exists only for TokenFormer (use to-hf)")
+    c = model.config
+    beyond = [f"{k}={getattr(c, k)}" for k, official in (
+        ("qkv_scale", None), ("proj_scale", None), ("ffn_scale", None), ("theta_eps", 0.0),
+        ("block_norm", "none"), ("rotary_base", 10000.0), ("layernorm_eps", 1e-5))
+        if getattr(c, k) != official]
+    if beyond:  # the official code would load the weights and compute another function
+        raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
+    tok: Tokenizer | None = None
+    beside = any((Path(model_dir) / name).is_file() for name in (TOKENIZER_FILE, BYTES_MARKER))
+    try:
+        tok = resolve_tokenizer(model_dir, model.config, tokenizer)
+    except ConfigError:
+        if tokenizer is not None or beside:  # one was given or found, and it does not fit
+            raise
+        # none beside the model (e.g. an official checkpoint converted without one): the
+        # folder holds the weights and the config only
+    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+        save_official(model, tmp / "pytorch_model.bin")
+        (tmp / "config.json").write_text(json.dumps(official_config(model.config), indent=2)
+                                         + "\n")
+        if tok is not None:
+            to_hf_tokenizer(tok).backend_tokenizer.save(str(tmp / "tokenizer.json"))
+    return out_dir

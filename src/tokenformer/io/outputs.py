@@ -1,0 +1,229 @@
+"""Where commands write: never into their inputs, never over what they did not write, one writer
+per run folder.
+
+Every command that writes calls :func:`check_output` (a folder or a file it produces in one go)
+or :func:`check_run_folder` (a folder a run fills over time) *before* it writes anything, and
+folders it produces get a marker file, ``.tokenformer-output`` (JSON naming the command), so that
+``--overwrite`` can tell its own earlier output from a folder the user cares about. A run folder
+is held with an exclusive lock (:func:`hold_run_folder`) for the whole run; the OS drops the lock
+when its process dies, so a killed run never blocks the next one. docs/reliability.md states what
+is guaranteed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import OutputError, TokenFormerError
+
+if TYPE_CHECKING:
+    from ..training.distributed import World
+
+MARKER = ".tokenformer-output"
+LOCK = ".tokenformer.lock"
+LOCK_PID = ".tokenformer.lock.pid"  # sidecar: the lock file itself must stay empty for filelock
+
+
+class RunFolderBusy(TokenFormerError):
+    """Another process holds the run folder's lock."""
+
+
+# ------------------------------------------------------------------------------------- marker
+def write_marker(directory: str | Path, command: str) -> None:
+    """Record that ``command`` wrote ``directory`` (what ``--overwrite`` may later replace)."""
+    from .. import __version__
+    from .files import atomic_write_text
+
+    atomic_write_text(Path(directory) / MARKER, json.dumps(
+        {"command": command, "version": __version__,
+         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
+
+
+def read_marker(directory: str | Path) -> str | None:
+    """The command named by ``directory``'s marker, or None (no marker, or not ours)."""
+    try:
+        data = json.loads((Path(directory) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data.get("command") if isinstance(data, dict) else None
+
+
+# -------------------------------------------------------------------------------------- checks
+def _resolved(path: str | Path) -> Path:
+    return Path(os.path.abspath(Path(path).expanduser())).resolve()  # follows every symlink
+
+
+def check_not_input(out: str | Path, inputs: Iterable[str | Path | None], flag: str = "--out"
+                    ) -> None:
+    """Refuse an output that is, contains or lies inside an input (symlinks resolved).
+
+    Inputs that are not existing paths (``bytes``, ``default``, a preset name) are skipped.
+    """
+    target = _resolved(out)
+    for spec in inputs:
+        if spec is None or str(spec) == "" or not Path(spec).exists():
+            continue
+        source = _resolved(spec)
+        if target == source:
+            raise OutputError(f"{flag} {out} is the input {spec}: choose another output")
+        if source in target.parents:
+            raise OutputError(f"{flag} {out} lies inside the input {spec}: choose an output "
+                              f"outside it")
+        if target in source.parents:
+            raise OutputError(f"{flag} {out} contains the input {spec}: choose another output")
+
+
+def check_output(out: str | Path, inputs: Iterable[str | Path | None], *, command: str,
+                 overwrite: bool = False, kind: str = "dir", flag: str = "--out") -> None:
+    """Before ``command`` writes ``out`` (a folder built whole, or a file): refuse inputs as
+    outputs, an existing ``out`` without ``overwrite``, and with ``overwrite`` a folder without
+    this command's marker (someone else's files) or anything of the wrong kind."""
+    check_not_input(out, inputs, flag)
+    path = Path(out)
+    if not path.exists() and not path.is_symlink():
+        return
+    if kind == "file":
+        if path.is_dir():
+            raise OutputError(f"{flag} {out} is a directory; give a file name")
+        if not overwrite:
+            raise OutputError(f"{out} already exists (pass --overwrite to replace it)")
+        return
+    if not path.is_dir():
+        raise OutputError(f"{flag} {out} exists and is not a directory")
+    if not overwrite:
+        raise OutputError(f"output directory already exists: {out} (pass --overwrite to "
+                          f"replace it)")
+    owner = read_marker(path)
+    if owner is None:
+        raise OutputError(f"{out} was not written by tokenformer {command} (no {MARKER} in it); "
+                          f"--overwrite replaces only such outputs: remove it yourself or choose "
+                          f"another {flag}")
+    if owner != command:
+        raise OutputError(f"{out} was written by tokenformer {owner}, not {command}; "
+                          f"--overwrite replaces only this command's outputs")
+
+
+def check_run_folder(out: str | Path, inputs: Iterable[str | Path | None], *, command: str,
+                     legacy: Iterable[str] = (), flag: str = "--out") -> None:
+    """Before a run writes into ``out`` (created, extended or resumed): refuse inputs as outputs
+    and a non-empty folder the command did not write. ``legacy``: names whose presence marks a
+    folder this command wrote before markers existed."""
+    check_not_input(out, inputs, flag)
+    path = Path(out)
+    if not path.exists() and not path.is_symlink():
+        return
+    if not path.is_dir():
+        raise OutputError(f"{flag} {out} exists and is not a directory")
+    owner = read_marker(path)
+    if owner is not None:
+        if owner != command:
+            raise OutputError(f"{out} holds the output of tokenformer {owner}, not {command}: "
+                              f"choose another {flag}")
+        return
+    names = {p.name for p in path.iterdir() if not p.name.startswith(".tokenformer")}  # ours
+    if names and not names & set(legacy):
+        raise OutputError(f"{out} already holds files tokenformer did not write (no {MARKER}): "
+                          f"choose an empty or new {flag}")
+
+
+# ---------------------------------------------------------------------------------- run lock
+_held: dict[Path, list[Any]] = {}  # resolved folder -> [FileLock, depth]: re-entrant per process
+
+
+def _holder(directory: Path) -> str:
+    """The lock holder's pid, from the sidecar it writes right after locking (waited for briefly:
+    two runs started at once may ask before the holder has written it)."""
+    for _ in range(20):
+        try:
+            pid = (directory / LOCK_PID).read_text().strip()
+        except OSError:
+            pid = ""
+        if pid.isdigit():
+            return f"pid {pid}"
+        time.sleep(0.05)
+    return "an unknown pid"
+
+
+@contextlib.contextmanager
+def hold_run_folder(directory: str | Path, *, command: str, world: World | None = None
+                    ) -> Iterator[Path]:
+    """Hold ``directory`` (created if needed) exclusively for the block, mark it as
+    ``command``'s, and remove crash leftovers (:func:`tokenformer.checkpoint.clean_leftovers`).
+
+    The lock is an OS file lock (``filelock``): a second process is refused at once with the
+    holder's pid; a process killed with -9 releases it. Re-entrant within one process. Under
+    torchrun only rank 0 locks (``world``) and every rank learns the outcome, so none hangs.
+    """
+    from filelock import FileLock, Timeout
+
+    path = Path(directory)
+    key = _resolved(path)
+    main = world is None or world.is_main
+    error: str | None = None
+    failure: BaseException | None = None
+    if main and key in _held:
+        _held[key][1] += 1
+    elif main:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(path / LOCK), timeout=0)
+        try:
+            lock.acquire()
+        except Timeout:
+            error = (f"{path} is in use by another tokenformer process ({_holder(path)}); "
+                     f"wait for it to finish or stop it")
+        else:
+            _held[key] = [lock, 1]
+            try:
+                from .checkpoint import clean_leftovers
+                from .files import atomic_write_text
+
+                atomic_write_text(path / LOCK_PID, f"{os.getpid()}\n")
+                clean_leftovers(path)
+                if read_marker(path) is None:
+                    write_marker(path, command)
+            except BaseException as exc:  # raised below, once every rank knows
+                _release(path, key)
+                failure = exc
+    if world is not None and world.distributed:
+        from ..training.distributed import max_across
+
+        if max_across(1 if error or failure else 0, world) and error is None and failure is None:
+            error = f"{path} could not be held by rank 0 (see its error)"
+    if failure is not None:
+        raise failure
+    if error is not None:
+        raise RunFolderBusy(error)
+    try:
+        yield path
+    finally:
+        if main:
+            _release(path, key)
+
+
+def _release(path: Path, key: Path) -> None:
+    entry = _held[key]
+    entry[1] -= 1
+    if entry[1] == 0:
+        del _held[key]
+        with contextlib.suppress(OSError):
+            (path / LOCK_PID).unlink()
+        entry[0].release()
+
+
+# -------------------------------------------------------------------------------- disk full
+def is_disk_full(exc: BaseException) -> bool:
+    """True for a write that failed for lack of space: ``OSError(ENOSPC)`` (or EDQUOT), or torch's
+    zip writer, which reports it as ``RuntimeError: ... unexpected pos ...`` / ``file write
+    failed``."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("unexpected pos" in text
+                                              or "file write failed" in text)

@@ -1,0 +1,556 @@
+"""The TokenFormer language model, exactly as the official GPT-NeoX code computes it.
+
+Read top to bottom: rotary embedding → KV cache → attention (Q, K, V and the output projection
+are Pattentions) → block (pre-norm, non-parametric LayerNorm, FFN = one Pattention) → the LM
+(word embeddings, blocks, parametric final LayerNorm, output tied to the embeddings) → generation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import CheckpointError, ConfigError, TokenFormerError
+from ..nn.pattention import Pattention
+from ..nn.pattention import top_k_tokens as _top_k_tokens
+from .config import TokenFormerConfig
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+
+
+# ---------------------------------------------------------------------------------------- rotary
+class RotaryEmbedding(nn.Module):
+    """GPT-NeoX rotary embedding ("rotate half": dim i pairs with dim i + r/2) on the first r dims.
+
+    cos/sin are computed in float32 for positions 0..max_seq_len-1 and follow the model's dtype
+    (the official code casts them to the parameter dtype too).
+    """
+
+    def __init__(self, dim: int, max_seq_len: int, base: float = 10000.0) -> None:
+        super().__init__()
+        self.dim = dim
+        self.max_seq_len = max_seq_len
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_cached", emb.cos(), persistent=False)
+        self.register_buffer("sin_cached", emb.sin(), persistent=False)
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Rotate ``x`` [B, H, T, head_dim] at ``position_ids`` [B, T]; dims past r pass through."""
+        if self.dim == 0:
+            return x
+        cos = self.cos_cached[position_ids].unsqueeze(1).to(x.dtype)
+        sin = self.sin_cached[position_ids].unsqueeze(1).to(x.dtype)
+        rot, rest = x[..., : self.dim], x[..., self.dim:]
+        half = self.dim // 2
+        rotated_half = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+        return torch.cat((rot * cos + rotated_half * sin, rest), dim=-1)
+
+
+# -------------------------------------------------------------------------------------- KV cache
+class KVCache:
+    """Pre-allocated key/value cache: appending a token writes in place, never copies the past.
+
+    Same ``update``/``get_seq_length`` interface as a Hugging Face ``Cache``, so the HF wrapper can
+    hand the model a transformers cache instead.
+    """
+
+    def __init__(self, num_layers: int, max_len: int) -> None:
+        self.max_len = max_len
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.lengths = [0] * num_layers
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lengths[layer_idx]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.lengths[layer_idx]
+        end = start + key_states.shape[2]
+        if end > self.max_len:
+            raise TokenFormerError(f"KV cache holds {self.max_len} positions; {end} requested")
+        if self.keys[layer_idx] is None:
+            B, H, _, hd = key_states.shape
+            shape = (B, H, self.max_len, hd)
+            self.keys[layer_idx] = key_states.new_empty(shape)
+            self.values[layer_idx] = value_states.new_empty(shape)
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys[:, :, start:end] = key_states
+        values[:, :, start:end] = value_states
+        self.lengths[layer_idx] = end
+        return keys[:, :, :end], values[:, :, :end]
+
+
+# ------------------------------------------------------------------------------------ attention
+def _pattention(config: TokenFormerConfig, kind: str, d_out: int | None = None) -> Pattention:
+    d = config.hidden_size
+    return Pattention(d, d_out or d, getattr(config, f"{kind}_tokens"), config.norm,
+                      scale=config.theta_scale(kind), eps=config.theta_eps,
+                      key_init_std=config.init_std, value_init_std=config.value_init_std,
+                      top_k=getattr(config, f"{kind}_top_k", None))
+
+
+def _product_ffn(config: TokenFormerConfig) -> nn.Module:
+    from ..nn.product_keys import ProductKeyPattention
+
+    d = config.hidden_size
+    return ProductKeyPattention(d, d, config.ffn_tokens, config.ffn_product_k, config.norm,
+                                scale=config.ffn_scale, eps=config.theta_eps,
+                                key_init_std=config.init_std,
+                                value_init_std=config.value_init_std)
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention whose Q, K, V and output projections are Pattentions."""
+
+    def __init__(self, config: TokenFormerConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        # Vision configs set is_causal = False (patches attend both ways); LM configs lack it.
+        self.is_causal: bool = getattr(config, "is_causal", True)
+        self.num_heads = config.num_heads
+        self.head_dim = config.head_dim
+        self.query = _pattention(config, "qkv")
+        self.key = _pattention(config, "qkv")
+        self.value = _pattention(config, "qkv")
+        self.proj = _pattention(config, "proj")
+
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, cache: Any | None) -> torch.Tensor:
+        B, T, d = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q = rotary(heads(self.query(x)), position_ids)
+        k = rotary(heads(self.key(x)), position_ids)
+        v = heads(self.value(x))
+        past = 0
+        if cache is not None:
+            past = cache.get_seq_length(self.layer_idx)
+            k, v = cache.update(k, v, self.layer_idx)
+        if attention_mask is None and past == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal)
+        elif attention_mask is None and T == 1:
+            out = _decode_attention(q, k, v)
+        else:
+            mask = _mask(attention_mask, B, T, past, x.device)
+            out = (_decode_attention(q, k, v, mask) if T == 1 else
+                   F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        return self.proj(out.transpose(1, 2).reshape(B, T, d))
+
+
+def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of one query row over the cache. In bf16/fp16 on the CPU, SDPA's reduced-
+    precision kernel is 2–4x slower for a single row than float32 SDPA on upcast copies (at 1000
+    cached positions, 1.2 vs 0.3 ms per layer; docs/performance.md, "Inference"), and float32 is
+    the more accurate of the two; longer inputs (prefill) are faster in bf16 and stay there."""
+    if q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu":
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                              attn_mask=mask).to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _mask(attention_mask: torch.Tensor | None, B: int, T: int, past: int,
+          device: torch.device) -> torch.Tensor:
+    """Boolean [B, 1, T, past+T] mask: causal, and keys marked 0 in ``attention_mask`` hidden.
+
+    A query row with nothing visible (a left-padding position) sees every key instead, so that
+    SDPA returns finite values there; those positions are ignored downstream.
+    """
+    S = past + T
+    q_pos = torch.arange(past, S, device=device).unsqueeze(1)
+    mask = (torch.arange(S, device=device).unsqueeze(0) <= q_pos).expand(B, 1, T, S)
+    if attention_mask is not None:
+        mask = mask & attention_mask[:, None, None, :S].bool()
+        mask = mask | ~mask.any(dim=-1, keepdim=True)
+    return mask
+
+
+def positions_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Position ids of the last ``length`` tokens of a [B, S] ``attention_mask``: real tokens
+    count from 0, so left padding is invisible (padding positions get 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -length:]
+
+
+# ----------------------------------------------------------------------------------------- block
+class LayerNorm(nn.Module):
+    """LayerNorm whose weight and bias are each optional (official blocks have neither)."""
+
+    def __init__(self, dim: int, eps: float, affine: str = "both") -> None:
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.weight = nn.Parameter(torch.ones(dim)) if affine in ("weight", "both") else None
+        self.bias = nn.Parameter(torch.zeros(dim)) if affine in ("bias", "both") else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + Proj(Attn(LN(x))), then x + FFN(LN(x)) with FFN a single Pattention."""
+
+    def __init__(self, config: TokenFormerConfig, layer_idx: int) -> None:
+        super().__init__()
+        eps, affine = config.layernorm_eps, config.block_norm
+        self.input_layernorm = LayerNorm(config.hidden_size, eps, affine)
+        self.attention = Attention(config, layer_idx)
+        self.post_attention_layernorm = LayerNorm(config.hidden_size, eps, affine)
+        self.mlp = (_pattention(config, "ffn") if getattr(config, "ffn_keys", "dense") == "dense"
+                    else _product_ffn(config))
+
+    def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None, cache: Any | None) -> torch.Tensor:
+        x = x + self.attention(self.input_layernorm(x), rotary, position_ids, attention_mask, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+# -------------------------------------------------------------------------------------------- LM
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    past_key_values: Any | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class BodyOutput:
+    """What :meth:`TokenFormerLM.body` returns: the final-normed hidden state (what the head reads)
+    and, when asked for, every block's input plus that final state (transformers' convention)."""
+
+    last_hidden_state: torch.Tensor
+    past_key_values: Any | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+
+
+class TokenFormerLM(nn.Module):
+    """TokenFormer language model (official architecture, spec §2).
+
+    ``model(input_ids, labels=input_ids)`` returns logits over the padded vocabulary and the mean
+    next-token cross-entropy (labels are shifted inside, ``-100`` is ignored), as in Hugging Face.
+    """
+
+    config_class: Any = TokenFormerConfig  # subclasses (the baselines) load their own config
+
+    def __init__(self, config: TokenFormerConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
+        self.final_norm = LayerNorm(config.hidden_size, config.layernorm_eps, "both")
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.max_seq_len, config.rotary_base)
+        nn.init.normal_(self.word_embeddings.weight, std=config.init_std)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any | None = None,
+        labels: torch.Tensor | None = None,
+        use_cache: bool = False,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        logits_to_keep: int = 0,
+    ) -> CausalLMOutput:
+        """``logits_to_keep`` > 0: logits of the last that many positions only (Hugging Face's
+        argument of the same name; generation needs one and saves the [T, vocab] projection)."""
+        if logits_to_keep > 0 and labels is not None:
+            raise ConfigError("logits_to_keep needs every position's logits when labels "
+                              "are given; pass one or the other")
+        body = self.body(input_ids, attention_mask, position_ids, past_key_values, use_cache,
+                         inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
+        x = body.last_hidden_state
+        if logits_to_keep > 0:
+            x = x[:, -logits_to_keep:]
+        logits = F.linear(x, self.word_embeddings.weight)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                   ignore_index=-100)
+        return CausalLMOutput(logits=logits, loss=loss, past_key_values=body.past_key_values,
+                              hidden_states=body.hidden_states)
+
+    def body(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: Any | None = None,
+        use_cache: bool = False,
+        *,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> BodyOutput:
+        """Everything but the output head: embeddings (or ``inputs_embeds`` [B, T, d]), the
+        blocks, the final norm. ``output_hidden_states``: the L block inputs, then the final-normed
+        last block output (L + 1 tensors, as transformers models return them)."""
+        if inputs_embeds is None:
+            if input_ids is None or input_ids.dim() != 2:
+                raise TokenFormerError(f"input_ids must be [batch, seq], got "
+                                       f"{'None' if input_ids is None else tuple(input_ids.shape)}")
+            x = self.word_embeddings(input_ids)
+        elif input_ids is not None or inputs_embeds.dim() != 3:
+            raise TokenFormerError("give input_ids [batch, seq] or inputs_embeds [batch, seq, "
+                                   "hidden], not both")
+        else:
+            x = inputs_embeds
+        B, T = x.shape[:2]
+        if use_cache and past_key_values is None:
+            past_key_values = KVCache(self.config.num_layers, self.config.max_seq_len)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if past + T > self.config.max_seq_len:
+            raise TokenFormerError(
+                f"sequence of {past + T} tokens exceeds the model's context of "
+                f"{self.config.max_seq_len} tokens (max_seq_len, the size of the rotary cache)")
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=x.device).expand(B, T)
+        hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
+        for block in self.layers:
+            if hidden is not None:
+                hidden.append(x)
+            x = block(x, self.rotary, position_ids, attention_mask, past_key_values)
+        x = self.final_norm(x)
+        if hidden is not None:
+            hidden.append(x)
+        return BodyOutput(last_hidden_state=x,
+                          past_key_values=past_key_values if use_cache else None,
+                          hidden_states=tuple(hidden) if hidden is not None else None)
+
+    # ------------------------------------------------------------------ sizes
+    def num_parameters(self, non_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.word_embeddings.weight.numel() if non_embedding else n
+
+    def pattentions(self) -> dict[str, Pattention]:
+        """Every Pattention by qualified name (what growth and inspection iterate over)."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, Pattention)}
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, directory: str | Path) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
+        from safetensors.torch import save_file
+
+        from ..io.files import atomic_write, atomic_write_text
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        atomic_write(directory / WEIGHTS_NAME,
+                     lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+        atomic_write_text(directory / CONFIG_NAME, json.dumps(self.config.to_dict(), indent=2))
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, map_location: str | torch.device = "cpu"
+             ) -> TokenFormerLM:
+        """Load a directory written by :meth:`save` (safetensors: no code is ever unpickled)."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        if not directory.exists():
+            raise CheckpointError(f"checkpoint not found: {directory}")
+        config_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+        if not config_file.is_file() or not weights.is_file():
+            raise CheckpointError(f"{directory} is not a tokenformer model directory "
+                                  f"(expected {CONFIG_NAME} and {WEIGHTS_NAME})")
+        require_shape_keys(config_file, cls.config_class)
+        config = cls.config_class.load(config_file)
+        try:
+            state = load_file(str(weights), device=str(map_location))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"{weights} is corrupt or truncated: {exc}") from None
+        model = cls(config)
+        load_state_dict_strict(model, state, source=str(weights))
+        check_weights(state, str(weights))
+        return model
+
+    @classmethod
+    def from_official(cls, path: str | Path, **kwargs: Any) -> TokenFormerLM:
+        """Load a released checkpoint; see :func:`tokenformer.official.load_official`."""
+        from .official import load_official
+
+        return load_official(path, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **kwargs: Any) -> TokenFormerLM:
+        """Load our directory format, or fall back to the official formats."""
+        path = Path(path)
+        if path.is_dir() and (path / WEIGHTS_NAME).is_file():
+            return cls.load(path)
+        return cls.from_official(path, **kwargs)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int = 32,
+        *,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+        generator: torch.Generator | None = None,
+        past_key_values: Any | None = None,
+        top_k_tokens: Any | None = None,
+    ) -> torch.Tensor:
+        """Continue ``input_ids`` [B, T]; returns [B, T + generated].
+
+        Greedy unless ``do_sample``; sampling applies ``temperature``, then ``top_k``, then
+        ``top_p`` (nucleus). Rows that emit ``eos_token_id`` are padded with it until every row
+        has finished. Generation stops early at the model's context length. Batched prompts of
+        different lengths are left-padded with ``attention_mask`` marking the real tokens.
+        ``past_key_values``: a cache (:class:`KVCache`) already holding the first
+        ``get_seq_length()`` tokens of ``input_ids``; only the rest is run through the model.
+        ``top_k_tokens``: sparse Pattention for this call only (each row reads its k largest-|Θ|
+        value rows; a count or fraction for every kind, a dict or ``"ffn=0.25,qkv=64"``;
+        :func:`tokenformer.pattention.top_k_tokens`); None keeps the model's own setting.
+        """
+        with _top_k_tokens(self, top_k_tokens):
+            return self._generate(input_ids, max_new_tokens, do_sample=do_sample,
+                                  temperature=temperature, top_k=top_k, top_p=top_p,
+                                  eos_token_id=eos_token_id, attention_mask=attention_mask,
+                                  use_cache=use_cache, generator=generator,
+                                  past_key_values=past_key_values)
+
+    def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool,
+                  temperature: float, top_k: int | None, top_p: float | None,
+                  eos_token_id: int | None, attention_mask: torch.Tensor | None,
+                  use_cache: bool, generator: torch.Generator | None,
+                  past_key_values: Any | None) -> torch.Tensor:
+        if max_new_tokens < 0:
+            raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if do_sample and temperature <= 0:
+            raise ConfigError(f"temperature must be > 0 when sampling, got {temperature}")
+        if top_k is not None and top_k <= 0:
+            raise ConfigError(f"top_k must be a positive integer, got {top_k}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+        B, T = input_ids.shape
+        if T > self.config.max_seq_len:
+            raise TokenFormerError(f"prompt of {T} tokens exceeds the model's context of "
+                                   f"{self.config.max_seq_len} tokens (rotary cache)")
+        max_new_tokens = min(max_new_tokens, self.config.max_seq_len - T)
+        vocab = self.config.vocab_size  # never sample the padding rows of the embedding
+        tokens, cache = input_ids, past_key_values if use_cache else None
+        finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+        step_input = input_ids
+        if cache is not None:
+            if cache.get_seq_length() >= T:
+                raise TokenFormerError(f"the cache already holds {cache.get_seq_length()} "
+                                       f"positions; input_ids must have more than that ({T})")
+            step_input = input_ids[:, cache.get_seq_length():]
+        for _ in range(max_new_tokens):
+            position_ids = None
+            if attention_mask is not None:
+                position_ids = positions_from_mask(attention_mask, step_input.shape[1])
+            out = self(step_input, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=cache, use_cache=use_cache, logits_to_keep=1)
+            logits = out.logits[:, -1, :vocab].float()
+            next_token = (_sample(logits, temperature, top_k, top_p, generator) if do_sample
+                          else logits.argmax(dim=-1))
+            if eos_token_id is not None:
+                next_token = torch.where(finished, torch.full_like(next_token, eos_token_id),
+                                         next_token)
+                finished = finished | (next_token == eos_token_id)
+            tokens = torch.cat((tokens, next_token[:, None]), dim=1)
+            if attention_mask is not None:
+                attention_mask = torch.cat((attention_mask, attention_mask.new_ones(B, 1)), dim=1)
+            if use_cache:
+                cache, step_input = out.past_key_values, next_token[:, None]
+            else:
+                step_input = tokens
+            if eos_token_id is not None and bool(finished.all()):
+                break
+        return tokens
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+            generator: torch.Generator | None) -> torch.Tensor:
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keep the token crossing p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+# Keys a model directory's config.json must name: every other field has a default, these set
+# tensor shapes, and a default here would only surface later as a shape mismatch.
+SHAPE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads")
+
+
+def require_shape_keys(config_file: Path, config_class: type) -> None:
+    """Refuse a config.json that leaves a shape-setting field (one ``config_class`` has) to its
+    default."""
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    try:
+        data = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return  # the config loader reports an unreadable file in its own words
+    missing = [k for k in SHAPE_KEYS if k in fields and isinstance(data, dict) and k not in data]
+    if missing:
+        raise CheckpointError(f"{config_file} does not name {', '.join(missing)}: not a complete "
+                              f"model config (it sets the weights' shapes; no default is safe)")
+
+
+def check_weights(state: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse weights a model cannot compute with: integer (or bool) tensors, NaN or infinity."""
+    for key, tensor in state.items():
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{source}: weight {key!r} is {str(tensor.dtype)[6:]}, not "
+                                  f"floating point: not model weights")
+        if not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{source}: weight {key!r} holds NaN or infinite values: the "
+                                  f"checkpoint is corrupt (or saved from a diverged run)")
+
+
+def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """``load_state_dict(strict=True)`` with one error sentence naming the offending key."""
+    check_state_dict(model.state_dict(), state, source)
+    model.load_state_dict(state, strict=True)
+
+
+def check_state_dict(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
+                     source: str) -> None:
+    """Raise one CheckpointError naming the first missing, unexpected or wrongly shaped key."""
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing:
+        raise CheckpointError(f"{source}: missing key {missing[0]!r}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+    if unexpected:
+        raise CheckpointError(f"{source}: unexpected key {unexpected[0]!r}"
+                              + (f" (and {len(unexpected) - 1} more)" if len(unexpected) > 1
+                                 else ""))
+    for key, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[key].shape):
+            raise CheckpointError(f"{source}: key {key!r} has shape {tuple(tensor.shape)}, "
+                                  f"the model expects {tuple(expected[key].shape)}")

@@ -1,0 +1,353 @@
+"""Pattention: a token-parameter attention layer that replaces ``nn.Linear``.
+
+``Pattention(X) = Θ(X · K_Pᵀ) · V_P`` where the ``n`` rows of ``K_P`` [n, d_in] and ``V_P``
+[n, d_out] are learnable *parameter tokens* and Θ is a modified softmax acting on each row of
+scores (over the n parameter tokens). The variants follow the official code exactly:
+
+=================  ==========================================  =====================
+name               Θ(a) for one row a ∈ Rⁿ                      default ``scale`` s
+=================  ==========================================  =====================
+``l2_norm_gelu``   GELU(a / ‖a‖₂ · s)          (official default)  √n
+``gelu_l2_norm``   GELU(a) / ‖GELU(a)‖₂ · s                        √n
+``gelu_l1_norm``   GELU(a) / ‖GELU(a)‖₁ · s    (paper ablation)    n
+``softmax``        exp(a) / ‖exp(a)‖₁ · s      (softmax × n)        n
+=================  ==========================================  =====================
+
+``scale`` is part of the layer's state rather than recomputed from ``n`` on every call: growth
+(:mod:`tokenformer.grow`) appends tokens and may hold ``scale`` at its pre-growth value, which is
+what makes function-preserving growth possible.
+
+``top_k`` (default ``None``: dense) reads each parameter token as an expert: scores and Θ are
+computed over all n tokens exactly as in the dense layer, then each input row keeps only its k
+largest-|Θ| weights and reads only those k rows of V_P (docs/sparse.md). |Θ|, not Θ: GELU's
+outputs can be negative (down to −0.17) and a token's contribution to the output is Θ_j·v_j, whose
+size is |Θ_j|·‖v_j‖; ranking by signed Θ would drop a −0.17 weight before a +0.01 one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+from . import kernels
+from .fused import fused_pattention
+
+THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
+# "fused": tokenformer.fused (one custom autograd Function, analytic backward, few passes over the
+# scores); "reference": theta() below under plain autograd, the ground truth the fused path is
+# tested against. "kernel": the fused path with Θ from the C++ CPU kernel (tokenformer.kernels;
+# built once per machine, needs a compiler; where it does not apply or cannot be built: "fused",
+# after one warning). "auto" (default): the kernel wherever it applies and is available
+# (l2_norm_gelu on the CPU in fp32/bf16/fp16), training and inference; elsewhere fused when
+# autograd records the call (less time and half the activation memory) and reference otherwise
+# (at the few rows per call of decoding the Function's per-call overhead outweighs its one saved
+# pass). "torch": that last rule alone (auto without the kernel; auto before the kernel was the
+# default), what the documented experiments ran with, so they can be rerun bit for bit.
+# docs/performance.md.
+PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference", "kernel", "torch")
+
+
+def default_scale(norm: str, num_tokens: int) -> float:
+    """Θ's factor in the official code: √n for the L2 variants, n for the L1 ones."""
+    check_theta(norm)
+    return float(num_tokens) if norm in ("softmax", "gelu_l1_norm") else math.sqrt(num_tokens)
+
+
+def check_theta(norm: str) -> None:
+    if norm not in THETA_VARIANTS:
+        raise ConfigError(f"unknown Θ variant {norm!r}; choose one of {', '.join(THETA_VARIANTS)}")
+
+
+def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0) -> torch.Tensor:
+    """Apply Θ row-wise over the last dimension of ``scores``.
+
+    With ``eps == 0`` the arithmetic is the official one (an all-zero row gives NaN, exactly like
+    the released code; an ``exp`` overflow in ``softmax`` is not guarded either). ``eps > 0`` adds
+    ``eps`` to the norm, which makes all-zero rows map to GELU(0) = 0.
+    """
+    if norm == "l2_norm_gelu":
+        norm_ = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
+        return F.gelu(scores / (norm_ + eps) * scale)
+    if norm == "gelu_l2_norm":
+        act = F.gelu(scores)
+        return act / (torch.linalg.vector_norm(act, dim=-1, keepdim=True) + eps) * scale
+    if norm == "gelu_l1_norm":
+        act = F.gelu(scores)
+        return act / (torch.linalg.vector_norm(act, ord=1, dim=-1, keepdim=True) + eps) * scale
+    if norm == "softmax":
+        act = torch.exp(scores)
+        return act / (act.sum(dim=-1, keepdim=True) + eps) * scale
+    check_theta(norm)
+    raise AssertionError("unreachable")
+
+
+TopK = int | float | None
+# Rows × k × d_out elements up to which the sparse path gathers each row's own k value rows (the
+# decode case: one row per call reads k·d_out of V instead of n·d_out); above it, the rows' k
+# weights are scattered into a dense Θ and multiplied by all of V (prefill: the union of the rows'
+# selections covers nearly all of V anyway, and one GEMM beats a [rows, k, d_out] gather).
+GATHER_ELEMENTS = 1 << 20
+
+
+def resolve_top_k(spec: TopK, num_tokens: int) -> int | None:
+    """The k of a ``top_k`` spec for a layer of ``num_tokens`` tokens: ``None`` (dense) stays
+    ``None``; an int is a count (capped at n); a float in (0, 1] a fraction of n (at least 1)."""
+    check_top_k(spec)
+    if spec is None:
+        return None
+    if isinstance(spec, float):
+        return max(1, min(num_tokens, round(spec * num_tokens)))
+    return min(int(spec), num_tokens)
+
+
+def check_top_k(spec: object, what: str = "top_k") -> None:
+    if spec is None:
+        return
+    if isinstance(spec, bool) or not isinstance(spec, (int, float)):
+        raise ConfigError(f"{what} must be a token count, a fraction in (0, 1] or null, "
+                          f"got {spec!r}")
+    if isinstance(spec, float) and not 0.0 < spec <= 1.0:
+        raise ConfigError(f"{what}: a fraction must be in (0, 1], got {spec!r}")
+    if isinstance(spec, int) and spec < 1:
+        raise ConfigError(f"{what}: a count must be >= 1, got {spec!r}")
+
+
+def top_k_pattention(value: torch.Tensor, theta_: torch.Tensor, k: int) -> torch.Tensor:
+    """Θ·V with only each row's ``k`` largest-|Θ| entries of ``theta_`` [..., n] kept. Gathers
+    the k value rows per row (decoding) or multiplies a masked dense Θ (many rows); autograd
+    flows through both (gradients reach the kept weights and value rows only)."""
+    index = theta_.abs().topk(k, dim=-1, sorted=False).indices
+    weights = theta_.gather(-1, index)
+    rows = weights.numel() // k
+    if rows * k * value.shape[1] <= GATHER_ELEMENTS:
+        picked = value[index.reshape(rows, k)]  # [rows, k, d_out]: only these rows of V are read
+        out = torch.bmm(weights.reshape(rows, 1, k), picked)
+        return out.view(*theta_.shape[:-1], value.shape[1])
+    return torch.matmul(torch.zeros_like(theta_).scatter(-1, index, weights), value)
+
+
+def _reference(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
+               eps: float) -> torch.Tensor:
+    return torch.matmul(theta(torch.matmul(x, key.t()), norm, scale, eps), value)
+
+
+def check_impl(impl: str) -> None:
+    if impl not in PATTENTION_IMPLS:
+        raise ConfigError(f"unknown Pattention impl {impl!r}; choose one of "
+                          f"{', '.join(PATTENTION_IMPLS)}")
+
+
+def set_pattention_impl(module: nn.Module, impl: str) -> None:
+    """Switch every Pattention inside ``module`` (e.g. a whole model) to ``impl``."""
+    check_impl(impl)
+    for m in module.modules():
+        if isinstance(m, Pattention):
+            m.impl = impl
+
+
+def set_pattention_top_k(model: nn.Module, *, qkv: TopK = None, proj: TopK = None,
+                         ffn: TopK = None) -> None:
+    """Set the inference top-k of a TokenFormer's Pattentions by kind (None: dense), and record
+    it in ``model.config`` (``qkv_top_k``/``proj_top_k``/``ffn_top_k``) when the config has those
+    fields, so ``save``/HF conversion carry it. A count or a fraction of each layer's n."""
+    specs = {"qkv": qkv, "proj": proj, "ffn": ffn}
+    for kind, spec in specs.items():
+        check_top_k(spec, f"{kind} top_k")
+    config = getattr(model, "config", None)
+    for kind, spec in specs.items():
+        if config is not None and hasattr(config, f"{kind}_top_k"):
+            setattr(config, f"{kind}_top_k", spec)
+    for name, m in model.named_modules():
+        if isinstance(m, Pattention):
+            m.top_k = specs[pattention_kind(name)]
+
+
+def parse_top_k(spec: TopK | str | dict[str, TopK]) -> dict[str, TopK]:
+    """A top-k request for every kind: one value for all (``0.25``, ``64``, ``"0.25"``), a dict
+    ``{"ffn": 0.25}``, or a string ``"ffn=0.25,qkv=64"`` (kinds left out stay dense)."""
+    def number(text: str) -> TopK:
+        text = text.strip()
+        try:
+            return int(text) if text.isdigit() else float(text)
+        except ValueError:
+            raise ConfigError(f"top-k tokens: {text!r} is not a count or a fraction") from None
+
+    if isinstance(spec, str):
+        if "=" not in spec:
+            spec = number(spec)
+        else:
+            pairs = [part.split("=", 1) for part in spec.split(",") if part.strip()]
+            if any(len(pair) != 2 for pair in pairs):
+                raise ConfigError(f"top-k tokens: malformed {spec!r}; use e.g. 'ffn=0.25,qkv=64'")
+            spec = {kind.strip(): number(value) for kind, value in pairs}
+    if not isinstance(spec, dict):
+        spec = {"qkv": spec, "proj": spec, "ffn": spec}
+    unknown = sorted(set(spec) - {"qkv", "proj", "ffn"})
+    if unknown:
+        raise ConfigError(f"top-k tokens: unknown kind(s) {', '.join(unknown)}; use qkv, proj, ffn")
+    out = {kind: spec.get(kind) for kind in ("qkv", "proj", "ffn")}
+    for kind, value in out.items():
+        check_top_k(value, f"{kind} top-k tokens")
+    return out
+
+
+@contextlib.contextmanager
+def top_k_tokens(model: nn.Module, spec: TopK | str | dict[str, TopK] | None
+                 ) -> Iterator[None]:
+    """Run a block with :func:`set_pattention_top_k` applied (``spec`` as :func:`parse_top_k`),
+    then restore every Pattention's and the config's previous setting. ``None``: no change."""
+    if spec is None:
+        yield
+        return
+    request = parse_top_k(spec)
+    config = getattr(model, "config", None)
+    saved_config = {kind: getattr(config, f"{kind}_top_k") for kind in request
+                    if hasattr(config, f"{kind}_top_k")}
+    saved = {m: m.top_k for m in model.modules() if isinstance(m, Pattention)}
+    set_pattention_top_k(model, **request)
+    try:
+        yield
+    finally:
+        for m, value in saved.items():
+            m.top_k = value
+        for kind, value in saved_config.items():
+            setattr(config, f"{kind}_top_k", value)
+
+
+def pattention_kind(name: str) -> str:
+    """"qkv", "proj" or "ffn" for a Pattention's qualified name in a TokenFormer (the config
+    holds one token count, Θ factor and top-k per kind)."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf in ("query", "key", "value"):
+        return "qkv"
+    if leaf == "proj":
+        return "proj"
+    if leaf == "mlp":
+        return "ffn"
+    raise ConfigError(f"{name!r} is not a Q/K/V, proj or FFN Pattention of a TokenFormer")
+
+
+class Pattention(nn.Module):
+    """Input tokens attend over ``num_tokens`` learnable key/value parameter tokens.
+
+    Drop-in for ``nn.Linear(in_features, out_features, bias=False)``: maps ``[..., in_features]``
+    to ``[..., out_features]``. Parameter names are the official ones, so official checkpoints
+    convert by renaming module prefixes only.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_tokens: int,
+        norm: str = "l2_norm_gelu",
+        *,
+        scale: float | None = None,
+        eps: float = 0.0,
+        key_init_std: float = 0.02,
+        value_init_std: float = 0.02,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        impl: str = "auto",
+        top_k: TopK = None,
+    ) -> None:
+        super().__init__()
+        check_theta(norm)
+        check_impl(impl)
+        check_top_k(top_k)
+        for name, value in (("in_features", in_features), ("out_features", out_features),
+                            ("num_tokens", num_tokens)):
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"Pattention {name} must be a positive integer, got {value!r}")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.norm = norm
+        self.scale = float(scale) if scale is not None else default_scale(norm, num_tokens)
+        self.eps = float(eps)
+        self.impl = impl
+        self.top_k = top_k  # a count or fraction (resolved against n at each call: survives growth)
+        self.key_init_std = key_init_std
+        self.value_init_std = value_init_std
+        factory = {"device": device, "dtype": dtype}
+        self.key_param_tokens = nn.Parameter(torch.empty(num_tokens, in_features, **factory))
+        self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
+        self.reset_parameters()
+
+    @property
+    def num_tokens(self) -> int:
+        return self.key_param_tokens.shape[0]
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.key_param_tokens, std=self.key_init_std)
+        nn.init.normal_(self.value_param_tokens, std=self.value_init_std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attend(x, self.key_param_tokens, self.value_param_tokens)
+
+    def attend(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """This layer's Pattention (Θ, scale, eps, impl, top_k) over the tokens ``key``/``value``:
+        its own parameters, or those with more tokens appended (token adapters)."""
+        impl = self.impl
+        if self.top_k is not None:  # the dense default pays no top-k bookkeeping per call
+            k = resolve_top_k(self.top_k, key.shape[0])
+            if k is not None and k < key.shape[0]:
+                return self._top_k_forward(x, key, value, k)
+        if impl == "reference":
+            return _reference(x, key, value, self.norm, self.scale, self.eps)
+        records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
+                                               or value.requires_grad)
+        kernel = (kernels.usable(x, self.norm) if impl == "auto"  # silent fallback
+                  else impl == "kernel" and kernels.supports(x, self.norm))  # warns once
+        if kernel and not records and not torch.is_autocast_enabled(x.device.type):
+            # Inference (decoding: one row per call): as few Python steps as possible.
+            scores = F.linear(x, key)
+            theta_ = kernels.theta_forward(scores.view(-1, scores.shape[-1]), self.scale,
+                                           self.eps)[0]
+            return torch.matmul(theta_.view(scores.shape), self._inference_value(value))
+        if kernel or records or impl in ("fused", "kernel"):
+            return fused_pattention(x, key, value, self.norm, self.scale, self.eps,
+                                    kernel=kernel)
+        if impl == "auto":  # "torch" keeps the layout too: it reproduces the old results exactly
+            value = self._inference_value(value)
+        return _reference(x, key, value, self.norm, self.scale, self.eps)
+
+    def _top_k_forward(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       k: int) -> torch.Tensor:
+        """Θ over all n scores (the C++ kernel at inference where it applies, else ``theta``
+        under autograd), then :func:`top_k_pattention`."""
+        scores = F.linear(x, key)
+        records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
+                                               or value.requires_grad)
+        if (not records and self.impl in ("auto", "kernel") and kernels.usable(x, self.norm)
+                and not torch.is_autocast_enabled(x.device.type)):
+            theta_ = kernels.theta_forward(scores.reshape(-1, scores.shape[-1]), self.scale,
+                                           self.eps)[0].view(scores.shape)
+        else:
+            theta_ = theta(scores, self.norm, self.scale, self.eps)
+        return top_k_pattention(value, theta_, k)
+
+    def _inference_value(self, value: torch.Tensor) -> torch.Tensor:
+        """V for a matmul autograd does not record. In bf16/fp16, the CPU's matrix-vector
+        kernels are 1.3–1.5x faster for Θ·V when V [n, d_out] is stored column by column (Vᵀ
+        contiguous, nn.Linear's layout; docs/performance.md, "Inference"): the first such call
+        changes the parameter's memory layout to that, in place. Same values, shape and size;
+        fp32 (where it makes no difference), training and tokens that are not this layer's own
+        parameter are left alone."""
+        if (value is self.value_param_tokens and value.dtype in (torch.bfloat16, torch.float16)
+                and value.device.type == "cpu" and value.dim() == 2 and min(value.shape) > 1
+                and value.stride(1) == 1
+                and not torch.compiler.is_compiling()):
+            with torch.inference_mode(False), torch.no_grad():
+                value.data = value.t().contiguous().t()
+        return value
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"num_tokens={self.num_tokens}, norm={self.norm!r}, scale={self.scale:.6g}"
+                + (f", top_k={self.top_k!r}" if self.top_k is not None else ""))

@@ -1,0 +1,1 @@
+"""Operations on models: growth, pruning, token adapters and MLP widening (docs/architecture.md)."""

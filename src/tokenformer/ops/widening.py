@@ -1,0 +1,106 @@
+"""Growing a Transformer baseline by widening its MLP, the function-preserving counterpart of
+TokenFormer's parameter-token growth (:mod:`tokenformer.grow`) for :mod:`tokenformer.baselines`.
+
+``zero``: new units with the model's init on their incoming weights and zero outgoing weights;
+``net2net``: new units copy random old units and the outgoing weights of each unit and its copies
+are split between them. Both keep the function exactly; the AdamW state of the old units is
+carried, the new units' is zero (as growth does for new parameter tokens).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+
+from ..errors import GrowthError
+
+WIDENINGS = ("zero", "net2net")
+
+
+def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
+              reset_optimizer: bool = False, generator: Any = None) -> tuple[Any, Any]:
+    """Widen every MLP of a Transformer baseline to ``width`` units, preserving its function.
+
+    ``zero``: new units get random incoming weights (the model's init) and zero outgoing
+    weights. ``net2net``: each new unit copies the incoming weights (and bias) of a random old
+    unit; the outgoing weights of a unit and its copies are split between them in random
+    proportions summing to one (equal shares ±10 %), so the sum is unchanged while the copies see
+    different gradients and can diverge. The optimizer is rebuilt over the new parameters with the
+    AdamW moments of the old units kept and zero for the new ones (as :mod:`tokenformer.grow`
+    does for parameter tokens), or fresh with ``reset_optimizer``.
+    """
+    config = model.config
+    old = config.intermediate_size
+    if width <= old:
+        raise GrowthError(f"cannot widen an MLP of {old} units to {width}")
+    if how not in WIDENINGS:
+        raise GrowthError(f"unknown MLP widening {how!r}; choose one of {', '.join(WIDENINGS)}")
+    param = next(model.parameters())
+    new = type(model)(dataclasses.replace(config, intermediate_size=width)).to(param)
+    new.load_state_dict({k: v for k, v in model.state_dict().items()
+                         if "mlp." not in k}, strict=False)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(param)
+
+    with torch.no_grad():
+        for block, grown in zip(model.layers, new.layers, strict=True):
+            incoming = [(block.mlp.up, grown.mlp.up)]
+            if block.mlp.gate is not None:
+                incoming.append((block.mlp.gate, grown.mlp.gate))
+            if how == "zero":
+                src = torch.arange(old)
+                for o, n in incoming:
+                    n.weight.copy_(torch.cat([o.weight, randn(width - old, o.in_features)
+                                              * config.init_std]))
+                    if o.bias is not None:
+                        n.bias.copy_(torch.cat([o.bias, o.bias.new_zeros(width - old)]))
+                down = torch.cat([block.mlp.down.weight,
+                                  block.mlp.down.weight.new_zeros(config.hidden_size,
+                                                                  width - old)], dim=1)
+            else:
+                src = torch.cat([torch.arange(old),
+                                 torch.randint(0, old, (width - old,), generator=generator)])
+                for o, n in incoming:
+                    n.weight.copy_(o.weight[src])
+                    if o.bias is not None:
+                        n.bias.copy_(o.bias[src])
+                # float64, so that the shares of one unit sum to 1 to the model's precision
+                share = 1 + 0.1 * (2 * torch.rand(width, generator=generator,
+                                                  dtype=torch.float64) - 1)
+                share = share / share.new_zeros(old).index_add_(0, src, share)[src]
+                down = block.mlp.down.weight[:, src] * share.to(param)
+            grown.mlp.down.weight.copy_(down)
+            if block.mlp.down.bias is not None:
+                grown.mlp.down.bias.copy_(block.mlp.down.bias)
+    return new, optimizer_for(model, optimizer, new, reset=reset_optimizer)
+
+
+def optimizer_for(old: Any, optimizer: Any, new: Any, *, reset: bool = False) -> Any:
+    """``optimizer``'s class, groups and hyper-parameters over ``new``'s parameters (matched by
+    name), with a deep copy of its state: each state tensor of a widened parameter fills the
+    leading corner of a zero tensor of the new shape (old units come first in every widened
+    dimension), unless ``reset``. With ``new`` a same-shaped copy of ``old`` (a frontier
+    cooldown branch) it is an independent copy of ``optimizer``."""
+    names = {id(p): n for n, p in old.named_parameters()}
+    params = dict(new.named_parameters())
+    groups = [{**{k: v for k, v in g.items() if k != "params"},
+               "params": [params[names[id(p)]] for p in g["params"]]}
+              for g in optimizer.param_groups]
+    widened = type(optimizer)(groups)
+    if reset:
+        return widened
+    state = copy.deepcopy(optimizer.state_dict())
+    targets = [p for g in widened.param_groups for p in g["params"]]
+    for index, entry in state["state"].items():
+        shape = targets[index].shape
+        for key, value in entry.items():
+            if hasattr(value, "shape") and value.dim() and value.shape != shape:
+                grown = value.new_zeros(shape)
+                grown[tuple(slice(0, n) for n in value.shape)] = value
+                entry[key] = grown
+    widened.load_state_dict(state)
+    return widened
