@@ -31,6 +31,7 @@ import tokenformer.hf as H
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.data.datasets import default_dataset
 from tokenformer.eval.evaluate import evaluate_text
+from tokenformer.formats.convert import convert_official
 from tokenformer.models.official import save_official
 
 
@@ -94,7 +95,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         save_official(model, Path(tmp) / "pytorch_model.bin")
-        t_convert, _ = best_of(1, lambda: H.convert_official(
+        t_convert, _ = best_of(1, lambda: convert_official(
             Path(tmp) / "pytorch_model.bin", Path(tmp) / "hf",
             num_heads=model.config.num_heads, max_seq_len=L))
         log(f"convert official: {t_convert:.2f} s")

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, load_average, log, machine
 
-from tokenformer.cli.commands.vision import DIGITS_TRAIN, train_vision
+from tokenformer.training.vision import DIGITS_TRAIN, train_vision
 
 BUDGET_S = 180.0
 TARGET = 0.95

@@ -608,7 +608,7 @@ def test_cli_grows_a_training_checkpoint(tmp_path, capsys) -> None:
 def test_cli_grows_an_official_checkpoint(tmp_path, capsys) -> None:
     """A released-layout pytorch_model.bin (here a tiny one) grows like 354M → 757M: qkv and proj
     768 → 1792, ffn 3072 → 7168 is ×7/3, scaled down to 12 → 28 and 48 → 112 tokens."""
-    from tokenformer.models.official import load_official, save_official
+    from tokenformer.models.official import save_official
 
     model = make(qkv_tokens=12, proj_tokens=12, ffn_tokens=48)
     source = tmp_path / "official"
@@ -620,7 +620,7 @@ def test_cli_grows_an_official_checkpoint(tmp_path, capsys) -> None:
     assert main(["grow", str(source), "--qkv", "28", "--proj", "28", "--ffn", "112",
                  "--out", str(out)]) == 0
     assert "optimizer    none found" in capsys.readouterr().out
-    official = load_official(source)
+    official = TokenFormerLM.from_official(source)
     grown = TokenFormerLM.load(out)
     assert (grown.config.qkv_tokens, grown.config.ffn_tokens) == (28, 112)
     assert grown.config.qkv_scale == math.sqrt(12) and grown.config.ffn_scale == math.sqrt(48)

@@ -29,7 +29,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeli
 import tokenformer.hf as H
 from tokenformer import ByteTokenizer, HFTokenizer, TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
-from tokenformer.models.official import load_official
 
 
 def tiny_config(**overrides) -> TokenFormerConfig:
@@ -349,7 +348,7 @@ def test_convert_official_loads_with_automodel(official_folder, tmp_path, capsys
     folder, _ = official_folder
     assert main(["convert", "official", str(folder), str(tmp_path / "hf")]) == 0
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
-    reference = load_official(folder)
+    reference = TokenFormerLM.from_official(folder)
     assert model.config.max_seq_len == 48 and model.config.num_heads == 2
     ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -375,7 +374,7 @@ def test_to_official_keeps_vocabulary_eos_and_tokenizer(core, tmp_path):
     config = json.loads((tmp_path / "o" / "config.json").read_text())
     assert (config["vocab_size"], config["eos_token_id"], config["num_attention_heads"],
             config["seq_length"]) == (257, 256, 2, 64)
-    reloaded = load_official(tmp_path / "o")
+    reloaded = TokenFormerLM.from_official(tmp_path / "o")
     assert (reloaded.config.vocab_size, reloaded.config.padded_vocab_size,
             reloaded.config.eos_token_id) == (257, 384, 256)
     ids = torch.randint(0, 257, (1, 30), generator=torch.Generator().manual_seed(4))

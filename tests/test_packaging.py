@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tokenformer.cli import build_parser, command_index, field_docs, main
+from tokenformer.cli import build_parser, command_index, main
+from tokenformer.cli.options import field_docs
 from tokenformer.io.progress import inner_progress, progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,9 +89,10 @@ def test_constraints_file_pins_the_lowest_tested_versions():
 
 
 # ------------------------------------------------------------------------------ import graph
-CORE = {"tokenformer", "tokenformer.models", "tokenformer.models.lm", "tokenformer.models.config",
-        "tokenformer.errors", "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.fused",
-        "tokenformer.nn.kernels"}
+CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.files",
+        "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.fused",
+        "tokenformer.nn.kernels", "tokenformer.nn.product_keys", "tokenformer.models",
+        "tokenformer.models.lm", "tokenformer.models.config", "tokenformer.models.official"}
 
 
 def test_model_py_imports_only_the_core():

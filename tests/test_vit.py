@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenformer.cli import main
-from tokenformer.cli.commands.vision import evaluate, train_vision, vision_info
+from tokenformer.cli.commands.vision import vision_info
 from tokenformer.data.images import ImageFolder, batch_fn, load_digits_split, random_shift
 from tokenformer.errors import ConfigError, DataError
+from tokenformer.eval.vision import evaluate
 from tokenformer.models.vit import (
     TokenFormerViT,
     TokenFormerViTConfig,
@@ -26,6 +27,7 @@ from tokenformer.models.vit import (
     load_vision_model,
     patchify,
 )
+from tokenformer.training.vision import train_vision
 
 PIL = pytest.importorskip("PIL.Image")  # the `vision` extra
 pytest.importorskip("sklearn")
@@ -362,7 +364,7 @@ def test_image_folder_batches_are_the_same_with_prefetching_workers(folder):
 
 
 def test_vision_train_on_a_folder_with_workers_matches_without(folder, tmp_path):
-    from tokenformer.cli.commands.vision import train_vision
+    from tokenformer.training.vision import train_vision
 
     runs = [train_vision("vit-digits-tiny", str(folder), steps=3, batch_size=4, seed=0,
                          eval_interval=0, threads=1, workers=w,

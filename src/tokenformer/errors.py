@@ -1,4 +1,9 @@
-"""User-facing errors. The CLI prints their message as one line and exits non-zero."""
+"""User-facing errors. The CLI prints their message as one line and exits non-zero.
+
+Imports nothing of the package: every layer raises these.
+"""
+
+import errno
 
 
 class TokenFormerError(Exception):
@@ -30,3 +35,14 @@ class OutputError(DataError, ConfigError):
 class DivergedError(TokenFormerError):
     """The training loss became non-finite. Experiments that probe learning rates catch it and
     record the run as diverged; everywhere else it is one error line."""
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for a write that failed for lack of space: ``OSError(ENOSPC)`` (or EDQUOT), or torch's
+    zip writer, which reports it as ``RuntimeError: ... unexpected pos ...`` / ``file write
+    failed``."""
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("unexpected pos" in text
+                                              or "file write failed" in text)

@@ -28,9 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError, TokenFormerError
 from ..io.files import atomic_dir, atomic_write_text
+from ..io.outputs import check_output, write_marker
 from .tokenizer import (
     BYTES_MARKER,
     TOKENIZER_FILE,
@@ -395,7 +397,6 @@ def _resolve_tokenizer(spec: str | Path, train_texts: Callable[[], Iterable[str]
 
 def _progress(total: int, desc: str, progress: bool | None, unit: str = "B"):
     """A tqdm bar unless ``progress is False``; True and None both mean "on a terminal"."""
-    from tqdm.auto import tqdm
 
     # disable=None: tqdm hides itself when stderr is not a terminal (logs, CI, pipes)
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True,
@@ -412,7 +413,6 @@ def prepare(inputs: list[str | Path] | str | Path, tokenizer: str | Path, out: s
     dataset (``.bin``/``.idx``, already tokenized) is converted instead; ``tokenizer`` must then be
     the one that produced it. The directory appears complete or not at all.
     """
-    from ..io.outputs import check_output
 
     paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
     # never into an input, never over a folder prepare did not write (tokenformer.outputs)
@@ -482,7 +482,6 @@ def _finish(tmp: Path, tok: Tokenizer, spec: str | Path, counts: dict[str, int],
         if counts[split] == 0:
             raise DataError(f"the input is too small to hold out a validation split: the "
                             f"{split} split would be empty")
-    from ..io.outputs import write_marker
 
     write_marker(tmp, "prepare")  # what a later --overwrite may replace
     tok.save(tmp)

@@ -8,6 +8,7 @@ resumable. Needs the ``vision`` extra (scikit-learn for digits, Pillow for folde
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +47,6 @@ class ImageSplit:
 
 
 def _require(module: str, extra: str = "vision"):
-    import importlib
 
     try:
         return importlib.import_module(module)

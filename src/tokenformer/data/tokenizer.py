@@ -15,7 +15,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from tokenizers import Tokenizer as _Tok
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
 from ..errors import ConfigError
+from ..io.files import atomic_write, atomic_write_text
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTES_MARKER = "tokenizer_bytes.json"
@@ -47,7 +51,6 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
     def save(self, directory: str | Path) -> None:
-        from ..io.files import atomic_write_text
 
         atomic_write_text(Path(directory) / BYTES_MARKER, json.dumps({"type": "bytes"}) + "\n")
 
@@ -56,7 +59,6 @@ class HFTokenizer:
     """A ``tokenizers`` tokenizer loaded from a ``tokenizer.json`` file (no network, ever)."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer as _Tok
 
         path = Path(path)
         if not path.is_file():
@@ -97,7 +99,6 @@ class HFTokenizer:
         return self._tok.decode(list(ids))
 
     def save(self, directory: str | Path) -> None:
-        from ..io.files import atomic_write
 
         atomic_write(Path(directory) / TOKENIZER_FILE, lambda tmp: tmp.write_bytes(self._raw))
 
@@ -125,8 +126,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, progress: bool | None = 
     ``<|endoftext|>`` is id 0 like in the GPT-NeoX tokenizer. ``length`` (the number of items in
     ``texts``) only sizes the progress bar.
     """
-    from tokenizers import Tokenizer as _Tok
-    from tokenizers import decoders, models, pre_tokenizers, trainers
 
     if vocab_size < MIN_BPE_VOCAB:
         raise ConfigError(f"a byte-level BPE needs a vocabulary of at least {MIN_BPE_VOCAB} "

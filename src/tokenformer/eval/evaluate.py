@@ -30,12 +30,15 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from ..data.datasets import TokenDataset
 from ..data.tokenizer import Tokenizer, resolve_tokenizer
 from ..errors import ConfigError, DataError
 from ..formats.loading import load_model
 from ..models.config import TokenFormerConfig
 from ..models.lm import TokenFormerLM
+from .tasks import kjv
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 OFFLINE_TASKS = ("kjv_lastword", "kjv_choice")
@@ -80,7 +83,6 @@ def evaluate_text(
     Returns ``{"loss", "perplexity", "bits_per_byte", "tokens", "seq_len", "stride"}``
     (``tokens`` = tokens scored; ``bits_per_byte`` is NaN when ``bytes_per_token`` is unknown).
     """
-    from tqdm.auto import tqdm
 
     tokens, bytes_per_token = _as_tokens(tokens, model.config, bytes_per_token)
     seq_len = seq_len or model.config.max_seq_len
@@ -133,7 +135,6 @@ def _as_tokens(data: Any, config: TokenFormerConfig, bytes_per_token: float | No
                ) -> tuple[np.ndarray, float | None]:
     """A 1-D int array of token ids (and bytes/token) from any of the accepted inputs."""
     if isinstance(data, (str, Path)):
-        from ..data.datasets import TokenDataset
 
         data = TokenDataset.open(data)
     if hasattr(data, "val") and hasattr(data, "bytes_per_token"):  # a prepared TokenDataset
@@ -218,7 +219,7 @@ def run_tasks(model_spec: str | Path, tasks: Sequence[str], *, limit: int | None
     except ImportError:
         raise ConfigError("--tasks needs lm-evaluation-harness: pip install "
                           "'tokenformer[eval]'") from None
-    from ..hf import load_for_transformers
+    from ..formats.convert import load_for_transformers  # needs transformers (eval extra)
 
     tasks = [t.strip() for t in tasks if t.strip()]
     if not tasks:
@@ -265,7 +266,6 @@ def check_task_context(tasks: Sequence[str], encode: Any, context: int) -> None:
     """Refuse, saying what is needed, a model whose context cannot hold a shipped task's longest
     answer: lm-eval would stop on a bare ``AssertionError``. (A question + answer longer than the
     context is scored with the question cut from the left, as lm-eval does; it warns.)"""
-    from .tasks import kjv
 
     for task in tasks:
         pairs = kjv.requests(task)

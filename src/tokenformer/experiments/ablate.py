@@ -12,7 +12,7 @@ Two studies, each varying one config field of an otherwise fixed model and recip
 Every variant trains with the same budget, initialisation seed and data order per seed (the
 task's batches are a pure function of (seed, step)) through the task's own front end:
 :func:`tokenformer.train.train` for the LM (embedded corpus or a prepared directory, validation
-bits per byte) and :func:`tokenformer.commands.vision.train_vision` for the vision model (digits,
+bits per byte) and :func:`tokenformer.training.vision.train_vision` for the vision model (digits,
 test top-1). The arms/seeds machinery, paired statistics, tables and curves are
 :mod:`.common`'s; this module adds the variants, the paper's numbers and the verdict.
 
@@ -182,7 +182,7 @@ def base_lr(task: str, preset: AblationPreset) -> float:
         from ..training.train import TrainConfig
 
         return TrainConfig.lr
-    from ..cli.commands.vision import DIGITS_TRAIN
+    from ..training.vision import DIGITS_TRAIN
 
     return float(DIGITS_TRAIN["lr"])
 
@@ -275,7 +275,7 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
                               samples=0, device="cpu", out=str(run_dir), **recipe)
             train(cfg, progress=progress, print_fn=lambda _: None)
         else:
-            from ..cli.commands.vision import train_vision
+            from ..training.vision import train_vision
 
             train_vision(preset.base, "digits", out=run_dir, progress=progress,
                          model_overrides=overrides, **recipe)

@@ -16,13 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
+import platform
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..io.files import atomic_write, atomic_write_text
+from ..io.progress import progress_bar
 
 POINT_FIELDS = ("step", "tokens", "flops", "wall", "loss", "bpb", "stage")
 
@@ -132,7 +137,6 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
     the next seed. With ``partial``, each finished (arm, seed) is saved there atomically and a
     rerun with the same ``settings`` skips what is already done (a long run survives a crash).
     """
-    from ..io.progress import progress_bar
 
     key = fingerprint(settings or {})
     done: dict[str, dict[int, Curve]] = {arm.name: {} for arm in arms}
@@ -326,10 +330,7 @@ def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "f
 # ------------------------------------------------------------------------------------ machine
 def machine_summary() -> dict[str, Any]:
     """The CPU model, core and thread counts and versions, recorded in every results.json."""
-    import os
-    import platform
 
-    import torch
 
     cpu = platform.processor() or platform.machine()
     try:

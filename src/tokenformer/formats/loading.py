@@ -16,7 +16,6 @@ from ..errors import CheckpointError
 from ..models.baselines import load_model_dir
 from ..models.config import PRESETS, TokenFormerConfig
 from ..models.lm import CONFIG_NAME, WEIGHTS_NAME, TokenFormerLM
-from ..models.official import load_official
 
 
 def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
@@ -41,7 +40,7 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
             return load_hf(path).model
         return load_model_dir(path)
     _refuse_run_folder(path)
-    return load_official(path, **official_kwargs)
+    return TokenFormerLM.from_official(path, **official_kwargs)
 
 
 def _refuse_run_folder(path: Path) -> None:

@@ -29,10 +29,12 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from tokenizers import Tokenizer as _Tok
+from tokenizers import decoders, pre_tokenizers
+from tokenizers import models as tokenizer_models
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -41,18 +43,10 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from ..data.tokenizer import (
-    BYTES_MARKER,
-    TOKENIZER_FILE,
-    ByteTokenizer,
-    HFTokenizer,
-    Tokenizer,
-    load_tokenizer,
-)
+from ..data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from ..errors import CheckpointError, ConfigError
 from ..io.files import atomic_dir
 from ..models.lm import TokenFormerLM
-from ..models.official import load_official, official_config, save_official
 from .modeling import (
     AUTO_MAP,
     REMOTE_MODULE,
@@ -63,16 +57,18 @@ from .modeling import (
     TokenFormerPreTrainedModel,
     default_generation_config,
 )
+from .remote import write_remote_code
 
 __all__ = [
     "AUTO_MAP", "REMOTE_MODULE", "TokenFormerForCausalLM", "TokenFormerForSequenceClassification",
-    "TokenFormerHFConfig", "TokenFormerModel", "TokenFormerPreTrainedModel", "convert_official",
-    "convert_to_hf", "convert_to_official", "default_generation_config", "load_for_transformers",
-    "load_hf", "lora_target_parameters", "save_hf", "to_hf_tokenizer",
+    "TokenFormerHFConfig", "TokenFormerModel", "TokenFormerPreTrainedModel",
+    "default_generation_config", "load_hf", "lora_target_parameters", "save_hf",
+    "to_hf_tokenizer",
 ]
 
 EOS_TOKEN = "<|endoftext|>"
 
+TokenFormerHFConfig.remote_code_writer = staticmethod(write_remote_code)
 AutoConfig.register("tokenformer", TokenFormerHFConfig, exist_ok=True)
 for _auto, _cls in ((AutoModel, TokenFormerModel), (AutoModelForCausalLM, TokenFormerForCausalLM),
                     (AutoModelForSequenceClassification, TokenFormerForSequenceClassification)):
@@ -86,12 +82,10 @@ def byte_level_backend():
     Byte-level BPE with the 256 single-byte tokens (id = byte value, GPT-2's byte→character
     alphabet) and no merges, plus ``<|endoftext|>`` = 256 as a special token.
     """
-    from tokenizers import Tokenizer as _Tok
-    from tokenizers import decoders, models, pre_tokenizers
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     vocab = {char: byte for byte, char in bytes_to_unicode().items()}
-    tok = _Tok(models.BPE(vocab=vocab, merges=[]))
+    tok = _Tok(tokenizer_models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([EOS_TOKEN])
@@ -158,19 +152,6 @@ def load_hf(path: str | Path, **kwargs: Any) -> TokenFormerForCausalLM:
     return model.eval()
 
 
-def load_for_transformers(spec: str | Path, tokenizer: str | Path | None = None
-                          ) -> tuple[TokenFormerForCausalLM, PreTrainedTokenizerFast]:
-    """Model and tokenizer objects for transformers/lm-eval from any model spec."""
-    from ..data.tokenizer import resolve_tokenizer
-    from ..formats.loading import (
-        load_model,  # loading imports this module for HF folders: call time only
-    )
-
-    model = TokenFormerForCausalLM.from_core(load_model(spec)).eval()
-    tok = resolve_tokenizer(spec, model.config.to_core(), tokenizer)
-    return model, to_hf_tokenizer(tok, model.config.max_seq_len)
-
-
 # ----------------------------------------------------------------------------------------- PEFT
 PATTENTION_NAMES = ("query", "key", "value", "proj", "mlp")  # the Pattentions of a block
 
@@ -187,79 +168,3 @@ def lora_target_parameters(modules: tuple[str, ...] | list[str] = PATTENTION_NAM
         raise ConfigError(f"unknown Pattention {unknown[0]!r}; choose from "
                           f"{', '.join(PATTENTION_NAMES)}")
     return [f"{m}.{t}" for m in modules for t in ("key_param_tokens", "value_param_tokens")]
-
-
-# ---------------------------------------------------------------------------------- conversions
-def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | Path | None = None,
-                     overwrite: bool = False, **official_kwargs: Any) -> Path:
-    """Released checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file) → HF folder.
-
-    The tokenizer is ``tokenizer`` if given, else a ``tokenizer.json`` beside the checkpoint; with
-    neither, the folder is written without one (loading the model still works).
-    """
-    src = Path(src)
-    core = load_official(src, **official_kwargs)
-    tok: Tokenizer | None = None
-    if tokenizer is not None:
-        tok = load_tokenizer(tokenizer)
-    else:
-        beside = (src if src.is_dir() else src.parent) / "tokenizer.json"
-        if beside.is_file():
-            tok = load_tokenizer(beside)
-    return save_hf(core, out_dir, tok, overwrite=overwrite)
-
-
-def convert_to_hf(model_dir: str | Path, out_dir: str | Path, *,
-                  tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
-    """Any model directory we write (``train``'s ``final`` or a checkpoint, ``grow``'s output; a
-    TokenFormer or a Transformer baseline), or a preset, → a Hugging Face folder with its
-    tokenizer (the one saved beside the model, ``tokenizer``, or bytes for 257 tokens)."""
-    from ..data.tokenizer import resolve_tokenizer
-    from ..formats.loading import load_model
-
-    core = load_model(model_dir)
-    tok = resolve_tokenizer(model_dir, core.config, tokenizer)
-    return save_hf(core, out_dir, tok, overwrite=overwrite)
-
-
-def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
-                        tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
-    """A TokenFormer folder (ours or Hugging Face) → a folder laid out like the released repos:
-    ``pytorch_model.bin`` (official key names and order, fp32), ``config.json`` (the NeoX keys plus
-    ``vocab_size``/``eos_token_id``, so converting back restores them) and, when the model has one,
-    ``tokenizer.json``."""
-    from ..data.tokenizer import resolve_tokenizer
-    from ..formats.loading import load_model
-
-    out_dir = Path(out_dir)
-    if out_dir.suffix == ".bin":
-        raise ConfigError(f"to-official writes a folder like the released repos "
-                          f"(pytorch_model.bin, config.json, tokenizer.json): give a folder "
-                          f"name, not {out_dir.name}")
-    model = load_model(model_dir)
-    if type(model) is not TokenFormerLM:
-        raise ConfigError(f"{model_dir} holds a {model.config.arch} baseline: the official "
-                          f"layout exists only for TokenFormer (use to-hf)")
-    c = model.config
-    beyond = [f"{k}={getattr(c, k)}" for k, official in (
-        ("qkv_scale", None), ("proj_scale", None), ("ffn_scale", None), ("theta_eps", 0.0),
-        ("block_norm", "none"), ("rotary_base", 10000.0), ("layernorm_eps", 1e-5))
-        if getattr(c, k) != official]
-    if beyond:  # the official code would load the weights and compute another function
-        raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
-    tok: Tokenizer | None = None
-    beside = any((Path(model_dir) / name).is_file() for name in (TOKENIZER_FILE, BYTES_MARKER))
-    try:
-        tok = resolve_tokenizer(model_dir, model.config, tokenizer)
-    except ConfigError:
-        if tokenizer is not None or beside:  # one was given or found, and it does not fit
-            raise
-        # none beside the model (e.g. an official checkpoint converted without one): the
-        # folder holds the weights and the config only
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
-        save_official(model, tmp / "pytorch_model.bin")
-        (tmp / "config.json").write_text(json.dumps(official_config(model.config), indent=2)
-                                         + "\n")
-        if tok is not None:
-            to_hf_tokenizer(tok).backend_tokenizer.save(str(tmp / "tokenizer.json"))
-    return out_dir

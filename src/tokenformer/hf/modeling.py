@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -88,6 +89,10 @@ class TokenFormerHFConfig(PretrainedConfig):
         "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
         "max_position_embeddings": "max_seq_len"}
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    # Writes the remote-code files beside config.json: tokenformer.hf sets it to
+    # tokenformer.hf.remote.write_remote_code when the package is imported. In the generated
+    # files it stays None: transformers copies them into a folder saved from remote code.
+    remote_code_writer: ClassVar[Callable[[Any], None] | None] = None
 
     def __init__(self, arch: str = "tokenformer", use_cache: bool = True,
                  tie_word_embeddings: bool = True, **kwargs: Any) -> None:
@@ -124,11 +129,8 @@ class TokenFormerHFConfig(PretrainedConfig):
         (so every ``Trainer`` checkpoint, and ``push_to_hub``) saves its config through here."""
         self.auto_map = dict(AUTO_MAP)
         super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
-        try:
-            from .remote import write_remote_code
-        except ImportError:  # running from the generated files: transformers copies them
-            return
-        write_remote_code(save_directory)
+        if self.remote_code_writer is not None:  # None in the generated files themselves
+            self.remote_code_writer(save_directory)
 
 
 def default_generation_config(config: TokenFormerHFConfig) -> GenerationConfig:

@@ -24,6 +24,8 @@ import ast
 import functools
 from pathlib import Path
 
+from .. import __version__
+from ..io.files import atomic_write_text
 from .modeling import REMOTE_CONFIG_MODULE, REMOTE_MODULE
 
 ROOT = "hf.modeling"
@@ -150,7 +152,6 @@ def _inline(module: str, bundled: set[str]) -> tuple[str, set[str]]:
 @functools.lru_cache(maxsize=1)
 def generate() -> dict[str, str]:
     """``{file name: text}`` of the two remote-code files."""
-    from .. import __version__
 
     order = bundle_order()
     bundled = set(order)
@@ -181,7 +182,6 @@ def generate() -> dict[str, str]:
 
 def write_remote_code(directory: str | Path) -> None:
     """Write the remote-code files into ``directory`` (each atomically)."""
-    from ..io.files import atomic_write_text
 
     for name, text in generate().items():
         atomic_write_text(Path(directory) / name, text)

@@ -33,9 +33,11 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from .files import atomic_dir, atomic_write, atomic_write_text, safe_torch_load
 
 CHECKPOINTS = "checkpoints"
@@ -89,7 +91,6 @@ def save_tree(path: str | Path, tree: Any) -> None:
         raise CheckpointError(f"cannot write a {type(obj).__name__} into {path}: only tensors "
                               f"and plain values are saved")
 
-    from safetensors.torch import save_file
 
     metadata = {"format": _TREE_FORMAT, "tree": json.dumps(encode(tree))}
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
@@ -97,7 +98,6 @@ def save_tree(path: str | Path, tree: Any) -> None:
 
 def load_tree(path: str | Path) -> Any:
     """Read a :func:`save_tree` file (safetensors: an untrusted file cannot run code)."""
-    from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -426,7 +426,6 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-                from ..errors import ConfigError
 
                 raise ConfigError("tensorboard logging needs the tensorboard package: "
                                   "pip install 'tokenformer[tensorboard]'") from None

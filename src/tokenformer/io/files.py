@@ -7,6 +7,7 @@ import contextlib
 import mmap
 import os
 import pickle
+import shutil
 import tarfile
 import tempfile
 import types
@@ -67,7 +68,6 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         if path.exists():
-            import shutil
 
             old = path.with_name(f".{path.name}.old")
             if old.exists():  # left by a kill during an earlier replacement: never blocks
@@ -78,7 +78,6 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
         else:
             os.replace(tmp, path)
     except BaseException:
-        import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -13,18 +13,20 @@ is guaranteed.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from filelock import FileLock, Timeout
+
+from .. import __version__
 from ..errors import OutputError, TokenFormerError
-
-if TYPE_CHECKING:
-    from ..training.distributed import World
+from .checkpoint import clean_leftovers
+from .files import atomic_write_text
+from .process_group import World, max_across
 
 MARKER = ".tokenformer-output"
 LOCK = ".tokenformer.lock"
@@ -38,8 +40,6 @@ class RunFolderBusy(TokenFormerError):
 # ------------------------------------------------------------------------------------- marker
 def write_marker(directory: str | Path, command: str) -> None:
     """Record that ``command`` wrote ``directory`` (what ``--overwrite`` may later replace)."""
-    from .. import __version__
-    from .files import atomic_write_text
 
     atomic_write_text(Path(directory) / MARKER, json.dumps(
         {"command": command, "version": __version__,
@@ -161,7 +161,6 @@ def hold_run_folder(directory: str | Path, *, command: str, world: World | None 
     holder's pid; a process killed with -9 releases it. Re-entrant within one process. Under
     torchrun only rank 0 locks (``world``) and every rank learns the outcome, so none hangs.
     """
-    from filelock import FileLock, Timeout
 
     path = Path(directory)
     key = _resolved(path)
@@ -181,8 +180,6 @@ def hold_run_folder(directory: str | Path, *, command: str, world: World | None 
         else:
             _held[key] = [lock, 1]
             try:
-                from .checkpoint import clean_leftovers
-                from .files import atomic_write_text
 
                 atomic_write_text(path / LOCK_PID, f"{os.getpid()}\n")
                 clean_leftovers(path)
@@ -192,8 +189,6 @@ def hold_run_folder(directory: str | Path, *, command: str, world: World | None 
                 _release(path, key)
                 failure = exc
     if world is not None and world.distributed:
-        from ..training.distributed import max_across
-
         if max_across(1 if error or failure else 0, world) and error is None and failure is None:
             error = f"{path} could not be held by rank 0 (see its error)"
     if failure is not None:
@@ -215,15 +210,3 @@ def _release(path: Path, key: Path) -> None:
         with contextlib.suppress(OSError):
             (path / LOCK_PID).unlink()
         entry[0].release()
-
-
-# -------------------------------------------------------------------------------- disk full
-def is_disk_full(exc: BaseException) -> bool:
-    """True for a write that failed for lack of space: ``OSError(ENOSPC)`` (or EDQUOT), or torch's
-    zip writer, which reports it as ``RuntimeError: ... unexpected pos ...`` / ``file write
-    failed``."""
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("unexpected pos" in text
-                                              or "file write failed" in text)

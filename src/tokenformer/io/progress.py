@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from tqdm.auto import tqdm
+
 
 class _Plain:
     """tqdm's subset used here (update, set_postfix[_str], write, close), as plain lines."""
@@ -95,7 +97,6 @@ def progress_bar(total: int | None, desc: str, *, progress: bool | None = None,
         return _Silent(total, desc, unit, initial, every, lines, file)
     stream = file or sys.stderr
     if progress or (hasattr(stream, "isatty") and stream.isatty()):
-        from tqdm.auto import tqdm
 
         return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True,
                     file=file, **tqdm_kwargs)

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .config import TokenFormerConfig
-from .lm import CONFIG_NAME, Attention, Block, LayerNorm, TokenFormerLM
+from .lm import CONFIG_NAME, Attention, Block, LayerNorm, RotaryEmbedding, TokenFormerLM
 
 ARCHS = ("tokenformer", "transformer", "transformer++")
 GELU_FLOPS = 4  # x·0.5·(1+erf(x/√2)), as Θ's GELU is charged in config.py
@@ -212,7 +212,6 @@ class TransformerLM(TokenFormerLM):
 
     def __init__(self, config: TransformerConfig) -> None:
         nn.Module.__init__(self)
-        from .lm import RotaryEmbedding
 
         config.validate()
         self.config = config

@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..errors import ConfigError
+from ..io.files import atomic_write_text
 from ..nn.pattention import THETA_VARIANTS, check_top_k, default_scale
 
 BLOCK_NORMS = ("none", "weight", "bias", "both")
@@ -199,11 +202,9 @@ class TokenFormerConfig:
             raise ConfigError(f"config: {exc}") from None
 
     def save(self, path: str | Path) -> None:
-        from ..io.files import atomic_write_text
 
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):
-            import yaml
 
             atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
         else:
@@ -217,7 +218,6 @@ class TokenFormerConfig:
         text = path.read_text()
         try:
             if path.suffix in (".yaml", ".yml"):
-                import yaml
 
                 data = yaml.safe_load(text)
             else:

@@ -7,6 +7,7 @@ are Pattentions) → block (pre-norm, non-parametric LayerNorm, FFN = one Patten
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +15,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TokenFormerError
+from ..io.files import atomic_write, atomic_write_text
 from ..nn.pattention import Pattention
 from ..nn.pattention import top_k_tokens as _top_k_tokens
+from ..nn.product_keys import ProductKeyPattention
 from .config import TokenFormerConfig
+from .official import ours_to_official, read_official
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
@@ -100,7 +106,6 @@ def _pattention(config: TokenFormerConfig, kind: str, d_out: int | None = None) 
 
 
 def _product_ffn(config: TokenFormerConfig) -> nn.Module:
-    from ..nn.product_keys import ProductKeyPattention
 
     d = config.hidden_size
     return ProductKeyPattention(d, d, config.ffn_tokens, config.ffn_product_k, config.norm,
@@ -343,9 +348,7 @@ class TokenFormerLM(nn.Module):
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
-        from safetensors.torch import save_file
 
-        from ..io.files import atomic_write, atomic_write_text
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
@@ -359,8 +362,6 @@ class TokenFormerLM(nn.Module):
     def load(cls, directory: str | Path, map_location: str | torch.device = "cpu"
              ) -> TokenFormerLM:
         """Load a directory written by :meth:`save` (safetensors: no code is ever unpickled)."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
 
         directory = Path(directory)
         if not directory.exists():
@@ -381,11 +382,23 @@ class TokenFormerLM(nn.Module):
         return model
 
     @classmethod
-    def from_official(cls, path: str | Path, **kwargs: Any) -> TokenFormerLM:
-        """Load a released checkpoint; see :func:`tokenformer.official.load_official`."""
-        from .official import load_official
+    def from_official(cls, path: str | Path, *, dtype: torch.dtype = torch.float32,
+                      **kwargs: Any) -> TokenFormerLM:
+        """Load a released checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file;
+        ``num_heads``, ``rotary_pct``, ``max_seq_len``, ``norm``, ``config``: see
+        :func:`tokenformer.models.official.read_official`).
 
-        return load_official(path, **kwargs)
+        Loading is strict (a missing or unexpected key, or a wrong shape, names the key) and never
+        unpickles code. Weights are converted to ``dtype`` (fp16 DeepSpeed weights become fp32).
+        """
+        config, state, official = read_official(path, **kwargs)
+        check_weights(state, str(path))
+        model = TokenFormerLM(config)
+        # Checked under the official names: an error must name the key as it is in the user's file.
+        check_state_dict(ours_to_official(model.state_dict(), config.num_layers), official,
+                         str(path))
+        model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
+        return model.to(dtype)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: Any) -> TokenFormerLM:
@@ -508,7 +521,6 @@ SHAPE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads")
 def require_shape_keys(config_file: Path, config_class: type) -> None:
     """Refuse a config.json that leaves a shape-setting field (one ``config_class`` has) to its
     default."""
-    import dataclasses
 
     fields = {f.name for f in dataclasses.fields(config_class)}
     try:

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..errors import CheckpointError
-from ..io.files import safe_torch_load
+from ..io.files import atomic_write, safe_torch_load
 from .config import TokenFormerConfig
-from .lm import TokenFormerLM, check_state_dict, check_weights
 
 # Heads of the released models by hidden size (not recoverable from tensor shapes).
 OFFICIAL_HEADS = {768: 12, 1024: 16, 1280: 16, 1536: 16}
@@ -149,15 +149,15 @@ def infer_config(state: dict[str, torch.Tensor], config_json: dict[str, Any] | N
     return config
 
 
-def load_official(path: str | Path, *, num_heads: int | None = None,
+def read_official(path: str | Path, *, num_heads: int | None = None,
                   rotary_pct: float | None = None, max_seq_len: int | None = None,
-                  norm: str | None = None, config: TokenFormerConfig | None = None,
-                  dtype: torch.dtype = torch.float32) -> TokenFormerLM:
-    """Load a released checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file).
-
-    Loading is strict (a missing or unexpected key, or a wrong shape, names the key) and never
-    unpickles code. Weights are converted to ``dtype`` (fp16 DeepSpeed weights become fp32).
-    """
+                  norm: str | None = None, config: TokenFormerConfig | None = None
+                  ) -> tuple[TokenFormerConfig, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The config and weights of a released checkpoint (``pytorch_model.bin``, its folder, or a
+    DeepSpeed file), never unpickling code: ``(config, state, official)`` with ``state`` under our
+    key names and ``official`` as the file names them (errors name a key as the user's file does).
+    ``config`` (else inferred by :func:`infer_config` from the shapes, ``config.json`` and the
+    other arguments). :meth:`tokenformer.TokenFormerLM.from_official` builds the model."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -166,17 +166,11 @@ def load_official(path: str | Path, *, num_heads: int | None = None,
     if config is None:
         config = infer_config(state, config_json, num_heads=num_heads, rotary_pct=rotary_pct,
                               max_seq_len=max_seq_len, norm=norm)
-    check_weights(state, str(path))
-    model = TokenFormerLM(config)
-    # Checked under the official names: an error must name the key as it is in the user's file.
-    check_state_dict(ours_to_official(model.state_dict(), config.num_layers), official, str(path))
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=True)
-    return model.to(dtype)
+    return config, state, official
 
 
-def save_official(model: TokenFormerLM, path: str | Path) -> None:
+def save_official(model: nn.Module, path: str | Path) -> None:
     """Write ``model`` as an official-layout ``pytorch_model.bin`` (plain fp32 state dict)."""
-    from ..io.files import atomic_write
 
     state = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     out = ours_to_official(state, model.config.num_layers)

@@ -40,9 +40,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
+from ..formats.loading import load_model
+from ..io import checkpoint as ckpt
+from ..io.files import atomic_dir, atomic_write_text
+from ..models.lm import check_state_dict
 from ..nn.pattention import Pattention
 from .growth import KINDS, _grown_tokens, grow
 
@@ -276,10 +282,7 @@ def trainable_parameters(model: nn.Module) -> int:
 def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
                  extra: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
     """Write adapter ``name`` alone into ``directory`` (atomically, with a manifest)."""
-    from safetensors.torch import save_file
 
-    from ..io import checkpoint as ckpt
-    from ..io.files import atomic_dir, atomic_write_text
 
     if name not in adapter_names(model):
         raise ConfigError(f"no adapter named {name!r} to save")
@@ -301,7 +304,6 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
 
 def read_adapter_config(directory: str | Path) -> dict[str, Any]:
     """The adapter's JSON, after its files were checked against the manifest."""
-    from ..io import checkpoint as ckpt
 
     directory = Path(directory)
     if not (directory / ADAPTER_CONFIG).is_file() or not (directory / ADAPTER_WEIGHTS).is_file():
@@ -329,8 +331,6 @@ def load_adapter(model: nn.Module, directory: str | Path, *, name: str | None = 
 
     Refused, with one line naming both hashes, when ``model`` is not the base it was trained on.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     directory = Path(directory)
     config = read_adapter_config(directory)
@@ -347,7 +347,6 @@ def load_adapter(model: nn.Module, directory: str | Path, *, name: str | None = 
         raise CheckpointError(f"{directory / ADAPTER_WEIGHTS} is corrupt: {exc}") from None
     adapt(model, **config["tokens"], name=name)
     own = adapter_state(model, name)
-    from ..models.lm import check_state_dict
 
     try:
         check_state_dict(own, state, str(directory / ADAPTER_WEIGHTS))
@@ -398,8 +397,6 @@ def merge(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
 def load_base(base: str | Path) -> nn.Module:
     """:func:`tokenformer.load_model` after checking a model directory against its manifest: an
     adapter is bound to its base's exact tensors, when trained on it and when loaded onto it."""
-    from ..formats.loading import load_model
-    from ..io import checkpoint as ckpt
 
     if Path(base).is_dir():
         ckpt.verify_checkpoint(base)
@@ -409,7 +406,6 @@ def load_base(base: str | Path) -> nn.Module:
 def load_adapted(base: str | Path, adapters: Sequence[str | Path] = ()) -> nn.Module:
     """The model at ``base`` (:func:`tokenformer.load_model`) with ``adapters`` loaded onto it,
     stacked in order and all active (each refused if trained on another base)."""
-    from ..formats.loading import load_model
 
     # without adapters: exactly what load_model does
     model = load_base(base) if adapters else load_model(base)

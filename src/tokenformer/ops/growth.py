@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from ..errors import GrowthError
 from ..nn.pattention import Pattention, default_scale
@@ -247,7 +248,6 @@ def rebuild(model: nn.Module, new_config: Any, tokens_for: Any, source_of: Any =
     old_modules = dict(model.named_modules())
     state: dict[str, torch.Tensor] = {}
     pattentions = [(n, m) for n, m in new.named_modules() if isinstance(m, Pattention)]
-    from tqdm.auto import tqdm
 
     for name, module in tqdm(pattentions, desc=desc, unit="Pattention",
                              disable=None if progress else True):

@@ -21,93 +21,25 @@ cannot make loading run code.
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import datetime
 import io
 import os
+import pathlib
 import pickle
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
 from ..io.checkpoint import SHARDED, verify_checkpoint, write_manifest
 from ..io.files import restricted_unpickler
-
-STRATEGIES = ("auto", "single", "ddp", "fsdp")
-
-
-@dataclass(frozen=True)
-class World:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    strategy: str = "single"
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
-def env_world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def init(strategy: str, device: torch.device) -> World:
-    """Join the process group torchrun describes (if any) and pick the strategy."""
-    if strategy not in STRATEGIES:
-        raise ConfigError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    size = env_world_size()
-    if size == 1:
-        return World(strategy="single")
-    if strategy == "single":
-        raise ConfigError(f"strategy 'single' cannot run on {size} processes; use ddp or fsdp")
-    if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    return World(dist.get_rank(), dist.get_world_size(), local_rank,
-                 "ddp" if strategy == "auto" else strategy)
-
-
-def shutdown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def barrier(world: World) -> None:
-    if world.distributed:
-        dist.barrier()
-
-
-def mean_across(value: torch.Tensor, world: World) -> float:
-    """The mean of a scalar over ranks (each rank's loss is the mean over its equal slice)."""
-    if world.distributed:
-        value = value.detach().clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
-        value /= world.world_size
-    return float(value)
-
-
-def max_across(value: int, world: World) -> int:
-    """The largest of an integer over ranks: a flag (stop, failed) every rank must agree on."""
-    if not world.distributed:
-        return value
-    on_gpu = dist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only
-    tensor = torch.tensor([value], device=f"cuda:{torch.cuda.current_device()}" if on_gpu
-                          else "cpu")
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
+from ..io.process_group import World, barrier
+from ..models.baselines import build_from_dir_config
 
 
 def wrap_model(model: nn.Module, world: World, device: torch.device) -> nn.Module:
@@ -236,8 +168,6 @@ def _load_dcp(state: dict[str, Any], path: Path, **kwargs: Any) -> None:
 def _dcp_metadata_globals() -> dict[str, Any]:
     """What a DCP ``.metadata`` pickle names: the classes of DCP's metadata module, its storage
     records, sizes, dtypes, layouts and the checkpoint's path."""
-    import collections
-    import pathlib
 
     import torch.distributed.checkpoint.filesystem as filesystem
     import torch.distributed.checkpoint.metadata as metadata
@@ -265,7 +195,6 @@ def is_sharded(path: str | Path) -> bool:
 
 def load_sharded_model(path: str | Path) -> nn.Module:
     """A plain (unsharded) model from a sharded checkpoint, in one process, no process group."""
-    from ..models.baselines import build_from_dir_config
 
     path = Path(path)
     if not is_sharded(path):

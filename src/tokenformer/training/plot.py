@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..io.checkpoint import read_metrics
+from ..io.files import atomic_path
 
 AXES = (("step", "step"), ("tokens", "tokens"), ("flops", "training FLOPs"),
         ("elapsed", "wall-clock (s)"))
@@ -28,7 +29,6 @@ def _pyplot():
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None = None) -> Path:
     """Draw a 2×2 figure of the runs' losses and write it to ``out`` (PNG) atomically."""
-    from ..io.files import atomic_path
 
     runs = [(Path(d), read_metrics(d)) for d in run_dirs]  # fails before matplotlib loads
     plt = _pyplot()

@@ -36,14 +36,29 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from ..errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
+from ..data import datasets as data
+from ..data.datasets import unigram_entropy
+from ..errors import (
+    CheckpointError,
+    ConfigError,
+    DivergedError,
+    TokenFormerError,
+    is_disk_full,
+)
 from ..io import checkpoint as ckpt
 from ..io import outputs
+from ..io import process_group as pg
+from ..io.files import atomic_write_text
 from ..io.progress import progress_bar
+from ..models.baselines import ARCHS, TransformerConfig, load_model_dir, matched_config, model_class
 from ..models.config import PRESETS, TokenFormerConfig, flops_per_token
+from ..nn import kernels
 from ..nn.pattention import PATTENTION_IMPLS, set_pattention_impl
+from ..ops.growth import STRATEGIES, check_memory, grow_with_optimizer, plan_growth
 from . import distributed as dist_
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
@@ -159,7 +174,6 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        from ..models.baselines import ARCHS
 
         def choice(key: str, options: Sequence[str]) -> None:
             if getattr(self, key) not in options:
@@ -172,7 +186,7 @@ class TrainConfig:
         choice("growth_optimizer", ("carry", "carry-mean", "reset"))
         choice("precision", ("fp32", "bf16"))
         choice("pattention_impl", PATTENTION_IMPLS)
-        choice("strategy", dist_.STRATEGIES)
+        choice("strategy", pg.STRATEGIES)
         for key in ("seq_len", "batch_size", "grad_accum", "steps", "eval_batches",
                     "sample_tokens", "keep_last"):
             if getattr(self, key) <= 0:
@@ -255,7 +269,6 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
 
 
 def _coerce_nested(values: dict[str, Any], key: str) -> dict[str, Any]:
-    from ..models.baselines import TransformerConfig
 
     cls = TokenFormerConfig if key == "model" else TransformerConfig
     hints = typing.get_type_hints(cls)
@@ -287,7 +300,6 @@ def load_config(spec: str | Path | None = None,
     """Load a YAML config (a path or shipped name; ``None`` = defaults) and apply ``overrides``:
     ``{"lr": "3e-4", "model.ffn_tokens": 512}`` (dotted keys reach into ``model`` / ``baseline``;
     string values are parsed as the field's type)."""
-    import yaml
 
     data: dict[str, Any] = {}
     if spec is not None:
@@ -334,7 +346,6 @@ def parse_grow_at(spec: str) -> GrowthEvent:
         if not eq or key not in GROW_KEYS or not value or key in kwargs:
             raise ConfigError(usage)
         if key == "strategy":
-            from ..ops.growth import STRATEGIES
 
             if value not in STRATEGIES:
                 raise ConfigError(f"--grow-at {spec!r}: unknown strategy {value!r}; choose one "
@@ -374,7 +385,6 @@ def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
     """Apply every growth to the model config in order, before the first step: a shrink, an
     unknown strategy, an impossible multiple or a model too large for memory fails now, not after
     the steps before it."""
-    from ..ops.growth import check_memory, plan_growth
 
     if not events or not hasattr(config, "qkv_tokens"):
         return
@@ -502,12 +512,11 @@ def _micro_batches(batch: dict[str, torch.Tensor], n: int) -> list[dict[str, tor
 
 
 def _checkpointed(forward: Callable, *args: Any, **kwargs: Any) -> Any:
-    from torch.utils.checkpoint import checkpoint
 
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def _prepare(model: nn.Module, cfg: TrainConfig, world: dist_.World,
+def _prepare(model: nn.Module, cfg: TrainConfig, world: pg.World,
              device: torch.device) -> nn.Module:
     """Pattention impl, activation checkpointing per block, DDP/FSDP, torch.compile: the module
     training calls."""
@@ -519,7 +528,6 @@ def _prepare(model: nn.Module, cfg: TrainConfig, world: dist_.World,
                 block.forward = functools.partial(_checkpointed, block.forward)
     module = dist_.wrap_model(model, world, device)
     if cfg.compile and cfg.pattention_impl in ("auto", "kernel"):
-        from ..nn import kernels
 
         kernels.available()  # build/load before tracing: a decision made mid-trace breaks graphs
     return torch.compile(module) if cfg.compile else module
@@ -538,7 +546,7 @@ def fit(
     callbacks: Sequence[Callable[[dict[str, Any], nn.Module], None]] = (),
     flops_fn: Callable[[nn.Module, dict[str, torch.Tensor]], float] | None = None,
     save_extra: Callable[[Path], None] | None = None,
-    world: dist_.World | None = None,
+    world: pg.World | None = None,
     device: torch.device | str | None = None,
     progress: bool | None = None,
 ) -> FitResult:
@@ -555,7 +563,7 @@ def fit(
     SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
     (:class:`Interrupted`); a second signal stops at once.
     """
-    world = world or dist_.World()
+    world = world or pg.World()
     lock = (outputs.hold_run_folder(out_dir, command="train", world=world)
             if out_dir is not None else contextlib.nullcontext())
     with lock, _StopOnSignal(enabled=out_dir is not None) as stopper:
@@ -610,9 +618,9 @@ class _StopOnSignal:
         print(f"\n{signal.Signals(signum).name}: finishing the current step, then writing a "
               f"checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
 
-    def requested(self, world: dist_.World) -> int:
+    def requested(self, world: pg.World) -> int:
         """The signal that asked to stop (0: none), the same on every rank."""
-        return dist_.max_across(self.signum, world)
+        return pg.max_across(self.signum, world)
 
 
 def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], cfg: TrainConfig,
@@ -621,7 +629,7 @@ def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], c
          resume_from: str | Path | None,
          callbacks: Sequence[Callable[[dict[str, Any], nn.Module], None]],
          flops_fn: Callable[[nn.Module, dict[str, torch.Tensor]], float] | None,
-         save_extra: Callable[[Path], None] | None, world: dist_.World,
+         save_extra: Callable[[Path], None] | None, world: pg.World,
          device: torch.device | str | None, progress: bool | None, stopper: _StopOnSignal
          ) -> FitResult:
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -697,12 +705,12 @@ def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], c
             elif world.is_main:
                 ckpt.save_checkpoint(path, model, optimizer, state, save_extra)
         except (OSError, RuntimeError) as exc:
-            if not outputs.is_disk_full(exc):
+            if not is_disk_full(exc):
                 raise
             raise CheckpointError(f"no space left on device while writing the checkpoint {path} "
                                   f"(step {step}); nothing was replaced, earlier checkpoints are "
                                   f"intact: free some space, then resume") from None
-        dist_.barrier(world)
+        pg.barrier(world)
 
     model.train()
     wall_start = time.perf_counter() - counters["elapsed"]
@@ -730,7 +738,7 @@ def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], c
                          if cfg.grad_clip > 0 else None)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            loss_value = dist_.mean_across(loss_sum, world)
+            loss_value = pg.mean_across(loss_sum, world)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             dt = time.perf_counter() - t0
@@ -790,11 +798,10 @@ def _scalar(value: torch.Tensor | None) -> float | None:
 
 
 def _grow(model: nn.Module, optimizer: torch.optim.Optimizer, event: GrowthEvent,
-          cfg: TrainConfig, world: dist_.World, device: torch.device,
+          cfg: TrainConfig, world: pg.World, device: torch.device,
           evaluate: Callable | None, counters: dict[str, Any]
           ) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module, dict[str, Any]]:
     """Grow model and optimizer; evaluate before and after; the record of the event."""
-    from ..ops.growth import grow_with_optimizer
 
     before = evaluate(event.step, model) if evaluate else {}
     params_before = sum(p.numel() for p in model.parameters())
@@ -822,7 +829,7 @@ def _grow(model: nn.Module, optimizer: torch.optim.Optimizer, event: GrowthEvent
     return model, optimizer, module, record
 
 
-def _restore(cls: type, path: Path, cfg: TrainConfig, world: dist_.World, device: torch.device
+def _restore(cls: type, path: Path, cfg: TrainConfig, world: pg.World, device: torch.device
              ) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, Any]]:
     """Model, optimizer and trainer state of a checkpoint, for :func:`fit` to continue from."""
     state = ckpt.read_state(path)
@@ -878,7 +885,6 @@ def build_model_config(cfg: TrainConfig, vocab_size: int | None = None,
     """The model config a training config names: ``model`` (a preset plus overrides; vocabulary
     and EOS from the data, context = ``seq_len`` unless set) and, for a baseline ``arch``, the
     matched baseline with ``baseline`` overrides."""
-    from ..models.baselines import TransformerConfig, matched_config
 
     overrides = dict(cfg.model)
     preset = overrides.pop("preset", None)
@@ -909,7 +915,6 @@ def build_model_config(cfg: TrainConfig, vocab_size: int | None = None,
 
 
 def open_dataset(cfg: TrainConfig, progress: bool = True) -> Any:
-    from ..data import datasets as data
 
     if cfg.data == "default":
         return data.default_dataset(cfg.tokenizer, progress=progress)
@@ -951,7 +956,7 @@ def lm_evaluator(dataset: Any, seq_len: int, batch_size: int, max_batches: int,
     return evaluate
 
 
-def resolve_device(spec: str, world: dist_.World | None = None) -> torch.device:
+def resolve_device(spec: str, world: pg.World | None = None) -> torch.device:
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(spec)
@@ -970,13 +975,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
 
     ``resume=True`` continues the run in ``cfg.out`` from its newest checkpoint, bit for bit.
     """
-    from ..models.baselines import model_class
 
-    world = dist_.World()
+    world = pg.World()
     stack = contextlib.ExitStack()
     try:
         device = resolve_device(cfg.device)
-        world = dist_.init(cfg.strategy, device)
+        world = pg.init(cfg.strategy, device)
         device = resolve_device(cfg.device, world)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
@@ -1006,7 +1010,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         inputs = [cfg.data if cfg.data != "default" else None, cfg.init_from or None]
         # before the folder is created or locked: not an input, not someone else's folder
         outputs.check_run_folder(run_dir, inputs, command="train", legacy=(RUN_CONFIG, METRICS))
-        dist_.barrier(world)  # every rank checked before rank 0 writes the lock and marker
+        pg.barrier(world)  # every rank checked before rank 0 writes the lock and marker
         stack.enter_context(outputs.hold_run_folder(run_dir, command="train", world=world))
         if not resume and ((run_dir / METRICS).exists() or (run_dir / RUN_CONFIG).exists()):
             raise ConfigError(f"{run_dir} already holds a run; resume it with --resume "
@@ -1024,13 +1028,12 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
                 ckpt.MetricsLog.truncate(run_dir / METRICS, 0)
                 print_fn(f"{run_dir} has no checkpoint yet: starting from step 0 with its "
                          f"saved config")
-        dist_.barrier(world)  # every rank has looked at run_dir before rank 0 writes into it
+        pg.barrier(world)  # every rank has looked at run_dir before rank 0 writes into it
         # Every rank evaluates the same windows, so the metrics do not depend on the world size.
         eval_fn = lm_evaluator(dataset, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device)
         torch.manual_seed(cfg.seed)
         model = initial if initial is not None else model_class(cfg.arch)(model_config)
         if world.is_main:
-            from ..io.files import atomic_write_text
 
             run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(run_dir / RUN_CONFIG, json.dumps(cfg.to_dict(), indent=2) + "\n")
@@ -1063,7 +1066,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         stack.close()
         raise
     finally:
-        dist_.shutdown()
+        pg.shutdown()
     with stack:  # the run folder stays locked until the report is written
         if world.is_main:
             if world.strategy == "fsdp":
@@ -1076,7 +1079,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
 
 
 def _initial_model(cfg: TrainConfig) -> nn.Module:
-    from ..models.baselines import load_model_dir
 
     if Path(cfg.init_from).is_dir():
         ckpt.verify_checkpoint(cfg.init_from)  # when it has a manifest (ours since issue 14)
@@ -1111,7 +1113,6 @@ def _initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimi
 
 def _report(result: FitResult, dataset: Any, cfg: TrainConfig,
             print_fn: Callable[[str], None]) -> None:
-    from ..data.datasets import unigram_entropy
 
     final = result.final_eval
     ln2_bpt = math.log(2) * dataset.bytes_per_token("val")

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from .. import positive
+import torch
+
+from ...experiments.ablate import PRESETS, STUDIES, TASKS, run_ablation
+from ..options import positive
+from .scale import command_line, experiment_folder
 
 
 def ablate(args: argparse.Namespace) -> int:
-    import torch
 
-    from ...experiments.ablate import run_ablation
-    from .scale import command_line, experiment_folder
 
     torch.set_num_threads(args.threads)
     command = command_line("ablate")
@@ -26,7 +27,6 @@ def ablate(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ...experiments.ablate import PRESETS, STUDIES, TASKS
 
     variants = "; ".join(f"{s.name}: {', '.join(s.variants)}" for s in STUDIES.values())
     p = sub.add_parser(

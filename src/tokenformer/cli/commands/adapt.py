@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ...errors import ConfigError
-from .. import comma_list
+from ...experiments.adapt_bench import code_dataset, run_adapt_bench
+from ...io import checkpoint as ckpt
+from ...io.files import atomic_dir
+from ...io.outputs import check_output
+from ...ops import adapters as ad
+from ...ops.growth import KINDS
+from ...training.train import (
+    TrainConfig,
+    fit,
+    lm_batches,
+    lm_evaluator,
+    load_config,
+    open_dataset,
+    resolve_device,
+)
+from ..options import comma_list
+from .grow import copy_tokenizer
+from .scale import experiment_folder
 
 
 def parse_tokens(spec: str) -> dict[str, int]:
     """``"qkv=4,ffn=64"`` → ``{"qkv": 4, "ffn": 64}``; one clear error for anything else."""
-    from ...ops.growth import KINDS
 
     sizes: dict[str, int] = {}
     for part in (p.strip() for p in spec.split(",")):
@@ -32,10 +51,8 @@ def open_data(cfg: Any, progress: bool = True) -> Any:
     KJV) or ``code`` (the embedded Jinja2 source corpus,
     :mod:`tokenformer.experiments.adapt_bench`)."""
     if cfg.data == "code":
-        from ...experiments.adapt_bench import code_dataset
 
         return code_dataset(progress=progress)
-    from ...training.train import open_dataset
 
     return open_dataset(cfg, progress=progress)
 
@@ -45,11 +62,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
                      progress: bool | None = None) -> dict[str, Any]:
     """Load ``base``, attach a token adapter, train it on ``data_spec`` with the trainer
     (:func:`tokenformer.train.fit`; any TrainConfig key in ``overrides``), save it to ``out``."""
-    import torch
 
-    from ...io.outputs import check_output
-    from ...ops import adapters as ad
-    from ...training.train import fit, lm_batches, lm_evaluator, load_config, resolve_device
 
     out = Path(out)
     check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt")
@@ -104,11 +117,6 @@ def run_adapt(args: argparse.Namespace) -> int:
 
 def merge_checkpoint(base: str, adapters: list[str], out: str | Path) -> dict[str, Any]:
     """Load ``base`` and ``adapters`` (stacked in order), write the merged plain model."""
-    from ...io import checkpoint as ckpt
-    from ...io.files import atomic_dir
-    from ...io.outputs import check_output
-    from ...ops import adapters as ad
-    from .grow import copy_tokenizer
 
     out = Path(out)
     check_output(out, [base, *adapters], command="merge")
@@ -133,8 +141,6 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from ...experiments.adapt_bench import run_adapt_bench
-    from .scale import experiment_folder
 
     with experiment_folder(args.out, [], "adapt-bench"):
         results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds, budgets=args.budgets,
@@ -156,9 +162,7 @@ _NOT_FOR_ADAPT = {"arch", "model", "baseline", "data", "tokenizer", "out", "init
 
 def _add_trainer_overrides(p: argparse.ArgumentParser) -> None:
     """``--lr 1e-2``, ``--steps 500`` ...: one flag per TrainConfig key that applies."""
-    import dataclasses
 
-    from ...training.train import TrainConfig
 
     group = p.add_argument_group("trainer settings (TrainConfig keys; defaults in docs/adapt.md)")
     for f in dataclasses.fields(TrainConfig):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from ...data.datasets import default_dataset, prepare, summary, unigram_entropy
 from ...errors import ConfigError
-from .. import DeprecatedFlag
+from ..options import DeprecatedFlag
 
 
 def prepare_command(args: argparse.Namespace) -> None:
-    from ...data.datasets import default_dataset, prepare, summary, unigram_entropy
 
     if args.default:
         if args.inputs or args.out:

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 from ...errors import ConfigError
-from .. import device, positive
+from ...eval import evaluate
+from ...eval import tasks as eval_tasks
+from ..options import device, positive
 
 
 def task_dir() -> Path:
     """The installed folder of the shipped lm-eval task YAMLs (for ``lm_eval --include_path``)."""
-    from ...eval import tasks as eval_tasks
 
     return Path(eval_tasks.__file__).parent
 
@@ -24,7 +25,6 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.model is None or (args.data is None and args.tasks is None):
         raise ConfigError("give a MODEL and one of --data or --tasks (or --task-dir alone)")
-    from ...eval import evaluate
 
     if args.data is not None:
         if args.output_path is not None or args.log_samples:

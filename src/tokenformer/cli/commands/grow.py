@@ -10,11 +10,22 @@ from typing import Any
 
 import torch
 
+from ...data.tokenizer import BYTES_MARKER, TOKENIZER_FILE
 from ...errors import CheckpointError
+from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
-from ...ops.growth import STRATEGIES, grow_with_optimizer, max_logit_change, refuse_unsupported
+from ...io.files import atomic_dir, atomic_write_text
+from ...io.outputs import check_output, write_marker
+from ...ops.growth import (
+    STRATEGIES,
+    check_memory,
+    grow_with_optimizer,
+    max_logit_change,
+    plan_growth,
+    refuse_unsupported,
+)
 from ...ops.growth import grow as grow_model
-from .. import comma_list
+from ..options import comma_list
 
 # Training-checkpoint files (tokenformer.checkpoint); trainer_state.json names each param group's
 # parameters.
@@ -39,10 +50,6 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     (``overwrite``: unless an earlier ``grow`` wrote it). Returns parameter counts before/after
     and the max |Δlogit| on a fixed probe batch.
     """
-    from ...formats.loading import load_model
-    from ...io.files import atomic_dir
-    from ...io.outputs import check_output, write_marker
-    from ...ops.growth import check_memory, plan_growth
 
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
@@ -89,7 +96,6 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
 
 def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
                          optimizer: torch.optim.Optimizer, growth: dict[str, Any]) -> None:
-    from ...io.files import atomic_write_text
 
     state_file = source / TRAINER_STATE_FILE
     if not state_file.is_file():
@@ -117,7 +123,6 @@ def _read_json(path: Path) -> dict[str, Any]:
 def copy_tokenizer(source: Path, target: Path) -> None:
     """Copy the tokenizer files saved beside a model directory (none for a checkpoint file), so
     a model derived from it (grown, pruned, merged) keeps its tokenizer."""
-    from ...data.tokenizer import BYTES_MARKER, TOKENIZER_FILE
 
     if not source.is_dir():
         return

@@ -5,19 +5,20 @@ from __future__ import annotations
 import argparse
 
 from ...errors import ConfigError
+from ...io.outputs import check_output, write_marker
 
 
 def _hf():
+    """:mod:`tokenformer.formats.convert`, which needs the optional transformers."""
     try:
-        from ... import hf
+        from ...formats import convert
     except ImportError:
         raise ConfigError("this command needs transformers: "
                           "pip install 'tokenformer[hf]'") from None
-    return hf
+    return convert
 
 
 def convert_official(args: argparse.Namespace) -> None:
-    from ...io.outputs import check_output, write_marker
 
     check_output(args.out_dir, [args.checkpoint, args.tokenizer], command="convert official",
                  overwrite=args.overwrite, flag="out_dir")
@@ -30,7 +31,6 @@ def convert_official(args: argparse.Namespace) -> None:
 
 
 def convert_to_hf(args: argparse.Namespace) -> None:
-    from ...io.outputs import check_output, write_marker
 
     check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-hf",
                  overwrite=args.overwrite, flag="out_dir")
@@ -46,7 +46,6 @@ def _print_loadable(out: object) -> None:
 
 
 def convert_to_official(args: argparse.Namespace) -> None:
-    from ...io.outputs import check_output, write_marker
 
     check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-official",
                  overwrite=args.overwrite, flag="out_dir")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 
 from ...errors import TokenFormerError
+from ...nn import kernels
 
 
 def build_kernels(args: argparse.Namespace) -> int:
-    from ...nn import kernels
 
     try:
         name = kernels.build()

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
+from ...data.tokenizer import resolve_tokenizer
 from ...errors import ConfigError
+from ...formats.loading import load_model
 from ...models.config import PRESETS, TokenFormerConfig, flops_per_token
-from .. import device, non_negative_float, positive
+from ...ops.adapters import load_adapted
+from ..options import device, non_negative_float, positive
 
 
 def info(spec: str, seq_len: int | None = None) -> str:
@@ -20,7 +24,6 @@ def info(spec: str, seq_len: int | None = None) -> str:
     elif Path(spec).suffix in (".json", ".yaml", ".yml"):  # never a weights file
         config = TokenFormerConfig.load(spec)
     else:
-        from ...formats.loading import load_model
 
         config = load_model(spec).config
     T = seq_len or config.max_seq_len
@@ -63,8 +66,6 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
     """Load a model (a preset gives a randomly initialised one), with token ``adapters``
     (tokenformer.adapters) stacked on it, and continue ``prompt`` (``top_k_tokens``: sparse
     Pattention for this call, docs/sparse.md)."""
-    from ...data.tokenizer import resolve_tokenizer
-    from ...ops.adapters import load_adapted
 
     torch.manual_seed(seed)
     model = load_adapted(spec, adapters or []).to(device).eval()
@@ -74,7 +75,6 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
         raise ConfigError("the prompt is empty")
     room = model.config.max_seq_len - len(ids)
     if room < max_new_tokens and room >= 0:  # generate what fits, and say so
-        import sys
 
         print(f"note: the model's context is {model.config.max_seq_len} tokens and the prompt "
               f"has {len(ids)}: generating at most {room} new tokens, not {max_new_tokens}",

@@ -8,7 +8,14 @@ from typing import Any
 
 import torch
 
-from ...ops.pruning import PRUNE_BY, SCALES
+from ...data import datasets as data_
+from ...errors import CheckpointError
+from ...formats.loading import load_model
+from ...io import checkpoint as ckpt
+from ...io.files import atomic_dir
+from ...io.outputs import check_output, write_marker
+from ...ops.pruning import PRUNE_BY, SCALES, needs_calibration, prune, prune_sizes
+from .grow import copy_tokenizer
 
 CALIBRATION_BATCH = (8, 256)  # sequences × tokens of the default calibration batch
 
@@ -17,7 +24,6 @@ def calibration_ids(model: torch.nn.Module, data: str = "default", tokenizer: st
                     batch: tuple[int, int] = CALIBRATION_BATCH) -> torch.Tensor:
     """Input ids [B, T] for calibration: evenly spread windows of a prepared dataset's training
     split (``default``: the embedded corpus, prepared with ``tokenizer``)."""
-    from ...data import datasets as data_
 
     dataset = (data_.default_dataset(tokenizer, progress=False) if data == "default"
                else data_.TokenDataset.open(data))
@@ -33,13 +39,6 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
     """Load ``checkpoint``, prune it (:func:`tokenformer.prune.prune`, calibrated on ``data``
     when ``by``/``scale`` need it), write the model and its tokenizer files to ``out``
     atomically, with a manifest (as ``grow``). Returns parameter counts and the new config."""
-    from ...errors import CheckpointError
-    from ...formats.loading import load_model
-    from ...io import checkpoint as ckpt
-    from ...io.files import atomic_dir
-    from ...io.outputs import check_output, write_marker
-    from ...ops.pruning import needs_calibration, prune, prune_sizes
-    from .grow import copy_tokenizer
 
     out, source = Path(out), Path(checkpoint)
     if not source.exists():

@@ -7,25 +7,26 @@ import contextlib
 import sys
 from pathlib import Path
 
-from .. import device, positive
+import torch
+
+from ...data.datasets import TokenDataset
+from ...experiments.frontier.plan import describe, get_preset
+from ...experiments.frontier.run import run_frontier
+from ...io.outputs import check_run_folder, hold_run_folder
+from ..options import device, positive
 
 
 def scale(args: argparse.Namespace) -> int:
-    import torch
 
-    from ...experiments.frontier.plan import get_preset
-    from ...experiments.frontier.run import run_frontier
 
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {"seeds": args.seeds} if args.seeds else {}
     preset = get_preset(args.preset, **overrides)
     if args.plan:
-        from ...experiments.frontier.plan import describe
 
         vocab = 256  # the embedded corpus is byte-level
         if args.data:
-            from ...data.datasets import TokenDataset
 
             vocab = TokenDataset.open(args.data).vocab_size
         print(describe(preset, vocab))
@@ -48,7 +49,6 @@ def experiment_folder(out: str, inputs: list[str | None], command: str
                       ) -> contextlib.AbstractContextManager[Path]:
     """The experiment's output folder, checked (not an input, not someone else's folder) and
     held for the run: a rerun resumes it, a concurrent one is refused."""
-    from ...io.outputs import check_run_folder, hold_run_folder
 
     check_run_folder(out, inputs, command=command,
                      legacy=("results.json", "report.md", ".partial.json", "runs"))

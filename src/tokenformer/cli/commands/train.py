@@ -6,7 +6,14 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from ...errors import ConfigError
+from ...errors import CheckpointError, ConfigError
+from ...io import checkpoint as ckpt
+from ...io.outputs import check_output
+from ...models.baselines import TransformerConfig
+from ...models.config import TokenFormerConfig
+from ...training.plot import plot_runs
+from ...training.train import RUN_CONFIG, TrainConfig, load_config, train
+from ..options import describe_field, field_docs
 
 _NESTED = ("model", "baseline", "grow_at")
 
@@ -15,10 +22,6 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     """One ``--key`` (and ``--key-with-dashes``) per TrainConfig field and ``--model.KEY`` /
     ``--baseline.KEY`` per model field, each with its type, default and docstring; values are
     parsed by the config loader."""
-    from ...models.baselines import TransformerConfig
-    from ...models.config import TokenFormerConfig
-    from ...training.train import TrainConfig
-    from .. import describe_field, field_docs
 
     group = p.add_argument_group(
         "config overrides (any key of the YAML file; defaults below are TrainConfig's, a "
@@ -51,8 +54,6 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
 
 def _finished(run_dir: Path, steps: int) -> bool:
     """True (and says so) when ``run_dir``'s newest checkpoint already holds all ``steps``."""
-    from ...errors import CheckpointError
-    from ...io import checkpoint as ckpt
 
     try:
         step = int(ckpt.read_state(ckpt.latest_checkpoint(run_dir, quiet=True)).get("step", 0))
@@ -67,7 +68,6 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ...training.train import RUN_CONFIG, load_config, train
 
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
     if args.grow_at is not None:
@@ -116,8 +116,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
     def run_plot(args: argparse.Namespace) -> int:
-        from ...io.outputs import check_output
-        from ...training.plot import plot_runs
 
         check_output(args.out, args.runs, command="plot", overwrite=args.overwrite,
                      kind="file")

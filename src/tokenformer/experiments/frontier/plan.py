@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ConfigError
+from ...models.baselines import matched_config
 from ...models.config import TokenFormerConfig, flops_per_token
 from ...ops.growth import NEW_ROW_MOMENTS, STRATEGIES
+from ..common import markdown_table
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")
@@ -321,7 +323,6 @@ def model_configs(preset: Preset, family: str, vocab_size: int) -> list[Any]:
     """Every size of ``family``: TokenFormers with ``factor``× the tokens per size, the
     Transformer++ matched to each in non-embedding parameters (MLP width), and the product-key
     TokenFormers matched to each in FLOPs per token (:func:`product_key_config`)."""
-    from ...models.baselines import matched_config
 
     out = []
     for i, name in enumerate(preset.sizes):
@@ -453,7 +454,6 @@ def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str
 def describe(preset: Preset, vocab_size: int) -> str:
     """The plan as text (``tokenformer scale --plan``): every arm's sizes, growth steps, budgets
     run and FLOPs; sweeps; nothing is trained."""
-    from ..common import markdown_table
 
     runs = plan(preset, vocab_size)
     sweeps = sweep_plan(preset, vocab_size)

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ...io.files import atomic_write, atomic_write_text
 from ..common import fmt, have_matplotlib, markdown_table
 from ..stats import RULE, describe, format_p, paired, spread, t_interval
 from .plan import DENSE_FAMILIES, size_key
@@ -327,7 +328,6 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
     from matplotlib import colormaps
     from matplotlib.figure import Figure
 
-    from ...io.files import atomic_write
 
     written = []
     table = arms(results)
@@ -560,7 +560,6 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
 def write(results: dict[str, Any], out: str | Path, plots: bool = True) -> dict[str, Any]:
     """report.md (and the plots unless ``plots`` is False) for ``results``; returns the
     summary."""
-    from ...io.files import atomic_write_text
 
     out = Path(out)
     summary = summarize(results)

@@ -26,9 +26,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from tqdm.auto import tqdm
+
+from ... import __version__
+from ...data.datasets import TokenDataset, default_dataset
 from ...errors import ConfigError, DivergedError, TokenFormerError
+from ...io.files import atomic_write, atomic_write_text
+from ...models.baselines import TransformerConfig, model_class
+from ...models.config import TokenFormerConfig
+from ...nn import kernels
+from ...nn.pattention import default_scale
+from ...ops.growth import grow_with_optimizer
+from ...ops.widening import optimizer_for, widen_mlp
+from ...training.train import (
+    TrainConfig,
+    fit,
+    group_names,
+    lm_batches,
+    lm_evaluator,
+    lr_at,
+    make_optimizer,
+    resolve_device,
+)
 from ..common import fingerprint, machine_summary, sweep_lr, to_json
 from . import plan as plan_
+from . import report
 from .plan import Branch, Preset, Run
 
 SCHEMA = "tokenformer-frontier/1"
@@ -52,23 +75,18 @@ class Context:
 
 # ------------------------------------------------------------------------------ model & state
 def _config_class(family: str) -> type:
-    from ...models.baselines import TransformerConfig
-    from ...models.config import TokenFormerConfig
 
     return TokenFormerConfig if plan_.arch(family) == "tokenformer" else TransformerConfig
 
 
 def _build(family: str, config: Any, seed: int, device: Any) -> Any:
-    import torch
 
-    from ...models.baselines import model_class
 
     torch.manual_seed(seed)  # every arm of a seed starts a given size from the same weights
     return model_class(plan_.arch(family))(config).to(device)
 
 
 def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) -> Any:
-    from ...training.train import TrainConfig
 
     p = ctx.preset
     return TrainConfig(arch=plan_.arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
@@ -82,7 +100,6 @@ def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) 
 
 def wsd_lr(step: int, steps: int, lr: float, preset: Preset) -> float:
     """The run's WSD learning rate at ``step`` for a branch of ``steps`` total steps."""
-    from ...training.train import TrainConfig, lr_at
 
     cfg = TrainConfig(steps=steps, lr=lr, min_lr=lr * preset.min_lr_ratio, schedule="wsd",
                       warmup_steps=preset.warmup_steps, decay_fraction=preset.decay_fraction)
@@ -92,7 +109,6 @@ def wsd_lr(step: int, steps: int, lr: float, preset: Preset) -> float:
 def _check_lr(cfg: Any, start: int, end: int, branch_steps: int, preset: Preset) -> None:
     """The segment's schedule equals the WSD schedule of a ``branch_steps``-step run on
     [start, end): no approximation slips in when a run is cut into segments."""
-    from ...training.train import lr_at
 
     for step in (start, min(end - 1, start + 1), end - 1):
         if not math.isclose(lr_at(step, cfg), wsd_lr(step, branch_steps, cfg.lr, preset),
@@ -122,18 +138,14 @@ def _apply_anneal(model: Any, anneal: dict[str, Any] | None, step: int, steps: i
 def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
           ) -> tuple[Any, Any, dict[str, Any] | None]:
     """Grow to ``stage``'s size with the run's recipe; returns the anneal record (or None)."""
-    import torch
 
-    from ...nn.pattention import default_scale
 
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
     if run.kind == "widen":
-        from ...ops.widening import widen_mlp
 
         model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
                                      run.recipe, generator=generator)
         return model.to(ctx.device).train(), optimizer, None
-    from ...ops.growth import grow_with_optimizer
 
     c = stage.config
     strategy = "exact" if run.recipe == "exact-anneal" else run.recipe
@@ -165,16 +177,13 @@ def _safe(run_id: str) -> str:
 
 def _checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write the in-progress state atomically (the resume point of a killed run)."""
-    import torch
 
-    from ...io.files import atomic_write
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def _load_state(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
-    import torch
 
     path = _state_path(ctx, run)
     if not path.is_file():
@@ -189,7 +198,6 @@ def _load_state(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
 def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     """Train ``run`` at peak ``lr``: the stable phase in segments, a cooldown branch at each
     budget. Returns the run's results (branch losses and FLOPs) and timing."""
-    from ...training.train import group_names, make_optimizer
 
     p = ctx.preset
     stage_at = {s.start: s for s in run.stages[1:]}
@@ -244,7 +252,6 @@ def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
 
 def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start: int,
              state: dict[str, Any], bar: Any, check: int, eval_fn: Any = None) -> Any:
-    from ...training.train import fit, lm_batches
 
     _check_lr(cfg, start, cfg.steps, check if cfg.schedule == "constant" else cfg.steps,
               ctx.preset)
@@ -276,7 +283,6 @@ def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start
 def _branch(ctx: Context, run: Run, lr: float, model: Any, optimizer: Any, branch: Branch,
             state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
-    from ...ops.widening import optimizer_for
 
     cfg = _train_config(ctx, run, lr, branch.steps, "wsd")
     b_model = copy.deepcopy(model)
@@ -298,7 +304,6 @@ def _branch(ctx: Context, run: Run, lr: float, model: Any, optimizer: Any, branc
 def _bar(ctx: Context, run: Run) -> Any:
     if ctx.progress is False or not sys.stderr.isatty():
         return None
-    from tqdm.auto import tqdm
 
     return tqdm(total=run.steps, desc=run.id, unit="step", leave=False)
 
@@ -307,7 +312,6 @@ def _bar(ctx: Context, run: Run) -> Any:
 def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     """A run's results: loaded when an earlier invocation finished it, else trained (resuming
     from its state file) and saved atomically."""
-    from ...io.files import atomic_write_text
 
     path = _result_path(ctx, run)
     if path.is_file():
@@ -369,7 +373,6 @@ def pattention_impl(preset: Preset) -> str:
     built (l2_norm_gelu on the CPU), else the PyTorch paths (see tokenformer.pattention)."""
     if preset.pattention_impl != "auto":
         return preset.pattention_impl
-    from ...nn import kernels
 
     if kernels.available():
         return "auto (C++ Θ kernel for l2_norm_gelu on the CPU, fused elsewhere)"
@@ -379,8 +382,6 @@ def pattention_impl(preset: Preset) -> str:
 
 def context(preset: Preset, data: str | Path | None, device: str, dtype: str | None,
             progress: bool | None, out: Path, print_fn: Any) -> Context:
-    from ...data.datasets import TokenDataset, default_dataset
-    from ...training.train import lm_evaluator, resolve_device
 
     precision = PRECISIONS.get(str(dtype or preset.dtype).lower())
     if precision is None:
@@ -403,7 +404,6 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
     the plots. Rerunning the same command resumes; another experiment in ``out`` is refused.
     ``hold(out, inputs)``: entered once the plan is checked, before anything is written (the
     command line's output check and run-folder lock)."""
-    import torch
 
     print_fn = print_fn or (lambda line: print(line, file=sys.stderr, flush=True))
     preset.validate()
@@ -430,9 +430,6 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
 def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], key: str,
          data_info: dict[str, Any], out: Path, *, print_fn: Any, command: str | None,
          plots: bool) -> dict[str, Any]:
-    from ... import __version__
-    from ...io.files import atomic_write_text
-    from . import report
 
     ds = ctx.dataset
     out.mkdir(parents=True, exist_ok=True)
