@@ -68,7 +68,8 @@ def frontier_recipe(results: str | Path, family: str, size: str, budget: int = -
 def train_frontier(args: argparse.Namespace) -> dict:
     """Train the frontier's arm (``--size``, largest budget) with the normal trainer, one run
     per family and seed, into ``OUT/<family>-<size>-seed<s>`` (weights in ``final/``)."""
-    from tokenformer.training.train import TrainConfig, train
+    from tokenformer.training.config import TrainConfig
+    from tokenformer.training.lm import train
 
     rows = []
     for family in args.families:
@@ -98,7 +99,7 @@ def train_frontier(args: argparse.Namespace) -> dict:
 
 def evaluator(model: torch.nn.Module, eval_batches: int, seq_len: int = 256):
     from tokenformer.data.datasets import default_dataset
-    from tokenformer.training.train import lm_evaluator
+    from tokenformer.training.evaluation import lm_evaluator
 
     dataset = default_dataset("bytes", progress=False)
     seq = min(seq_len, model.config.max_seq_len)
@@ -351,7 +352,8 @@ def finetune_wsd(model: torch.nn.Module, run: dict, steps: int, lr: float, datas
     frontier's schedule family: WSD (10 warmup steps, the last 20 % decaying to 0.1 × ``lr``);
     batch, sequence, weight decay, clipping and data seed of the run's config (``run``), on the
     training batches that follow the run's last step."""
-    from tokenformer.training.train import TrainConfig, fit
+    from tokenformer.training.config import TrainConfig
+    from tokenformer.training.loop import fit
 
     cfg = TrainConfig(arch=run["arch"], seq_len=run["seq_len"], batch_size=run["batch_size"],
                       steps=steps, lr=lr, min_lr=0.1 * lr, schedule="wsd", warmup_steps=10,

@@ -30,7 +30,8 @@ from tokenformer.models.baselines import TransformerLM, matched_config
 from tokenformer.models.config import TokenFormerConfig, flops_per_token
 from tokenformer.models.lm import TokenFormerLM
 from tokenformer.nn import kernels
-from tokenformer.training.train import TrainConfig, fit
+from tokenformer.training.config import TrainConfig
+from tokenformer.training.loop import fit
 
 PRECISIONS = ("fp32", "bf16")
 KERNEL = "TokenFormer (kernel)"

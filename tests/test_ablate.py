@@ -180,7 +180,7 @@ def test_verdict_on_hand_made_bits_per_byte_lower_is_better():
 
 # ------------------------------------------------------------------------------ divergence
 def test_a_diverged_run_is_recorded_with_the_worst_metric(tmp_path, monkeypatch):
-    import tokenformer.train as train_module
+    import tokenformer.training.lm as train_module
 
     def diverging_train(cfg, **_):
         from pathlib import Path

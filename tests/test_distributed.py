@@ -14,8 +14,9 @@ import torch
 
 from tokenformer import TokenFormerLM
 from tokenformer.io.checkpoint import read_metrics
+from tokenformer.training.config import load_config
 from tokenformer.training.distributed import load_sharded_model
-from tokenformer.training.train import load_config, train
+from tokenformer.training.lm import train
 
 STEPS = 5
 

@@ -27,7 +27,7 @@ from tokenformer.ops.growth import (
     max_logit_change,
     resolve_size,
 )
-from tokenformer.training.train import TrainConfig
+from tokenformer.training.config import TrainConfig
 
 GROWABLE_EXACTLY = THETA_VARIANTS  # softmax too, for whole multiples (see test below)
 KINDS = {"qkv": ("attention.query", "attention.key", "attention.value"),
@@ -577,7 +577,7 @@ def test_cli_unknown_checkpoint_and_existing_output(checkpoint, tmp_path, capsys
 def test_cli_grows_a_training_checkpoint(tmp_path, capsys) -> None:
     """A trainer checkpoint (two named AdamW groups) grows into one the trainer can resume."""
     from tokenformer.io.checkpoint import save_checkpoint
-    from tokenformer.training.train import group_names, param_groups
+    from tokenformer.training.optim import group_names, param_groups
 
     model = make()
     optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-3)

@@ -38,8 +38,9 @@ from tokenformer.io.checkpoint import (
 )
 from tokenformer.io.process_group import World
 from tokenformer.models.official import save_official
+from tokenformer.training.config import load_config
 from tokenformer.training.distributed import load_sharded, load_sharded_model, save_sharded
-from tokenformer.training.train import load_config, train
+from tokenformer.training.lm import train
 
 FAST = {"threads": 1, "samples": 0, "eval_batches": 1, "eval_interval": 0}
 

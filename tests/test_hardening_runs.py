@@ -311,7 +311,7 @@ def test_crash_before_the_first_checkpoint_resumes_from_step_0(capsys, tmp_path,
 def _signal_at(monkeypatch, step: int, *signals: int, pause: float = 0.0) -> None:
     """Deliver ``signals`` to this process while step ``step`` is being computed, ``pause``
     seconds apart."""
-    import tokenformer.train as train_module
+    import tokenformer.training.loop as train_module
 
     lr_at = train_module.lr_at
 
@@ -351,10 +351,10 @@ def refused_code(capsys, code: int, *argv) -> str:
 
 
 def test_second_ctrl_c_stops_at_once(capsys, tmp_path, dataset_dir, monkeypatch):
-    from tokenformer.training.train import _StopOnSignal
+    from tokenformer.training.signals import StopOnSignal
 
     run_dir = tmp_path / "run"
-    _signal_at(monkeypatch, 2, signal.SIGINT, signal.SIGINT, pause=_StopOnSignal.ECHO + 0.1)
+    _signal_at(monkeypatch, 2, signal.SIGINT, signal.SIGINT, pause=StopOnSignal.ECHO + 0.1)
     line = refused_code(capsys, 130, "train", *TRAIN, "--data", dataset_dir, "--out", run_dir)
     assert line == "error: interrupted"
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000002"]

@@ -442,7 +442,8 @@ def test_convert_to_hf_of_a_trained_model(arch, dataset_dir, tmp_path, capsys):
     """`train` → `convert to-hf` → AutoModelForCausalLM: the same logits and the same tokenizer
     ids as the trained model; the baseline also through its remote code, without tokenformer."""
     from tokenformer.formats.loading import load_model
-    from tokenformer.training.train import load_config, train
+    from tokenformer.training.config import load_config
+    from tokenformer.training.lm import train
 
     cfg = load_config("tiny", {"data": str(dataset_dir), "out": str(tmp_path / "run"),
                                "threads": 1, "samples": 0, "eval_batches": 1, "steps": 2,

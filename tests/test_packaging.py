@@ -179,7 +179,7 @@ def test_field_docs_reads_attribute_docstrings():
 
 def test_train_help_lists_every_override_with_type_default_and_doc(capsys):
     from tokenformer.models.config import TokenFormerConfig
-    from tokenformer.training.train import TrainConfig
+    from tokenformer.training.config import TrainConfig
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])

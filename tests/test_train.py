@@ -19,16 +19,12 @@ from tokenformer import TokenFormerConfig, TokenFormerLM, flops_per_token
 from tokenformer.cli import main as cli
 from tokenformer.errors import ConfigError
 from tokenformer.io.checkpoint import load_optimizer_state, read_metrics, verify_checkpoint
-from tokenformer.training.train import (
-    FitResult,
-    TrainConfig,
-    fit,
-    load_config,
-    lr_at,
-    make_optimizer,
-    parse_grow_at,
-    train,
-)
+from tokenformer.training.config import TrainConfig, load_config
+from tokenformer.training.growth_events import parse_grow_at
+from tokenformer.training.lm import train
+from tokenformer.training.loop import FitResult, fit
+from tokenformer.training.optim import make_optimizer
+from tokenformer.training.schedule import lr_at
 
 FAST = {"threads": 1, "samples": 0, "eval_batches": 2}
 

@@ -179,7 +179,7 @@ def base_lr(task: str, preset: AblationPreset) -> float:
     if preset.lr is not None:
         return preset.lr
     if task == "lm":
-        from ..training.train import TrainConfig
+        from ..training.config import TrainConfig
 
         return TrainConfig.lr
     from ..training.vision import DIGITS_TRAIN
@@ -267,7 +267,8 @@ def train_variant(task: str, study: Study, variant: str, preset: AblationPreset,
     diverged = None
     try:
         if task == "lm":
-            from ..training.train import TrainConfig, train
+            from ..training.config import TrainConfig
+            from ..training.lm import train
 
             cfg = TrainConfig(model={"preset": preset.base, **overrides},
                               data=str(data) if data is not None else "default",

@@ -169,7 +169,7 @@ def get_preset(name: str | BenchPreset) -> BenchPreset:
 
 # ------------------------------------------------------------------------------------- arms
 def _train_cfg(preset: BenchPreset, lr: float, steps: int, seed: int) -> Any:
-    from ..training.train import TrainConfig
+    from ..training.config import TrainConfig
 
     return TrainConfig(seq_len=preset.seq_len, batch_size=preset.batch_size, steps=steps,
                        lr=lr, min_lr=lr / 10, warmup_steps=min(preset.warmup, steps // 4),
@@ -177,7 +177,8 @@ def _train_cfg(preset: BenchPreset, lr: float, steps: int, seed: int) -> Any:
 
 
 def _fit(model: nn.Module, dataset: Any, cfg: Any, progress: bool | None) -> Any:
-    from ..training.train import fit, lm_batches
+    from ..training.lm import lm_batches
+    from ..training.loop import fit
 
     return fit(model, lm_batches(dataset, cfg.batch_size, cfg.seq_len, cfg.seed), cfg,
                progress=progress)
@@ -185,7 +186,7 @@ def _fit(model: nn.Module, dataset: Any, cfg: Any, progress: bool | None) -> Any
 
 @torch.no_grad()
 def _val_loss(model: nn.Module, dataset: Any, preset: BenchPreset) -> float:
-    from ..training.train import lm_evaluator
+    from ..training.evaluation import lm_evaluator
 
     was = model.training
     model.eval()

@@ -55,17 +55,19 @@ def wrap_model(model: nn.Module, world: World, device: torch.device) -> nn.Modul
 
         if isinstance(model, FSDPModule):  # already sharded (a restored checkpoint)
             return model
-        for block in _blocks(model):
+        for block in blocks(model):
             fully_shard(block)
         fully_shard(model)
     return model
 
 
-def _blocks(model: nn.Module) -> list[nn.Module]:
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The model's blocks (``layers`` of the LMs, ``blocks`` of the vision model): the units FSDP
+    shards and activation checkpointing recomputes."""
     for name in ("layers", "blocks"):
-        blocks = getattr(model, name, None)
-        if isinstance(blocks, nn.ModuleList):
-            return list(blocks)
+        found = getattr(model, name, None)
+        if isinstance(found, nn.ModuleList):
+            return list(found)
     return []
 
 

@@ -17,15 +17,11 @@ from ...io.files import atomic_dir
 from ...io.outputs import check_output
 from ...ops import adapters as ad
 from ...ops.growth import KINDS
-from ...training.train import (
-    TrainConfig,
-    fit,
-    lm_batches,
-    lm_evaluator,
-    load_config,
-    open_dataset,
-    resolve_device,
-)
+from ...training.config import TrainConfig, load_config
+from ...training.evaluation import lm_evaluator
+from ...training.execution import resolve_device
+from ...training.lm import lm_batches, open_dataset
+from ...training.loop import fit
 from ..options import comma_list
 from .grow import copy_tokenizer
 from .scale import experiment_folder

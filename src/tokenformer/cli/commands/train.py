@@ -11,8 +11,9 @@ from ...io import checkpoint as ckpt
 from ...io.outputs import check_output
 from ...models.baselines import TransformerConfig
 from ...models.config import TokenFormerConfig
+from ...training.config import RUN_CONFIG, TrainConfig, load_config
+from ...training.lm import train
 from ...training.plot import plot_runs
-from ...training.train import RUN_CONFIG, TrainConfig, load_config, train
 from ..options import describe_field, field_docs
 
 _NESTED = ("model", "baseline", "grow_at")

@@ -39,16 +39,13 @@ from ...nn import kernels
 from ...nn.pattention import default_scale
 from ...ops.growth import grow_with_optimizer
 from ...ops.widening import optimizer_for, widen_mlp
-from ...training.train import (
-    TrainConfig,
-    fit,
-    group_names,
-    lm_batches,
-    lm_evaluator,
-    lr_at,
-    make_optimizer,
-    resolve_device,
-)
+from ...training.config import TrainConfig
+from ...training.evaluation import lm_evaluator
+from ...training.execution import resolve_device
+from ...training.lm import lm_batches
+from ...training.loop import fit
+from ...training.optim import group_names, make_optimizer
+from ...training.schedule import lr_at
 from ..common import fingerprint, machine_summary, sweep_lr, to_json
 from . import plan as plan_
 from . import report

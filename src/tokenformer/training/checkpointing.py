@@ -1,0 +1,195 @@
+"""A run's checkpoints: write one, find and restore the one a resumed run continues from, start from
+a model folder.
+
+A checkpoint holds the model, the optimizer, the RNG and the trainer state, written atomically
+(sharded under FSDP); ``init_from`` starts a run from a model folder and its optimizer state.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, ConfigError, is_disk_full
+from ..io import checkpoint as ckpt
+from ..io.process_group import World, barrier
+from ..models.baselines import load_model_dir
+from .distributed import is_sharded, load_sharded, save_sharded, wrap_model
+from .growth_events import GrowthEvent
+from .optim import make_optimizer
+from .recording import METRICS
+from .signals import Interrupted, StopOnSignal
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+TRAINER_FORMAT = "tokenformer-trainer-v1"
+
+
+class Checkpointer:
+    """Writes a run's checkpoints into ``run_dir``: the final one, one every
+    ``checkpoint_interval`` steps (the newest ``keep_last`` kept), and one when a signal asks the
+    run to stop (:mod:`.signals`)."""
+
+    def __init__(self, run_dir: Path, cfg: TrainConfig, world: World,
+                 events: Sequence[GrowthEvent],
+                 save_extra: Callable[[Path], None] | None) -> None:
+        self.run_dir, self.cfg, self.world = run_dir, cfg, world
+        self.events, self.save_extra = events, save_extra
+
+    def save(self, step: int, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+             names: list[list[str]], counters: dict[str, Any]) -> None:
+        """Write the checkpoint of ``step`` to ``path`` (every rank calls it)."""
+        world = self.world
+        state = {"format": TRAINER_FORMAT, "step": step, **counters,
+                 "param_groups": names, "world_size": world.world_size,
+                 "strategy": world.strategy, "growth": [e.spec for e in self.events
+                                                       if e.step <= step],
+                 "train_config": self.cfg.to_dict()}
+        try:
+            if world.strategy == "fsdp":
+                def rest(tmp: Path) -> None:
+                    model.config.save(tmp / "config.json")
+                    if self.save_extra is not None:
+                        self.save_extra(tmp)
+                    ckpt.write_state(tmp, state)
+
+                save_sharded(path, model, optimizer, world, rest)
+            elif world.is_main:
+                ckpt.save_checkpoint(path, model, optimizer, state, self.save_extra)
+        except (OSError, RuntimeError) as exc:
+            if not is_disk_full(exc):
+                raise
+            raise CheckpointError(f"no space left on device while writing the checkpoint {path} "
+                                  f"(step {step}); nothing was replaced, earlier checkpoints are "
+                                  f"intact: free some space, then resume") from None
+        barrier(world)
+
+    def after_step(self, done: int, stopper: StopOnSignal, model: nn.Module,
+                   optimizer: torch.optim.Optimizer, names: list[list[str]],
+                   counters: dict[str, Any]) -> None:
+        """After ``done`` steps: the final, a periodic or a stop checkpoint when due; a stop then
+        raises :class:`Interrupted`."""
+        cfg, run_dir, world = self.cfg, self.run_dir, self.world
+        signum = stopper.requested(world)  # the same on every rank: all save or none
+        periodic = cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
+        if done == cfg.steps:
+            self.save(done, run_dir / ckpt.FINAL, model, optimizer, names, counters)
+        elif periodic or signum:
+            self.save(done, ckpt.step_dir(run_dir, done), model, optimizer, names, counters)
+            if world.is_main:
+                ckpt.prune_checkpoints(run_dir, cfg.keep_last)
+        if signum and done < cfg.steps:
+            raise Interrupted(f"interrupted by {signal.Signals(signum).name} after step "
+                              f"{done} of {cfg.steps}: checkpoint written to "
+                              f"{ckpt.step_dir(run_dir, done)}", 128 + signum)
+
+
+def resume_point(run_dir: Path, world: World, print_fn: Callable[[str], None]) -> Path | None:
+    """The newest checkpoint of ``run_dir`` to resume from, its state and the metrics log checked
+    (on every rank, before anything changes); None for a run that crashed before its first
+    checkpoint, whose log is then emptied to start over with the saved config."""
+    if ckpt.list_checkpoints(run_dir):
+        resume_from = ckpt.latest_checkpoint(run_dir)
+        # a malformed state or log fails here, on every rank, before anything changes
+        state = ckpt.read_state(resume_from)
+        check_state(state, resume_from)
+        ckpt.MetricsLog.kept(run_dir / METRICS, state["step"])
+        return resume_from
+    ckpt.MetricsLog.kept(run_dir / METRICS, 0)  # malformed: fails on every rank
+    if world.is_main:
+        ckpt.MetricsLog.truncate(run_dir / METRICS, 0)
+        print_fn(f"{run_dir} has no checkpoint yet: starting from step 0 with its "
+                 f"saved config")
+    return None
+
+
+def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch.device
+             ) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, Any]]:
+    """Model, optimizer and trainer state of a checkpoint, for :func:`fit` to continue from."""
+    state = ckpt.read_state(path)
+    check_state(state, path)
+    if is_sharded(path):
+        if world.strategy != "fsdp":
+            raise CheckpointError(f"{path} is an FSDP (sharded) checkpoint; resume it with "
+                                  f"strategy fsdp, or consolidate it first")
+        config_class = getattr(cls, "config_class", None)
+        model = cls(config_class.load(path / "config.json")).to(device)
+        wrap_model(model, world, device)
+        optimizer = make_optimizer(model, cfg, state["param_groups"])
+        load_sharded(path, model, optimizer)
+    else:
+        model = cls.load(path).to(device)
+        optimizer = make_optimizer(model, cfg, state["param_groups"])
+        try:
+            optimizer.load_state_dict(ckpt.load_optimizer_state(path))
+        except (ValueError, KeyError, RuntimeError) as exc:
+            raise CheckpointError(f"{path}/{ckpt.OPTIMIZER_NAME} does not match the model: "
+                                  f"{exc}") from None
+    ckpt.load_rng_state(path)
+    return model, optimizer, state
+
+
+def check_state(state: Any, path: Path) -> None:
+    """A trainer state to resume from holds a step, the counters and the param-group names."""
+    file = path / ckpt.STATE_NAME
+
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{file} is malformed ({what}); resume from an earlier "
+                               f"checkpoint or restore the file")
+
+    if not isinstance(state, dict):
+        raise bad("not a JSON object")
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise bad(f"step is {step!r}, expected an integer >= 0")
+    for key in ("tokens", "flops", "train_time", "elapsed"):
+        value = state.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+                math.isfinite(value) and value >= 0):
+            raise bad(f"{key} is {value!r}, expected a number >= 0")
+    groups = state.get("param_groups")
+    if not (isinstance(groups, list) and all(isinstance(g, list) and all(
+            isinstance(n, str) for n in g) for g in groups)):
+        raise bad("param_groups is not a list of lists of parameter names")
+
+
+def initial_model(cfg: TrainConfig) -> nn.Module:
+    """The model of ``init_from`` (a model directory, checked against its manifest), which must be
+    of ``cfg.arch``."""
+
+    if Path(cfg.init_from).is_dir():
+        ckpt.verify_checkpoint(cfg.init_from)  # when it has a manifest (ours since issue 14)
+    model = load_model_dir(cfg.init_from)
+    arch = getattr(model.config, "arch", "tokenformer")
+    if arch != cfg.arch:
+        raise ConfigError(f"init_from {cfg.init_from} holds a {arch} model but arch is "
+                          f"{cfg.arch}; set --arch {arch}")
+    return model
+
+
+def initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer | None:
+    """AdamW with the state saved beside ``init_from`` (e.g. carried over by growth), if any."""
+    if not ckpt.has_optimizer_state(cfg.init_from):
+        return None
+    optimizer = make_optimizer(model, cfg)
+    state = ckpt.load_optimizer_state(cfg.init_from)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"{cfg.init_from}/{ckpt.OPTIMIZER_NAME} does not match the "
+                              f"model: {exc}") from None
+    for p in params:
+        moment = optimizer.state.get(p, {}).get("exp_avg")
+        if moment is not None and moment.shape != p.shape:
+            raise CheckpointError(f"{cfg.init_from}/{ckpt.OPTIMIZER_NAME} does not match the "
+                                  f"model (a moment of shape {tuple(moment.shape)} for a "
+                                  f"parameter of shape {tuple(p.shape)})")
+    return optimizer

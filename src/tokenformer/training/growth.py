@@ -1,0 +1,55 @@
+"""Growth during a run: at a ``--grow-at`` step, grow the model and carry its optimizer
+(:func:`tokenformer.ops.growth.grow_with_optimizer`), evaluate before and after, and record the
+event."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..io.process_group import World
+from ..models.config import flops_per_token
+from ..ops.growth import grow_with_optimizer
+from .execution import prepare_module
+from .growth_events import GrowthEvent
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+
+def grow_in_run(model: nn.Module, optimizer: torch.optim.Optimizer, event: GrowthEvent,
+          cfg: TrainConfig, world: World, device: torch.device,
+          evaluate: Callable[[nn.Module], dict[str, float]] | None,
+          counters: dict[str, Any]
+          ) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module, dict[str, Any]]:
+    """Grow model and optimizer at ``event`` (the new rows drawn from a generator seeded by the
+    run's seed and the step: the same on every rank and on resume); ``evaluate`` before and after;
+    the event's record."""
+
+    before = evaluate(model) if evaluate else {}
+    params_before = sum(p.numel() for p in model.parameters())
+    config_before = getattr(model, "config", None)
+    # The same generator on every rank and on resume: new tokens are identical everywhere.
+    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + event.step)
+    model, optimizer = grow_with_optimizer(model, optimizer,
+                                           reset_optimizer=cfg.growth_optimizer == "reset",
+                                           new_row_moments="mean" if cfg.growth_optimizer
+                                           == "carry-mean" else "zero",
+                                           generator=generator, **event.kwargs)
+    model = model.to(device).train()
+    module = prepare_module(model, cfg, world, device)
+    after = evaluate(model) if evaluate else {}
+    record: dict[str, Any] = {
+        "type": "grow", "step": event.step, "spec": event.spec,
+        "params_before": params_before, "params_after": sum(p.numel() for p in
+                                                            model.parameters()),
+        "before": before, "after": after, **counters}
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "projection_flops"):
+        record["flops_per_token_before"] = flops_per_token(config_before, cfg.seq_len, True
+                                                           )["total"]
+        record["flops_per_token_after"] = flops_per_token(config, cfg.seq_len, True)["total"]
+    return model, optimizer, module, record

@@ -1,0 +1,177 @@
+"""``fit``: train any model from a batch function, a short loop handing each concern to a module.
+
+``fit(model, batch_fn, cfg)`` trains any module whose ``model(**batch_fn(step))`` returns an object
+with ``.loss``; batches are a pure function of the step, so the step *is* the data position and a
+resumed run replays exactly the batches an uninterrupted one sees. The learning rate is a pure
+function of the step too (:mod:`.schedule`). Each step: a growth when one is due
+(:mod:`.growth`), the rate, one optimizer step (:mod:`.step`), its record (:mod:`.recording`),
+an evaluation when due (:mod:`.evaluation`), a checkpoint when due or asked for by a signal
+(:mod:`.checkpointing`, :mod:`.signals`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError, DivergedError
+from ..io.outputs import hold_run_folder
+from ..io.process_group import World
+from .checkpointing import Checkpointer, restore
+from .config import TrainConfig
+from .evaluation import EvalFn, Evaluation
+from .execution import autocast_for, prepare_module
+from .growth import grow_in_run
+from .growth_events import growth_events
+from .optim import group_names, make_optimizer
+from .recording import Callback, Recorder
+from .schedule import lr_at, set_lr
+from .signals import StopOnSignal
+from .step import count_tokens, lm_flops, scalar, train_step
+
+Batches = Callable[[int], dict[str, torch.Tensor]]
+FlopsFn = Callable[[nn.Module, dict[str, torch.Tensor]], float]
+
+
+@dataclass
+class FitResult:
+    model: nn.Module  # the final (possibly grown) model, unwrapped
+    optimizer: torch.optim.Optimizer
+    step: int
+    losses: list[float]  # per-step training loss of this call
+    records: list[dict[str, Any]]  # every train / eval / grow record of this call
+    tokens: int
+    flops: float
+    train_time: float
+    elapsed: float
+    run_dir: Path | None = None
+
+    @property
+    def evals(self) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["type"] == "eval"]
+
+    @property
+    def final_eval(self) -> dict[str, Any] | None:
+        evals = self.evals
+        return evals[-1] if evals else None
+
+
+def fit(
+    model: nn.Module,
+    batch_fn: Batches,
+    cfg: TrainConfig,
+    *,
+    eval_fn: EvalFn | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    start_step: int = 0,
+    out_dir: str | Path | None = None,
+    resume_from: str | Path | None = None,
+    callbacks: Sequence[Callback] = (),
+    flops_fn: FlopsFn | None = None,
+    save_extra: Callable[[Path], None] | None = None,
+    world: World | None = None,
+    device: torch.device | str | None = None,
+    progress: bool | None = None,
+) -> FitResult:
+    """Train ``model`` from ``start_step`` to ``cfg.steps``; see the module docstring.
+
+    ``batch_fn(step)`` returns this rank's slice of the global batch (a dict of tensors, already
+    on the device, whose keys ``model`` accepts). ``eval_fn(model)`` returns metrics; it runs on
+    every rank at ``eval_interval``, ``eval_at``, around growths and at the end. ``flops_fn``
+    counts the training FLOPs of a batch (default: :func:`lm_flops`). ``resume_from`` (a
+    checkpoint directory) restores model, optimizer, RNG, step and counters, and ``model``'s class
+    loads it. ``callbacks`` see every metrics record and the current model.
+
+    With ``out_dir`` the run folder is locked for the call (:mod:`tokenformer.io.outputs`), and
+    SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
+    (:class:`~tokenformer.training.signals.Interrupted`); a second signal stops at once.
+    """
+    world = world or World()
+    lock = (hold_run_folder(out_dir, command="train", world=world)
+            if out_dir is not None else contextlib.nullcontext())
+    with lock, StopOnSignal(enabled=out_dir is not None) as stopper:
+        return _fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer,
+                    start_step=start_step, out_dir=out_dir, resume_from=resume_from,
+                    callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
+                    device=device, progress=progress, stopper=stopper)
+
+
+def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: EvalFn | None,
+         optimizer: torch.optim.Optimizer | None, start_step: int, out_dir: str | Path | None,
+         resume_from: str | Path | None, callbacks: Sequence[Callback],
+         flops_fn: FlopsFn | None, save_extra: Callable[[Path], None] | None, world: World,
+         device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal
+         ) -> FitResult:
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    flops_fn = flops_fn or lm_flops
+    events = growth_events(cfg.grow_at, cfg.steps)
+    if events and world.strategy == "fsdp":
+        raise ConfigError("growth inside a run is not supported with strategy fsdp; use ddp")
+    growth_steps = [e.step for e in events]
+    run_dir = Path(out_dir) if out_dir is not None else None
+    model = model.to(device)
+    counters = None
+    if resume_from is not None:
+        if optimizer is not None:
+            raise ConfigError("pass either an optimizer or resume_from, not both")
+        model, optimizer, state = restore(type(model), Path(resume_from), cfg, world, device)
+        start_step = state["step"]
+        counters = {k: state[k] for k in ("tokens", "flops", "train_time", "elapsed")}
+    module = prepare_module(model, cfg, world, device)
+    if optimizer is None:
+        optimizer = make_optimizer(model, cfg)
+    # Named now: after an FSDP forward the root's parameters may be unsharded stand-ins.
+    names = group_names(model, optimizer)
+    recorder = Recorder(cfg, world, run_dir=run_dir, start_step=start_step,
+                        resumed=resume_from is not None, counters=counters, callbacks=callbacks,
+                        progress=progress)
+    autocast = autocast_for(cfg, device)
+    evaluation = Evaluation(eval_fn, cfg, growth_steps, autocast)
+    checkpoints = (Checkpointer(run_dir, cfg, world, events, save_extra) if run_dir is not None
+                   else None)
+
+    model.train()
+    recorder.start()
+    try:
+        for step in range(start_step, cfg.steps):
+            event = next((e for e in events if e.step == step), None)
+            if event is not None:
+                model, optimizer, module, record = grow_in_run(
+                    model, optimizer, event, cfg, world, device,
+                    evaluation if eval_fn is not None else None, recorder.counters)
+                names = group_names(model, optimizer)
+                recorder.emit(record, model)
+            lr = lr_at(step, cfg, growth_steps)
+            set_lr(optimizer, lr)
+            t0 = time.perf_counter()
+            batch = batch_fn(step)
+            loss, grad_norm = train_step(module, model, optimizer, batch,
+                                         grad_accum=cfg.grad_accum, grad_clip=cfg.grad_clip,
+                                         world=world, device=device, autocast=autocast)
+            dt = time.perf_counter() - t0
+            tokens = count_tokens(batch) * world.world_size
+            done = step + 1
+            recorder.train(done, loss, lr, scalar(grad_norm), tokens,
+                           flops_fn(model, batch) * world.world_size, dt, model)
+            if not math.isfinite(loss):
+                raise DivergedError(f"the training loss became {loss} at step {done}; "
+                                    f"lower the learning rate or enable grad_clip")
+            recorder.show(loss, lr, tokens / dt)
+            if evaluation.due(done):
+                recorder.evaluation(done, evaluation(model), model)
+            if checkpoints is not None:
+                checkpoints.after_step(done, stopper, model, optimizer, names, recorder.counters)
+    finally:
+        recorder.close()
+    c = recorder.counters
+    return FitResult(model, optimizer, max(start_step, cfg.steps), recorder.losses,
+                     recorder.records, c["tokens"], c["flops"], c["train_time"], c["elapsed"],
+                     run_dir)
