@@ -2,14 +2,15 @@
 
 The public names below are imported on first use (PEP 562), so that ``import tokenformer`` (and
 the command line's ``--help``) does not pay for importing torch; ``from tokenformer import X``
-works as usual.
+works as usual. The package is layered (docs/architecture.md): ``nn`` (Pattention), ``models``,
+``data``, ``hf``, ``formats`` (``load_model``), ``ops`` (grow, prune, adapters), ``training``,
+``eval``, ``experiments`` and ``cli``, over ``io``. No module shares a public name's name, so
+``tokenformer.grow`` and ``tokenformer.prune`` are always the functions.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -47,20 +48,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
-
-
-class _Package(types.ModuleType):
-    """``tokenformer.grow`` and ``tokenformer.prune`` are the functions, as with eager imports:
-    importing the submodules (which makes the import system set the package attribute to the
-    module) must not shadow them."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("grow", "prune") and isinstance(value, types.ModuleType):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:

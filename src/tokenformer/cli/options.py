@@ -128,3 +128,40 @@ def device(text: str) -> str:
     if parsed.type not in ("cpu", "cuda", "mps"):
         raise argparse.ArgumentTypeError(f"unsupported device {text!r}; use cpu or cuda")
     return text
+
+
+def add_config_flags(group: Any, cls: type, prefix: str) -> None:
+    """``--PREFIX.KEY VALUE`` for every field of the dataclass ``cls`` (the one override syntax of
+    every command that takes config overrides), each stored as ``set:PREFIX.KEY`` with its type
+    and docstring in ``--help``; :func:`config_overrides` reads them back."""
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        metavar, help_ = describe_field(f, docs, show_default=False)
+        group.add_argument(f"--{prefix}.{f.name}", dest=f"set:{prefix}.{f.name}",
+                           metavar=metavar, default=argparse.SUPPRESS, help=help_)
+
+
+def config_overrides(args: argparse.Namespace, prefix: str | None = None) -> dict[str, Any]:
+    """The ``set:`` values of parsed ``args`` (:func:`add_config_flags`, ``--KEY VALUE``): all of
+    them with their dotted keys, or with ``prefix`` only those under it, the prefix removed."""
+    values = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
+    if prefix is None:
+        return values
+    return {k[len(prefix) + 1:]: v for k, v in values.items() if k.startswith(prefix + ".")}
+
+
+class DeprecatedAppend(argparse.Action):
+    """A hidden old spelling of an ``append`` option: appends to the same ``dest`` and says the
+    new spelling on stderr, once per command line."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        kwargs.pop("help", None)
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        items = list(getattr(namespace, self.dest, None) or [])
+        if not items:
+            print(f"warning: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, [*items, values])

@@ -653,7 +653,7 @@ def default_dataset(tokenizer: str = "bytes", cache_dir: str | Path | None = Non
     except OSError as exc:
         raise DataError(f"cannot create the dataset cache {root} ({exc.strerror}); set "
                         f"TOKENFORMER_CACHE to a writable directory") from None
-    with _file_lock(root / ".kjv.lock"):  # concurrent ranks prepare it once
+    with file_lock(root / ".kjv.lock"):  # concurrent ranks prepare it once
         if (path / META_FILE).is_file():
             with contextlib.suppress(DataError):
                 dataset = TokenDataset.open(path)
@@ -680,7 +680,8 @@ def _cache_key(tokenizer: str | Path) -> str:
 
 
 @contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive OS lock on ``path`` for the block (POSIX; nothing on Windows)."""
     try:
         import fcntl
     except ImportError:  # Windows: no lock; concurrent first uses may both prepare

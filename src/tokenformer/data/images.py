@@ -47,7 +47,6 @@ class ImageSplit:
 
 
 def _require(module: str, extra: str = "vision"):
-
     try:
         return importlib.import_module(module)
     except ImportError:

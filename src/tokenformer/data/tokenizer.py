@@ -51,7 +51,6 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
     def save(self, directory: str | Path) -> None:
-
         atomic_write_text(Path(directory) / BYTES_MARKER, json.dumps({"type": "bytes"}) + "\n")
 
 
@@ -59,7 +58,6 @@ class HFTokenizer:
     """A ``tokenizers`` tokenizer loaded from a ``tokenizer.json`` file (no network, ever)."""
 
     def __init__(self, path: str | Path) -> None:
-
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"tokenizer file not found: {path}")
@@ -99,7 +97,6 @@ class HFTokenizer:
         return self._tok.decode(list(ids))
 
     def save(self, directory: str | Path) -> None:
-
         atomic_write(Path(directory) / TOKENIZER_FILE, lambda tmp: tmp.write_bytes(self._raw))
 
 

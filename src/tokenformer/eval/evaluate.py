@@ -135,7 +135,6 @@ def _as_tokens(data: Any, config: TokenFormerConfig, bytes_per_token: float | No
                ) -> tuple[np.ndarray, float | None]:
     """A 1-D int array of token ids (and bytes/token) from any of the accepted inputs."""
     if isinstance(data, (str, Path)):
-
         data = TokenDataset.open(data)
     if hasattr(data, "val") and hasattr(data, "bytes_per_token"):  # a prepared TokenDataset
         if data.vocab_size > config.padded_vocab_size:

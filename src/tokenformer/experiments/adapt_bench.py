@@ -81,7 +81,7 @@ def code_dataset(cache_dir: str | Path | None = None, progress: bool | None = Tr
     root = Path(cache_dir) if cache_dir is not None else data.default_cache_dir()
     path = root / f"code-{CODE_PACKAGE.lower()}-{CODE_VERSION}-bytes"
     root.mkdir(parents=True, exist_ok=True)
-    with data._file_lock(root / ".code.lock"):
+    with data.file_lock(root / ".code.lock"):
         if (path / data.META_FILE).is_file():
             with contextlib.suppress(DataError):
                 dataset = data.TokenDataset.open(path)

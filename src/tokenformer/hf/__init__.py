@@ -47,6 +47,7 @@ from ..data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from ..errors import CheckpointError, ConfigError
 from ..io.files import atomic_dir
 from ..models.lm import TokenFormerLM
+from ..nn.pattention import BLOCK_PATTENTIONS
 from .modeling import (
     AUTO_MAP,
     REMOTE_MODULE,
@@ -153,7 +154,8 @@ def load_hf(path: str | Path, **kwargs: Any) -> TokenFormerForCausalLM:
 
 
 # ----------------------------------------------------------------------------------------- PEFT
-PATTENTION_NAMES = ("query", "key", "value", "proj", "mlp")  # the Pattentions of a block
+# The Pattentions of a block by their module names (PEFT targets the leaf name)
+PATTENTION_NAMES = tuple(name.rsplit(".", 1)[-1] for name in BLOCK_PATTENTIONS)
 
 
 def lora_target_parameters(modules: tuple[str, ...] | list[str] = PATTENTION_NAMES) -> list[str]:

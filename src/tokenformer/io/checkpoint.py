@@ -426,7 +426,6 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
-
                 raise ConfigError("tensorboard logging needs the tensorboard package: "
                                   "pip install 'tokenformer[tensorboard]'") from None
             self._tb = SummaryWriter(str(tensorboard_dir))

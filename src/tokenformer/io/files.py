@@ -68,7 +68,6 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         if path.exists():
-
             old = path.with_name(f".{path.name}.old")
             if old.exists():  # left by a kill during an earlier replacement: never blocks
                 shutil.rmtree(old)
@@ -78,7 +77,6 @@ def atomic_dir(path: str | Path, overwrite: bool = False) -> Iterator[Path]:
         else:
             os.replace(tmp, path)
     except BaseException:
-
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 

@@ -180,7 +180,6 @@ def hold_run_folder(directory: str | Path, *, command: str, world: World | None 
         else:
             _held[key] = [lock, 1]
             try:
-
                 atomic_write_text(path / LOCK_PID, f"{os.getpid()}\n")
                 clean_leftovers(path)
                 if read_marker(path) is None:

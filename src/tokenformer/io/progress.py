@@ -97,7 +97,6 @@ def progress_bar(total: int | None, desc: str, *, progress: bool | None = None,
         return _Silent(total, desc, unit, initial, every, lines, file)
     stream = file or sys.stderr
     if progress or (hasattr(stream, "isatty") and stream.isatty()):
-
         return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True,
                     file=file, **tqdm_kwargs)
     return _Plain(total, desc, unit, initial, every, lines, file)

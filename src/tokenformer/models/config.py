@@ -202,10 +202,8 @@ class TokenFormerConfig:
             raise ConfigError(f"config: {exc}") from None
 
     def save(self, path: str | Path) -> None:
-
         path = Path(path)
         if path.suffix in (".yaml", ".yml"):
-
             atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
         else:
             atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
@@ -218,7 +216,6 @@ class TokenFormerConfig:
         text = path.read_text()
         try:
             if path.suffix in (".yaml", ".yml"):
-
                 data = yaml.safe_load(text)
             else:
                 data = json.loads(text)

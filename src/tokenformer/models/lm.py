@@ -106,7 +106,6 @@ def _pattention(config: TokenFormerConfig, kind: str, d_out: int | None = None) 
 
 
 def _product_ffn(config: TokenFormerConfig) -> nn.Module:
-
     d = config.hidden_size
     return ProductKeyPattention(d, d, config.ffn_tokens, config.ffn_product_k, config.norm,
                                 scale=config.ffn_scale, eps=config.theta_eps,

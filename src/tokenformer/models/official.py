@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..io.files import atomic_write, safe_torch_load
+from ..nn.pattention import kind_names
 from .config import TokenFormerConfig
 
 # Heads of the released models by hidden size (not recoverable from tensor shapes).
@@ -120,7 +121,7 @@ def infer_config(state: dict[str, torch.Tensor], config_json: dict[str, Any] | N
         return int(state[key].shape[0])
 
     for key, actual in (("num_layers", len(layers)), ("hidden_size", d),
-                        ("qkv_slot_num", tokens("attention.query"))):
+                        ("qkv_slot_num", tokens(kind_names("qkv")[0]))):
         if key in cfg and int(cfg[key]) != int(actual):
             raise CheckpointError(f"config.json says {key}={cfg[key]} but the weights have "
                                   f"{actual}")
@@ -136,8 +137,8 @@ def infer_config(state: dict[str, torch.Tensor], config_json: dict[str, Any] | N
     config = TokenFormerConfig(
         vocab_size=vocab, vocab_multiple=multiple, eos_token_id=cfg.get("eos_token_id", 0),
         hidden_size=int(d), num_layers=len(layers), num_heads=int(heads),
-        qkv_tokens=tokens("attention.query"), proj_tokens=tokens("attention.proj"),
-        ffn_tokens=tokens("mlp"),
+        qkv_tokens=tokens(kind_names("qkv")[0]), proj_tokens=tokens(kind_names("proj")[0]),
+        ffn_tokens=tokens(kind_names("ffn")[0]),
         max_seq_len=int(max_seq_len or cfg.get("seq_length") or cfg.get("max_position_embeddings")
                         or 2048),
         rotary_pct=float(rotary_pct if rotary_pct is not None else cfg.get("rotary_pct", 0.25)),

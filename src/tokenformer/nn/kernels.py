@@ -85,7 +85,7 @@ def build_name() -> str:
     return f"tokenformer_theta_{target.lower()}_{digest.hexdigest()[:8]}"
 
 
-def _built_library(name: str) -> Path | None:
+def built_library(name: str) -> Path | None:
     """The shared library of an earlier build of ``name`` in torch's extension cache, if any."""
     try:
         from torch.utils.cpp_extension import _get_build_directory
@@ -98,7 +98,7 @@ def _built_library(name: str) -> Path | None:
 
 def _build() -> None:
     name = build_name()
-    library = _built_library(name)
+    library = built_library(name)
     loaded = False
     if library is not None:  # the name says it is this source, flags and torch: just load it
         try:

@@ -52,6 +52,15 @@ THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm
 # docs/performance.md.
 PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference", "kernel", "torch")
 
+# The one map from a TokenFormer block's Pattentions (their names in the block, which are the
+# official checkpoints' names too) to the kind whose token count, Θ factor and top-k the config
+# holds (``qkv_tokens``, ``proj_scale``, ``ffn_top_k``...). Growth, pruning, adapters, top-k, the
+# experiments and the PEFT targets all read the names and kinds from here.
+KINDS: tuple[str, ...] = ("qkv", "proj", "ffn")
+BLOCK_PATTENTIONS: dict[str, str] = {
+    "attention.query": "qkv", "attention.key": "qkv", "attention.value": "qkv",
+    "attention.proj": "proj", "mlp": "ffn"}
+
 
 def default_scale(norm: str, num_tokens: int) -> float:
     """Θ's factor in the official code: √n for the L2 variants, n for the L1 ones."""
@@ -156,7 +165,7 @@ def set_pattention_top_k(model: nn.Module, *, qkv: TopK = None, proj: TopK = Non
     """Set the inference top-k of a TokenFormer's Pattentions by kind (None: dense), and record
     it in ``model.config`` (``qkv_top_k``/``proj_top_k``/``ffn_top_k``) when the config has those
     fields, so ``save``/HF conversion carry it. A count or a fraction of each layer's n."""
-    specs = {"qkv": qkv, "proj": proj, "ffn": ffn}
+    specs = dict(zip(KINDS, (qkv, proj, ffn), strict=True))
     for kind, spec in specs.items():
         check_top_k(spec, f"{kind} top_k")
     config = getattr(model, "config", None)
@@ -187,11 +196,12 @@ def parse_top_k(spec: TopK | str | dict[str, TopK]) -> dict[str, TopK]:
                 raise ConfigError(f"top-k tokens: malformed {spec!r}; use e.g. 'ffn=0.25,qkv=64'")
             spec = {kind.strip(): number(value) for kind, value in pairs}
     if not isinstance(spec, dict):
-        spec = {"qkv": spec, "proj": spec, "ffn": spec}
-    unknown = sorted(set(spec) - {"qkv", "proj", "ffn"})
+        spec = dict.fromkeys(KINDS, spec)
+    unknown = sorted(set(spec) - set(KINDS))
     if unknown:
-        raise ConfigError(f"top-k tokens: unknown kind(s) {', '.join(unknown)}; use qkv, proj, ffn")
-    out = {kind: spec.get(kind) for kind in ("qkv", "proj", "ffn")}
+        raise ConfigError(f"top-k tokens: unknown kind(s) {', '.join(unknown)}; use "
+                          f"{', '.join(KINDS)}")
+    out = {kind: spec.get(kind) for kind in KINDS}
     for kind, value in out.items():
         check_top_k(value, f"{kind} top-k tokens")
     return out
@@ -222,15 +232,16 @@ def top_k_tokens(model: nn.Module, spec: TopK | str | dict[str, TopK] | None
 
 def pattention_kind(name: str) -> str:
     """"qkv", "proj" or "ffn" for a Pattention's qualified name in a TokenFormer (the config
-    holds one token count, Θ factor and top-k per kind)."""
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf in ("query", "key", "value"):
-        return "qkv"
-    if leaf == "proj":
-        return "proj"
-    if leaf == "mlp":
-        return "ffn"
+    holds one token count, Θ factor and top-k per kind), by :data:`BLOCK_PATTENTIONS`."""
+    for suffix, kind in BLOCK_PATTENTIONS.items():
+        if name == suffix or name.endswith("." + suffix):
+            return kind
     raise ConfigError(f"{name!r} is not a Q/K/V, proj or FFN Pattention of a TokenFormer")
+
+
+def kind_names(kind: str) -> tuple[str, ...]:
+    """The names (relative to a block) of a block's Pattentions of ``kind``."""
+    return tuple(name for name, k in BLOCK_PATTENTIONS.items() if k == kind)
 
 
 class Pattention(nn.Module):

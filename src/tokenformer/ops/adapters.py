@@ -49,15 +49,13 @@ from ..formats.loading import load_model
 from ..io import checkpoint as ckpt
 from ..io.files import atomic_dir, atomic_write_text
 from ..models.lm import check_state_dict
-from ..nn.pattention import Pattention
-from .growth import KINDS, _grown_tokens, grow
+from ..nn.pattention import KINDS, Pattention, kind_names, pattention_kind
+from .growth import grow, grown_tokens
 
 ADAPTER_WEIGHTS = "adapter.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FORMAT = "tokenformer-adapter-v1"
 # Which Pattentions a kind names (the same grouping as the config's qkv/proj/ffn_tokens).
-_KIND_SUFFIXES = {"qkv": ("attention.query", "attention.key", "attention.value"),
-                  "proj": ("attention.proj",), "ffn": ("mlp",)}
 
 
 class AdapterTokens(nn.Module):
@@ -104,7 +102,7 @@ def core_model(model: nn.Module) -> nn.Module:
 
 def _targets(model: nn.Module, kind: str) -> list[tuple[str, Pattention]]:
     found = [(n, m) for n, m in core_model(model).named_modules()
-             if isinstance(m, Pattention) and n.endswith(_KIND_SUFFIXES[kind])]
+             if isinstance(m, Pattention) and n.endswith(kind_names(kind))]
     if not found:
         raise ConfigError(f"{type(model).__name__} has no {kind} Pattentions to adapt")
     return found
@@ -212,7 +210,7 @@ def _new_tokens(layer: Pattention, m: int, generator: torch.Generator | None
     grown = types.SimpleNamespace(num_tokens=layer.num_tokens + m,
                                   key_init_std=layer.key_init_std,
                                   value_init_std=layer.value_init_std)
-    keys, values = _grown_tokens(layer, grown, "exact", generator)  # type: ignore[arg-type]
+    keys, values = grown_tokens(layer, grown, "exact", generator)  # type: ignore[arg-type]
     n = layer.num_tokens
     return keys[n:].clone(), values[n:].clone()
 
@@ -269,7 +267,7 @@ def adapter_sizes(model: nn.Module, name: str) -> dict[str, int]:
     sizes = dict.fromkeys(KINDS, 0)
     for layer_name, layer in _adapted(model):
         if name in layer.adapters:
-            kind = next(k for k, s in _KIND_SUFFIXES.items() if layer_name.endswith(s))
+            kind = pattention_kind(layer_name)
             sizes[kind] = layer.adapters[name].num_tokens
     return sizes
 

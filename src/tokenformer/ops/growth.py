@@ -65,12 +65,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import GrowthError
-from ..nn.pattention import Pattention, default_scale
+from ..nn.pattention import KINDS, Pattention, default_scale, kind_names
 
 STRATEGIES = ("exact", "paper", "official")
-KINDS = ("qkv", "proj", "ffn")
 # The Pattentions whose output is added to the residual stream: zero them for an identity block.
-BRANCH_OUTPUTS = ("attention.proj", "mlp")
+BRANCH_OUTPUTS = kind_names("proj") + kind_names("ffn")
 
 _CANNOT_GROW = {
     "hidden size": "the hidden size is the width of every token (the residual stream, the "
@@ -227,7 +226,7 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
         if source_of(name)[1]:
             branch = strategy != "official" and name.endswith(BRANCH_OUTPUTS)
             return _new_block_tokens(module, old, branch, generator)
-        return _grown_tokens(old, module, strategy, generator, copy)
+        return grown_tokens(old, module, strategy, generator, copy)
 
     return rebuild(model, new_config, tokens_for, source_of, copy=copy, progress=progress,
                    desc="grow")
@@ -423,7 +422,7 @@ def _with_rows(old: torch.Tensor, rows: int, copy: bool = True, zero: bool = Tru
     return out
 
 
-def _grown_tokens(old: Pattention, new: Pattention, strategy: str,
+def grown_tokens(old: Pattention, new: Pattention, strategy: str,
                   generator: torch.Generator | None, copy: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of ``new`` (at least as many rows as ``old``): old rows first, new rows by

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import GrowthError
-from ..nn.pattention import Pattention, default_scale, pattention_kind, theta
-from .growth import KINDS, rebuild, refuse_product_ffn, size_request
+from ..nn.pattention import KINDS, Pattention, default_scale, pattention_kind, theta
+from .growth import rebuild, refuse_product_ffn, size_request
 
 PRUNE_BY: tuple[str, ...] = ("contribution", "mass", "value", "newest")
 SCALES: tuple[str, ...] = ("hold", "follow", "renorm")

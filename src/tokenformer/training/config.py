@@ -136,7 +136,6 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-
         def choice(key: str, options: Sequence[str]) -> None:
             if getattr(self, key) not in options:
                 raise ConfigError(f"{key} must be one of {', '.join(options)}, "

@@ -39,7 +39,6 @@ def parse_grow_at(spec: str) -> GrowthEvent:
         if not eq or key not in GROW_KEYS or not value or key in kwargs:
             raise ConfigError(usage)
         if key == "strategy":
-
             if value not in STRATEGIES:
                 raise ConfigError(f"--grow-at {spec!r}: unknown strategy {value!r}; choose one "
                                   f"of {', '.join(STRATEGIES)}")

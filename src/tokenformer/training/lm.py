@@ -144,7 +144,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
         torch.manual_seed(cfg.seed)
         model = initial if initial is not None else model_class(cfg.arch)(model_config)
         if world.is_main:
-
             run_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(run_dir / RUN_CONFIG, json.dumps(cfg.to_dict(), indent=2) + "\n")
         per_rank = cfg.batch_size // world.world_size

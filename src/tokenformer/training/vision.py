@@ -21,7 +21,8 @@ from ..eval.vision import Evaluation, evaluate, save_confusion_png
 from ..io.files import atomic_write_text
 from ..io.outputs import check_run_folder, hold_run_folder
 from ..models.vit import TokenFormerViTConfig, ViTConfig, build_vision_model
-from .train import TrainConfig, fit
+from .config import TrainConfig
+from .loop import fit
 
 # Digits defaults: the recipe benchmarks/vit_digits.py measures (docs/vision.md). One thread:
 # matmuls this small gain nothing from a second one, and on a busy machine a second thread spins
@@ -149,7 +150,6 @@ def _train_vision(cfg: Any, preset: str, data: str, arch: str, out: str | Path |
     evaluation = evaluate(result.model, vdata.eval_batches())
     png = None
     if out is not None:
-
         out = Path(out)
         title = (f"{model.config.name} ({arch}) on {Path(data).name}: "
                  f"top-1 {100 * evaluation.accuracy:.2f}%")

@@ -27,7 +27,6 @@ def ablate(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-
     variants = "; ".join(f"{s.name}: {', '.join(s.variants)}" for s in STUDIES.values())
     p = sub.add_parser(
         "ablate", help="the paper's ablations: Θ variants or block-norm weight/bias, on the LM "

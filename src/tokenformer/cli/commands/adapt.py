@@ -15,14 +15,14 @@ from ...experiments.adapt_bench import code_dataset, run_adapt_bench
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir
 from ...io.outputs import check_output
+from ...nn.pattention import KINDS
 from ...ops import adapters as ad
-from ...ops.growth import KINDS
 from ...training.config import TrainConfig, load_config
 from ...training.evaluation import lm_evaluator
 from ...training.execution import resolve_device
 from ...training.lm import lm_batches, open_dataset
 from ...training.loop import fit
-from ..options import comma_list
+from ..options import comma_list, config_overrides
 from .grow import copy_tokenizer
 from .scale import experiment_folder
 
@@ -47,7 +47,6 @@ def open_data(cfg: Any, progress: bool = True) -> Any:
     KJV) or ``code`` (the embedded Jinja2 source corpus,
     :mod:`tokenformer.experiments.adapt_bench`)."""
     if cfg.data == "code":
-
         return code_dataset(progress=progress)
 
     return open_dataset(cfg, progress=progress)
@@ -99,7 +98,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
 
 
 def run_adapt(args: argparse.Namespace) -> int:
-    overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
+    overrides = config_overrides(args)
     summary = adapt_checkpoint(args.base, args.data, parse_tokens(args.tokens), args.out,
                                name=args.name, overrides=overrides,
                                progress=False if args.no_progress else None)
@@ -137,7 +136,6 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-
     with experiment_folder(args.out, [], "adapt-bench"):
         results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds, budgets=args.budgets,
                                   progress=False if args.no_progress else None,

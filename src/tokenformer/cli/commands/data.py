@@ -10,7 +10,6 @@ from ..options import DeprecatedFlag
 
 
 def prepare_command(args: argparse.Namespace) -> None:
-
     if args.default:
         if args.inputs or args.out:
             raise ConfigError("--default prepares the embedded corpus into the cache; "

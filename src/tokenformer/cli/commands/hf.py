@@ -19,7 +19,6 @@ def _hf():
 
 
 def convert_official(args: argparse.Namespace) -> None:
-
     check_output(args.out_dir, [args.checkpoint, args.tokenizer], command="convert official",
                  overwrite=args.overwrite, flag="out_dir")
     out = _hf().convert_official(args.checkpoint, args.out_dir, tokenizer=args.tokenizer,
@@ -31,7 +30,6 @@ def convert_official(args: argparse.Namespace) -> None:
 
 
 def convert_to_hf(args: argparse.Namespace) -> None:
-
     check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-hf",
                  overwrite=args.overwrite, flag="out_dir")
     out = _hf().convert_to_hf(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
@@ -46,7 +44,6 @@ def _print_loadable(out: object) -> None:
 
 
 def convert_to_official(args: argparse.Namespace) -> None:
-
     check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-official",
                  overwrite=args.overwrite, flag="out_dir")
     out = _hf().convert_to_official(args.model_dir, args.out_dir, tokenizer=args.tokenizer,

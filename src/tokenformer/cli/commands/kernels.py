@@ -9,13 +9,12 @@ from ...nn import kernels
 
 
 def build_kernels(args: argparse.Namespace) -> int:
-
     try:
         name = kernels.build()
     except RuntimeError as exc:
         raise TokenFormerError(f"{exc} (the default Pattention impl runs the PyTorch 'fused' "
                                f"path without it)") from None
-    library = kernels._built_library(name)
+    library = kernels.built_library(name)
     print(f"Θ kernel {name} ready" + (f": {library}" if library else ""))
     return 0
 

@@ -24,7 +24,6 @@ def info(spec: str, seq_len: int | None = None) -> str:
     elif Path(spec).suffix in (".json", ".yaml", ".yml"):  # never a weights file
         config = TokenFormerConfig.load(spec)
     else:
-
         config = load_model(spec).config
     T = seq_len or config.max_seq_len
     fwd, train = flops_per_token(config, T), flops_per_token(config, T, training=True)

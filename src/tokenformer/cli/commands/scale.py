@@ -24,10 +24,8 @@ def scale(args: argparse.Namespace) -> int:
     overrides = {"seeds": args.seeds} if args.seeds else {}
     preset = get_preset(args.preset, **overrides)
     if args.plan:
-
         vocab = 256  # the embedded corpus is byte-level
         if args.data:
-
             vocab = TokenDataset.open(args.data).vocab_size
         print(describe(preset, vocab))
         return 0

@@ -14,7 +14,7 @@ from ...models.config import TokenFormerConfig
 from ...training.config import RUN_CONFIG, TrainConfig, load_config
 from ...training.lm import train
 from ...training.plot import plot_runs
-from ..options import describe_field, field_docs
+from ..options import add_config_flags, config_overrides, describe_field, field_docs
 
 _NESTED = ("model", "baseline", "grow_at")
 
@@ -36,7 +36,6 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
         group.add_argument(*sorted(flags), dest=f"set:{f.name}", metavar=metavar,
                            default=argparse.SUPPRESS, help=help_)
     for prefix, cls in (("model", TokenFormerConfig), ("baseline", TransformerConfig)):
-        docs = field_docs(cls)
         title = ("--model.KEY: the TokenFormer config (defaults: --model.preset's)"
                  if prefix == "model" else
                  "--baseline.KEY: the baseline of --arch transformer or transformer++ (defaults: "
@@ -47,10 +46,7 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                                 default=argparse.SUPPRESS,
                                 help="preset the other model keys start from (default: "
                                      "'small')")
-        for f in dataclasses.fields(cls):
-            metavar, help_ = describe_field(f, docs, show_default=False)
-            nested.add_argument(f"--{prefix}.{f.name}", dest=f"set:{prefix}.{f.name}",
-                                metavar=metavar, default=argparse.SUPPRESS, help=help_)
+        add_config_flags(nested, cls, prefix)
 
 
 def _finished(run_dir: Path, steps: int) -> bool:
@@ -69,8 +65,7 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 
 def run_train(args: argparse.Namespace) -> int:
-
-    overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
+    overrides = config_overrides(args)
     if args.grow_at is not None:
         overrides["grow_at"] = args.grow_at
     if args.resume is not None:
@@ -117,7 +112,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
 
     def run_plot(args: argparse.Namespace) -> int:
-
         check_output(args.out, args.runs, command="plot", overwrite=args.overwrite,
                      kind="file")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import typing
 from typing import Any
 
 from ...data.images import ImageFolder
@@ -16,7 +17,9 @@ from ...errors import ConfigError
 from ...eval.vision import evaluate, save_confusion_png
 from ...io.outputs import check_output
 from ...models.vit import TokenFormerViTConfig, ViTConfig, load_vision_model
+from ...training.config import coerce
 from ...training.vision import EVAL_BATCH, open_vision_data, train_vision
+from ..options import DeprecatedAppend, add_config_flags, config_overrides
 
 
 # -------------------------------------------------------------------------------------- info
@@ -46,6 +49,7 @@ def vision_info(preset: str, arch: str = "tokenformer") -> str:
 
 
 def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """The deprecated ``--set KEY=VALUE`` pairs (a value is JSON where it parses, else a string)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -58,15 +62,21 @@ def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _model_overrides(a: argparse.Namespace) -> dict[str, Any]:
+    """``--model.KEY VALUE`` values, each coerced to the vision config field's type."""
+    hints = typing.get_type_hints(TokenFormerViTConfig)
+    return {key: coerce(value, hints[key], f"model.{key}")
+            for key, value in config_overrides(a, "model").items()}
+
+
 def _train_command(a: argparse.Namespace) -> None:
     overrides = {k: v for k, v in (("steps", a.steps), ("batch_size", a.batch_size),
                                     ("lr", a.lr), ("seed", a.seed), ("threads", a.threads))
                  if v is not None}
     if a.lr is not None:
         overrides["min_lr"] = a.lr / 10  # the default recipe's ratio
-    model_overrides = _parse_overrides(a.model_set)
+    model_overrides = {**_parse_overrides(a.model_set), **_model_overrides(a)}
     if a.data != "digits":
-
         model_overrides.setdefault("num_classes", len(ImageFolder(a.data, "train").classes))
     run = train_vision(a.preset, a.data, arch=a.arch, out=a.out, max_shift=a.max_shift,
                        model_overrides=model_overrides, workers=_workers(a),
@@ -93,7 +103,6 @@ def _workers(a: argparse.Namespace) -> int:
 
 def _eval_command(a: argparse.Namespace) -> None:
     if a.confusion_png:
-
         check_output(a.confusion_png, [a.model, a.data if a.data != "digits" else None],
                      command="vision eval", overwrite=a.overwrite, kind="file",
                      flag="--confusion-png")
@@ -130,13 +139,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--seed", type=int)
     q.add_argument("--threads", type=int, help="torch threads (default 1; 0: torch's choice)")
     q.add_argument("--max-shift", type=int, default=1, help="digits: random shift in pixels")
-    q.add_argument("--set", dest="model_set", action="append", default=[], metavar="KEY=VALUE",
-                   help="model config override, e.g. --set pool=mean --set image_size=64")
+    q.add_argument("--set", dest="model_set", action=DeprecatedAppend, default=[],
+                   metavar="KEY=VALUE", new="--model.KEY VALUE")
     q.add_argument("--out", default=None, help="run directory (checkpoint, metrics, PNG)")
     q.add_argument("--workers", type=int, default=None,
                    help="image folders: DataLoader processes decoding images ahead (default: "
                         "CPU cores - 1, at most 8; 0: decode in the training process)")
     q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_config_flags(q.add_argument_group(
+        "--model.KEY: the vision config (defaults: --preset's), e.g. --model.pool mean "
+        "--model.image_size 64"), TokenFormerViTConfig, "model")
     q.set_defaults(func=_train_command)
 
     q = vsub.add_parser("eval", help="top-1 accuracy of a trained vision model")

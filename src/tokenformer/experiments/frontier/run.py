@@ -36,7 +36,7 @@ from ...io.files import atomic_write, atomic_write_text
 from ...models.baselines import TransformerConfig, model_class
 from ...models.config import TokenFormerConfig
 from ...nn import kernels
-from ...nn.pattention import default_scale
+from ...nn.pattention import KINDS, default_scale, pattention_kind
 from ...ops.growth import grow_with_optimizer
 from ...ops.widening import optimizer_for, widen_mlp
 from ...training.config import TrainConfig
@@ -72,7 +72,6 @@ class Context:
 
 # ------------------------------------------------------------------------------ model & state
 def _config_class(family: str) -> type:
-
     return TokenFormerConfig if plan_.arch(family) == "tokenformer" else TransformerConfig
 
 
@@ -84,7 +83,6 @@ def _build(family: str, config: Any, seed: int, device: Any) -> Any:
 
 
 def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) -> Any:
-
     p = ctx.preset
     return TrainConfig(arch=plan_.arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
                        steps=steps, lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
@@ -113,9 +111,6 @@ def _check_lr(cfg: Any, start: int, end: int, branch_steps: int, preset: Preset)
             raise AssertionError(f"segment schedule differs from WSD at step {step}")
 
 
-_KIND = {"query": "qkv", "key": "qkv", "value": "qkv", "proj": "proj", "mlp": "ffn"}
-
-
 def _apply_anneal(model: Any, anneal: dict[str, Any] | None, step: int, steps: int) -> None:
     """exact-anneal: Θ's factor of each kind moves linearly from its held value to √n over
     ``steps`` steps after the growth; at the end the config follows n again (so a later exact
@@ -124,7 +119,7 @@ def _apply_anneal(model: Any, anneal: dict[str, Any] | None, step: int, steps: i
         return
     frac = min(1.0, max(0.0, (step - anneal["step"]) / steps))
     for name, module in model.pattentions().items():
-        kind = _KIND[name.rsplit(".", 1)[-1]]
+        kind = pattention_kind(name)
         held, target = anneal["held"][kind], anneal["target"][kind]
         module.scale = held + frac * (target - held)
     if frac >= 1.0:
@@ -139,7 +134,6 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
 
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
     if run.kind == "widen":
-
         model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
                                      run.recipe, generator=generator)
         return model.to(ctx.device).train(), optimizer, None
@@ -154,9 +148,9 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
     if run.recipe == "exact-anneal":
         cfg = model.config
         anneal = {"step": stage.start,
-                  "held": {k: cfg.theta_scale(k) for k in ("qkv", "proj", "ffn")},
+                  "held": {k: cfg.theta_scale(k) for k in KINDS},
                   "target": {k: default_scale(cfg.norm, getattr(cfg, f"{k}_tokens"))
-                             for k in ("qkv", "proj", "ffn")}}
+                             for k in KINDS}}
     return model, optimizer, anneal
 
 
@@ -181,7 +175,6 @@ def _checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
 def _load_state(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
-
     path = _state_path(ctx, run)
     if not path.is_file():
         return None
