@@ -3,25 +3,38 @@
 ``trust_remote_code=True`` imports a folder's ``modeling_tokenformer.py`` and
 ``configuration_tokenformer.py``. So that a folder pushed to a hub works for anyone with torch
 and transformers (not our package), :func:`write_remote_code` writes them by inlining
-:mod:`tokenformer.hf_modeling` and every package module it imports (the core: errors, fused,
-pattention, config, model, baselines) into one file: there is still one copy of the model code,
-the package's.
+:mod:`tokenformer.hf.modeling` and every package module it imports (errors, the file helpers,
+the nn layers, the configs, the LM, the released layout, the baselines) into one file: there is
+still one copy of the model code, the package's.
 
-How a module is inlined (:func:`_inline`): its docstring and ``from __future__`` line go (one
-``from __future__ import annotations`` heads the file); a top-level relative import is dropped,
-since the names it imports are already defined above it in the same file; a relative import
-inside a function becomes ``pass`` when that module is inlined too, and otherwise ``raise
-ImportError(...)`` (e.g. ``TokenFormerLM.save`` needs ``tokenformer.io``: the package's file
-I/O is not part of the remote code). :data:`STUBS` replaces the modules that cannot be inlined:
-the C++ Θ kernel (``impl="kernel"`` falls back to the fused PyTorch path there, exactly as it does
-wherever the kernel cannot be built). The remote model therefore computes exactly what the
-package does with the ``auto``/``fused``/``reference`` implementations.
+The rules a bundled module follows (checked while generating: a module that breaks one stops the
+generation with an error naming the module, the line and what it does):
+
+1. **The bundle** is ``hf/modeling.py`` and every package module it imports at top level,
+   transitively, dependencies first (:func:`bundle_order`).
+2. **Package imports** are relative ``from .module import name`` statements at the top of the
+   module; they are dropped (the names are defined above, in the same file; ``name as alias``
+   becomes ``alias = name``). A package module is imported as an object (``from . import x``)
+   only when :data:`STUBS` stands in for it (the C++ Θ kernel: a class named ``kernels`` whose
+   ``usable``/``supports`` say no, so ``impl="kernel"`` falls back to the fused PyTorch path,
+   exactly as wherever the kernel cannot be built).
+3. **One namespace**: no two bundled modules define the same top-level name.
+4. **Deferred package imports** (a relative import inside a function or an ``if TYPE_CHECKING:``
+   block) become ``pass`` when that module is bundled, else ``raise ImportError("needs the
+   tokenformer package ...")``.
+5. **Other imports**, anywhere in a bundled module, are of the standard library or of
+   :data:`ALLOWED_PACKAGES`: torch, transformers and the packages transformers itself requires
+   (so whoever can load the folder has them).
+
+The remote model therefore computes exactly what the package does with the ``auto``/``fused``/
+``reference`` implementations. docs/huggingface.md, "Remote code".
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import sys
 from pathlib import Path
 
 from .. import __version__
@@ -29,6 +42,10 @@ from ..io.files import atomic_write_text
 from .modeling import REMOTE_CONFIG_MODULE, REMOTE_MODULE
 
 ROOT = "hf.modeling"
+# What a bundled module may import besides the standard library and the package itself (rule 5):
+# torch, transformers, and the packages transformers requires.
+ALLOWED_PACKAGES = ("torch", "transformers", "safetensors", "yaml", "numpy", "tokenizers",
+                    "huggingface_hub", "packaging", "regex", "tqdm")
 PACKAGE = "tokenformer"
 STUBS = {
     "nn.kernels": (
@@ -55,17 +72,22 @@ def _source(module: str) -> str:
     return _file(module).read_text(encoding="utf-8")
 
 
-def _imported_modules(node: ast.ImportFrom, importer: str) -> list[str]:
-    """The package modules a relative import in ``importer`` names (``from . import a`` and
-    ``from .pkg import a`` name modules when ``a`` is one)."""
+def _resolve(node: ast.ImportFrom, importer: str) -> tuple[list[str], bool]:
+    """The package modules a relative import in ``importer`` names, and whether it imports them
+    as objects (``from . import x``, ``from .pkg import x``) rather than names from one module."""
     package = importer.split(".")[:-1]
     if node.level - 1 > len(package):
         raise RuntimeError(f"remote code: tokenformer.{importer} imports beyond the package")
     base = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module
                                                           else [])
     if base and _file(".".join(base)).is_file():
-        return [".".join(base)]
-    return [".".join([*base, alias.name]) for alias in node.names]
+        return [".".join(base)], False
+    return [".".join([*base, alias.name]) for alias in node.names], True
+
+
+def _imported_modules(node: ast.ImportFrom, importer: str) -> list[str]:
+    """The package modules a relative import in ``importer`` names."""
+    return _resolve(node, importer)[0]
 
 
 def _top_level_imports(module: str) -> list[str]:
@@ -96,6 +118,34 @@ def bundle_order(root: str = ROOT) -> list[str]:
     return order
 
 
+def disallowed_imports(tree: ast.Module) -> list[tuple[int, str]]:
+    """``(line, module)`` of every absolute import in ``tree`` of neither the standard library
+    nor :data:`ALLOWED_PACKAGES` (rule 5)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            root = name.split(".")[0]
+            if root not in sys.stdlib_module_names and root not in ALLOWED_PACKAGES:
+                found.append((node.lineno, name))
+    return found
+
+
+def _check_imports(module: str, tree: ast.Module) -> None:
+    bad = disallowed_imports(tree)
+    if bad:
+        line, name = bad[0]
+        raise RuntimeError(f"remote code: tokenformer/{module.replace('.', '/')}.py line {line} "
+                           f"imports {name}, which {REMOTE_MODULE}.py may not import: only the "
+                           f"standard library and {', '.join(ALLOWED_PACKAGES)} (rule 5 of "
+                           f"tokenformer.hf.remote; docs/huggingface.md, 'Remote code')")
+
+
 def _defined_names(tree: ast.Module) -> set[str]:
     names: set[str] = set()
     for node in tree.body:
@@ -120,6 +170,7 @@ def _inline(module: str, bundled: set[str]) -> tuple[str, set[str]]:
         edits.append((node.lineno, node.end_lineno or node.lineno,
                       indent + text + "\n" if text else ""))
 
+    _check_imports(module, tree)
     body = tree.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         replace(body[0], "")  # the module docstring
@@ -127,12 +178,18 @@ def _inline(module: str, bundled: set[str]) -> tuple[str, set[str]]:
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
             replace(node, "")
         elif isinstance(node, ast.ImportFrom) and node.level:
-            missing = [m for m in _imported_modules(node, module) if m not in bundled]
+            modules, as_objects = _resolve(node, module)
+            objects = [m for m in modules if as_objects and m not in STUBS]
+            if objects:
+                raise RuntimeError(f"remote code: tokenformer.{module} imports the module "
+                                   f"tokenformer.{objects[0]} as an object; import names from it "
+                                   f"(rule 2 of tokenformer.hf.remote)")
+            missing = [m for m in modules if m not in bundled]
             if missing:
                 raise RuntimeError(f"remote code: tokenformer.{module} imports "
                                    f"tokenformer.{missing[0]} at top level, which is not inlined")
             aliases = [f"{a.asname} = {a.name}" for a in node.names
-                       if a.asname and a.asname != a.name and node.module is not None]
+                       if a.asname and a.asname != a.name and not as_objects]
             replace(node, "; ".join(aliases))
     top = set(map(id, body))
     for node in ast.walk(tree):
