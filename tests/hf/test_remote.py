@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from tokenformer.hf import remote  # noqa: E402
+from tokenformer.hf import remote
 
 # Whoever loads a saved folder with trust_remote_code has torch and transformers, hence the
 # packages transformers itself requires; nothing else may be imported (written out here, not

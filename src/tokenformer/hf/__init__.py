@@ -42,6 +42,7 @@ from transformers import (
     AutoModelForSequenceClassification,
     PreTrainedTokenizerFast,
 )
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from ..data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from ..errors import CheckpointError, ConfigError
@@ -83,8 +84,6 @@ def byte_level_backend():
     Byte-level BPE with the 256 single-byte tokens (id = byte value, GPT-2's byte→character
     alphabet) and no merges, plus ``<|endoftext|>`` = 256 as a special token.
     """
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
     vocab = {char: byte for byte, char in bytes_to_unicode().items()}
     tok = _Tok(tokenizer_models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

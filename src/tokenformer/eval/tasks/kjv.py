@@ -17,6 +17,9 @@ import re
 from functools import lru_cache
 from typing import Any
 
+# absolute: lm-eval loads this file by its path, outside the package
+from tokenformer.data.datasets import kjv_text
+
 TAIL_FRACTION = 0.02
 MAX_DOCS = 200
 _SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
@@ -25,8 +28,6 @@ _SENTENCE_END = re.compile(r"(?<=[.?!])\s+")
 @lru_cache(maxsize=1)
 def sentences() -> tuple[str, ...]:
     """Sentences of 8 to 30 words ending in a plain word and a full stop, in text order."""
-    from tokenformer.data.datasets import kjv_text
-
     text = kjv_text()
     tail = text[int(len(text) * (1 - TAIL_FRACTION)):]
     tail = tail[tail.find("\n") + 1:]  # start at a paragraph boundary
