@@ -474,8 +474,9 @@ def test_token_ids_beyond_the_vocabulary_are_refused_when_opened(capsys, tmp_pat
 
 
 def test_any_failure_is_one_line_exit_2(capsys, monkeypatch):
-    import tokenformer.commands.model as model_commands
     from torch.distributed.checkpoint.api import CheckpointException
+
+    import tokenformer.cli.commands.model as model_commands
 
     def fail(*args, **kwargs):
         raise CheckpointException("shard 3 is corrupt\n" + "detail\n" * 150, {})

@@ -32,9 +32,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+import safetensors.torch
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
@@ -93,7 +93,8 @@ def save_tree(path: str | Path, tree: Any) -> None:
 
 
     metadata = {"format": _TREE_FORMAT, "tree": json.dumps(encode(tree))}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp),
+                                                               metadata=metadata))
 
 
 def load_tree(path: str | Path) -> Any:

@@ -39,9 +39,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
@@ -294,7 +294,7 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
               **(extra or {})}
     directory = Path(directory)
     with atomic_dir(directory, overwrite=overwrite) as tmp:
-        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        safetensors.torch.save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         atomic_write_text(tmp / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
         ckpt.write_manifest(tmp)
     return directory
@@ -340,7 +340,7 @@ def load_adapter(model: nn.Module, directory: str | Path, *, name: str | None = 
                                   f"base model)")
     name = name or config["name"]
     try:
-        state = load_file(str(directory / ADAPTER_WEIGHTS))
+        state = safetensors.torch.load_file(str(directory / ADAPTER_WEIGHTS))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{directory / ADAPTER_WEIGHTS} is corrupt: {exc}") from None
     adapt(model, **config["tokens"], name=name)
