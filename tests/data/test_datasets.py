@@ -27,7 +27,7 @@ from tokenformer.data.datasets import (
 )
 from tokenformer.errors import ConfigError, DataError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\n"
         "All:\nSpeak, speak. Ünïcödé ✓ 😀 — ok\n") * 20
 
