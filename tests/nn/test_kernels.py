@@ -22,7 +22,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from test_fused import (
     inputs,
     max_rel,
@@ -31,6 +30,7 @@ from test_fused import (
     reference,
     value_and_grads,
 )
+
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.nn import kernels
 from tokenformer.nn.fused import fused_pattention
