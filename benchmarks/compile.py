@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     compiled = torch.compile(model)
     tokens = args.batch * args.seq
-    # The same model with impl="kernel" (tokenformer.kernels), a copy with its own optimizer and
+    # The same model with impl="kernel" (tokenformer.nn.kernels), a copy with its own optimizer and
     # compiled module, so that switching impls never invalidates a compiled graph.
     with_kernel = kernels.available()
     if with_kernel:

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     print("## Fused Pattention (issue 8)\n")
     print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine()}; timing: {clock}  ")
-    kernel = (f"the C++ Θ kernel (tokenformer.kernels, {kernels.build_name()})"
+    kernel = (f"the C++ Θ kernel (tokenformer.nn.kernels, {kernels.build_name()})"
               if kernels.available() else
               f"UNAVAILABLE, ran the fused path: {kernels.unavailable_reason()}")
     print(f"Variant `kernel`: {kernel}; `default`: a `Pattention` with nothing set "

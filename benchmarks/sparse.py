@@ -86,7 +86,7 @@ def train_frontier(args: argparse.Namespace) -> dict:
                          "steps": cfg.steps, "budget": budget})
             log(f"{family} seed {seed}: val loss {loss:.4f} (frontier "
                 f"{rows[-1]['frontier_loss']})")
-    lines = [f"Frontier arm {args.size} at its largest budget, retrained by `tokenformer.train` "
+    lines = [f"Frontier arm {args.size} at its largest budget, retrained by `tokenformer.training` "
              f"with the recipe of {args.results} (WSD, chosen LR per family).", "",
              "| family | seed | LR | steps | val loss | frontier's val loss |",
              "|---|---:|---:|---:|---:|---:|"]
@@ -348,7 +348,7 @@ def compare_mlp(args: argparse.Namespace) -> dict:
 
 def finetune_wsd(model: torch.nn.Module, run: dict, steps: int, lr: float, dataset
                  ) -> torch.nn.Module:
-    """``steps`` steps of ``tokenformer.train.fit`` on ``model`` (in place), fresh AdamW, the
+    """``steps`` steps of ``tokenformer.training.fit`` on ``model`` (in place), fresh AdamW, the
     frontier's schedule family: WSD (10 warmup steps, the last 20 % decaying to 0.1 × ``lr``);
     batch, sequence, weight decay, clipping and data seed of the run's config (``run``), on the
     training batches that follow the run's last step."""

@@ -1,5 +1,5 @@
 """Training throughput: tokens/s and MFU of TokenFormer and of the FLOP-matched Transformer, fp32
-and bf16, through the real training loop (:func:`tokenformer.train.fit`: forward, backward,
+and bf16, through the real training loop (:func:`tokenformer.training.fit`: forward, backward,
 clipping, AdamW).
 
 The four (model, precision) pairs of a preset are timed side by side: after a warm-up, rounds of
@@ -73,7 +73,7 @@ class Trainer:
 def measure(preset: str, args: argparse.Namespace) -> dict:
     tf_config = TokenFormerConfig.from_name(preset, max_seq_len=args.seq_len)
     configs = {"TokenFormer": tf_config, "Transformer": matched_config(tf_config, "transformer")}
-    if kernels.available():  # the same model with impl="kernel" (tokenformer.kernels)
+    if kernels.available():  # the same model with impl="kernel" (tokenformer.nn.kernels)
         configs = {"TokenFormer": tf_config, KERNEL: tf_config, **configs}
     trainers, per_token, params = {}, {}, {}
     for name, config in configs.items():

@@ -415,7 +415,7 @@ def prepare(inputs: list[str | Path] | str | Path, tokenizer: str | Path, out: s
     """
 
     paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
-    # never into an input, never over a folder prepare did not write (tokenformer.outputs)
+    # never into an input, never over a folder prepare did not write (tokenformer.io.outputs)
     check_output(out, [*paths, tokenizer], command="prepare", overwrite=overwrite)
     indexed = [p for p in paths if _indexed_prefix(p) is not None]
     if indexed:

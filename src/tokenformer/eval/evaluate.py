@@ -77,8 +77,8 @@ def evaluate_text(
     progress: bool = True,
 ) -> dict[str, float]:
     """Loss, perplexity and bits per byte of ``model`` on ``tokens``: a 1-D sequence of ids, or
-    a prepared :class:`~tokenformer.data.TokenDataset` (or its folder), whose ``val`` split is
-    scored. For a text file see :func:`evaluate_data`.
+    a prepared :class:`~tokenformer.data.datasets.TokenDataset` (or its folder), whose ``val``
+    split is scored. For a text file see :func:`evaluate_data`.
 
     Returns ``{"loss", "perplexity", "bits_per_byte", "tokens", "seq_len", "stride"}``
     (``tokens`` = tokens scored; ``bits_per_byte`` is NaN when ``bytes_per_token`` is unknown).
@@ -202,7 +202,7 @@ def run_tasks(model_spec: str | Path, tasks: Sequence[str], *, limit: int | None
               ) -> dict[str, Any]:
     """Run lm-evaluation-harness tasks through its Hugging Face wrapper (``HFLM``).
 
-    The offline tasks shipped in :mod:`tokenformer.eval_tasks` (``kjv_lastword``,
+    The offline tasks shipped in :mod:`tokenformer.eval.tasks` (``kjv_lastword``,
     ``kjv_choice``) are always available; any stock lm-eval task name works too, but stock
     tasks download their data (see docs/huggingface.md). Returns lm-eval's ``results`` mapping
     ``{task: {metric: value}}``, plus ``samples``: the number of documents scored. With

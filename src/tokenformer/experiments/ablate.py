@@ -11,7 +11,7 @@ Two studies, each varying one config field of an otherwise fixed model and recip
 
 Every variant trains with the same budget, initialisation seed and data order per seed (the
 task's batches are a pure function of (seed, step)) through the task's own front end:
-:func:`tokenformer.train.train` for the LM (embedded corpus or a prepared directory, validation
+:func:`tokenformer.training.train` for the LM (embedded corpus or a prepared directory, validation
 bits per byte) and :func:`tokenformer.training.vision.train_vision` for the vision model (digits,
 test top-1). The arms/seeds machinery, paired statistics, tables and curves are
 :mod:`.common`'s; this module adds the variants, the paper's numbers and the verdict.
@@ -656,7 +656,7 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
               f"- Every variant differs from the others only in `{study.key}`; model "
               "initialisation (seeded by the seed) and batch order (a pure function of seed and "
               "step) are the same for every variant of a seed, so the comparisons are paired.",
-              "- " + ("LM: `tokenformer.train.train` (AdamW, warmup + cosine, weight decay 0.1, "
+              "- " + ("LM: `tokenformer.training.train` (AdamW, warmup + cosine, weight decay 0.1, "
                       "clip 1.0); validation loss over fixed windows of the held-out split; "
                       "bits per byte = loss / ln 2 / bytes per token."
                       if results["task"] == "lm" else

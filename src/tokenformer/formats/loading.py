@@ -1,9 +1,9 @@
 """Load any model spec: a preset, one of our model directories, a Hugging Face folder, or an
 official checkpoint.
 
-This module sits above the model family it dispatches to (:mod:`tokenformer.model`,
-:mod:`tokenformer.baselines`, :mod:`tokenformer.official` and, for Hugging Face folders, the
-optional :mod:`tokenformer.hf`), so ``model.py`` imports nothing but the core: no cycle.
+This module sits above the model family it dispatches to (:mod:`tokenformer.models.lm`,
+:mod:`tokenformer.models.baselines` and, for Hugging Face folders, the optional
+:mod:`tokenformer.hf`, imported only for such a folder), so the models never import it: one way.
 """
 
 from __future__ import annotations

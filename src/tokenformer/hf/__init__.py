@@ -10,11 +10,11 @@ Importing this module registers ``model_type = "tokenformer"`` with ``AutoConfig
     tokenizer = AutoTokenizer.from_pretrained("out_dir")
 
 Every save also writes self-contained ``modeling_tokenformer.py`` / ``configuration_tokenformer.py``
-(:mod:`tokenformer.hf_remote`), so ``trust_remote_code=True`` loads the folder where this package
-is not installed. The classes are in :mod:`tokenformer.hf_modeling`; they wrap the core
-:class:`~tokenformer.model.TokenFormerLM` (or a Transformer baseline) as their ``model``
+(:mod:`tokenformer.hf.remote`), so ``trust_remote_code=True`` loads the folder where this package
+is not installed. The classes are in :mod:`tokenformer.hf.modeling`; they wrap the core
+:class:`~tokenformer.models.lm.TokenFormerLM` (or a Transformer baseline) as their ``model``
 attribute, so weights are named ``model.<core name>`` and going back to the official layout is a
-rename (:func:`tokenformer.official.ours_to_official`).
+rename (:func:`tokenformer.models.official.ours_to_official`).
 
 Decisions worth knowing:
 

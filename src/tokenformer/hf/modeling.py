@@ -1,13 +1,13 @@
 """The transformers classes: config, base model, causal LM and sequence classifier.
 
-Every class wraps a core model (:class:`~tokenformer.model.TokenFormerLM`, or a Transformer
-baseline of :mod:`tokenformer.baselines` when ``config.arch`` names one) as its ``model``
-attribute and calls its :meth:`~tokenformer.model.TokenFormerLM.body` / ``forward``: nothing is
+Every class wraps a core model (:class:`~tokenformer.models.lm.TokenFormerLM`, or a Transformer
+baseline of :mod:`tokenformer.models.baselines` when ``config.arch`` names one) as its ``model``
+attribute and calls its :meth:`~tokenformer.models.lm.TokenFormerLM.body` / ``forward``: nothing is
 re-implemented, so weights are named ``model.<core name>`` in every class.
 
 This module imports only torch, transformers and the pure-PyTorch core, because it is also the
 source of the self-contained ``modeling_tokenformer.py`` written beside every saved model
-(:mod:`tokenformer.hf_remote` inlines it with the core modules). Registration with the ``Auto*``
+(:mod:`tokenformer.hf.remote` inlines it with the core modules). Registration with the ``Auto*``
 classes, tokenizers and conversions live in :mod:`tokenformer.hf`.
 """
 
@@ -75,9 +75,10 @@ def _core_fields(arch: str) -> tuple[str, ...]:
 class TokenFormerHFConfig(PretrainedConfig):
     """A ``PretrainedConfig`` holding every field of the core config under the same name.
 
-    ``arch`` picks the core: ``tokenformer`` (:class:`~tokenformer.config.TokenFormerConfig`) or a
-    baseline (``transformer``, ``transformer++``:
-    :class:`~tokenformer.baselines.TransformerConfig`).
+    ``arch`` picks the core: ``tokenformer``
+    (:class:`~tokenformer.models.config.TokenFormerConfig`) or a baseline (``transformer``,
+    ``transformer++``:
+    :class:`~tokenformer.models.baselines.TransformerConfig`).
     The fields are read from the dataclass rather than listed here, so the two cannot drift
     apart. The usual transformers names (``num_hidden_layers``, ``num_attention_heads``,
     ``max_position_embeddings``) are aliases of ours. ``vocab_size`` is the tokenizer's

@@ -49,8 +49,8 @@ ALLOWED_PACKAGES = ("torch", "transformers", "safetensors", "yaml", "numpy", "to
 PACKAGE = "tokenformer"
 STUBS = {
     "nn.kernels": (
-        "class kernels:  # noqa: N801  stands in for tokenformer.kernels (the C++ Θ kernel, which\n"
-        "    # is compiled by the package): impl='kernel' runs the fused PyTorch path here\n"
+        "class kernels:  # noqa: N801  stands in for tokenformer.nn.kernels (the C++ Θ kernel,\n"
+        "    # which is compiled by the package): impl='kernel' runs the fused PyTorch path here\n"
         "    @staticmethod\n"
         "    def supports(x, norm):\n"
         "        return False\n\n"

@@ -13,7 +13,7 @@ read it). Nothing in it is a pickle::
     manifest.json                         size and sha256 of every other file (verify_checkpoint)
 
 FSDP runs write the model and optimizer with ``torch.distributed.checkpoint`` into ``sharded/``
-instead (see :mod:`tokenformer.distributed`), with the same JSON and manifest beside them.
+instead (see :mod:`tokenformer.training.distributed`), with the same JSON and manifest beside them.
 Checkpoints of earlier versions (``optimizer.pt``, ``rng.pt``, no manifest) are still read, with
 ``torch.load(weights_only=True)`` only.
 """
@@ -48,7 +48,7 @@ LEGACY_OPTIMIZER_NAME = "optimizer.pt"  # written before manifests; read weights
 LEGACY_RNG_NAME = "rng.pt"
 STATE_NAME = "trainer_state.json"
 MANIFEST_NAME = "manifest.json"
-SHARDED = "sharded"  # the DCP folder of an FSDP checkpoint (tokenformer.distributed)
+SHARDED = "sharded"  # the DCP folder of an FSDP checkpoint (tokenformer.training.distributed)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TREE_FORMAT = "tokenformer-tree-v1"
 _MANIFEST_FORMAT = "tokenformer-manifest-v1"

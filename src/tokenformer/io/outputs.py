@@ -155,7 +155,7 @@ def _holder(directory: Path) -> str:
 def hold_run_folder(directory: str | Path, *, command: str, world: World | None = None
                     ) -> Iterator[Path]:
     """Hold ``directory`` (created if needed) exclusively for the block, mark it as
-    ``command``'s, and remove crash leftovers (:func:`tokenformer.checkpoint.clean_leftovers`).
+    ``command``'s, and remove crash leftovers (:func:`tokenformer.io.checkpoint.clean_leftovers`).
 
     The lock is an OS file lock (``filelock``): a second process is refused at once with the
     holder's pid; a process killed with -9 releases it. Re-entrant within one process. Under

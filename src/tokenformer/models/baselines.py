@@ -1,9 +1,9 @@
 """Transformer baselines trained by the same trainer: GPT-NeoX-style and Transformer++.
 
 Both reuse TokenFormer's modules wherever the architectures agree: the rotary embedding, the KV
-cache, the attention forward (:class:`tokenformer.model.Attention`, with ``nn.Linear`` in place of
-the Pattentions), the pre-norm block, the LM forward, tying and generation
-(:class:`tokenformer.model.TokenFormerLM`). What differs:
+cache, the attention forward (:class:`tokenformer.models.lm.Attention`, with ``nn.Linear`` in place
+of the Pattentions), the pre-norm block, the LM forward, tying and generation
+(:class:`tokenformer.models.lm.TokenFormerLM`). What differs:
 
 ==================  ===================================  ====================================
                     ``transformer`` (GPT-NeoX style)      ``transformer++`` (Llama style)
@@ -153,7 +153,8 @@ def _linear(n_in: int, n_out: int, bias: bool, std: float) -> nn.Linear:
 
 
 class LinearAttention(Attention):
-    """:class:`tokenformer.model.Attention` (same rotary, cache and SDPA) with Linear Q/K/V/O."""
+    """:class:`tokenformer.models.lm.Attention` (same rotary, cache and SDPA) with Linear
+    Q/K/V/O."""
 
     def __init__(self, config: TransformerConfig, layer_idx: int) -> None:
         nn.Module.__init__(self)
@@ -192,7 +193,7 @@ def _norm(config: TransformerConfig, affine: str) -> nn.Module:
 
 
 class TransformerBlock(Block):
-    """:class:`tokenformer.model.Block`'s pre-norm forward over Linear attention and an MLP."""
+    """:class:`tokenformer.models.lm.Block`'s pre-norm forward over Linear attention and an MLP."""
 
     def __init__(self, config: TransformerConfig, layer_idx: int) -> None:
         nn.Module.__init__(self)

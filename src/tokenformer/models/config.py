@@ -75,7 +75,7 @@ class TokenFormerConfig:
     """inference top-k of the FFN Pattention (None: dense)"""
     ffn_keys: str = "dense"
     """FFN keys: dense (a Pattention), or product (ffn_tokens = s² product keys, each row reads
-    ffn_product_k tokens; tokenformer.product_keys)"""
+    ffn_product_k tokens; tokenformer.nn.product_keys)"""
     ffn_product_k: int = 32
     """tokens each row reads in a product-key FFN (ignored when ffn_keys is dense)"""
     layernorm_eps: float = 1e-5
@@ -292,7 +292,7 @@ def flops_per_token(config: TokenFormerConfig, seq_len: int | None = None,
     ``token_attention``, ``per_layer``, ``head``, ``total``.
 
     Any config with the same size fields and a ``projection_flops()`` method is accepted: the
-    Transformer baselines (:mod:`tokenformer.baselines`) charge their Linear Q/K/V/O under
+    Transformer baselines (:mod:`tokenformer.models.baselines`) charge their Linear Q/K/V/O under
     ``attention_pattentions`` and their MLP under ``ffn``, so every architecture shares this count.
     """
     T = seq_len or config.max_seq_len

@@ -436,7 +436,7 @@ class TokenFormerLM(nn.Module):
         ``get_seq_length()`` tokens of ``input_ids``; only the rest is run through the model.
         ``top_k_tokens``: sparse Pattention for this call only (each row reads its k largest-|Θ|
         value rows; a count or fraction for every kind, a dict or ``"ffn=0.25,qkv=64"``;
-        :func:`tokenformer.pattention.top_k_tokens`); None keeps the model's own setting.
+        :func:`tokenformer.nn.pattention.top_k_tokens`); None keeps the model's own setting.
         """
         with _top_k_tokens(self, top_k_tokens):
             return self._generate(input_ids, max_new_tokens, do_sample=do_sample,

@@ -4,9 +4,9 @@ Read top to bottom: configs (what the stem shares, the TokenFormer blocks, the s
 baseline) → presets → the shared stem (patches, class token, positions, final norm, head) → the two
 models.
 
-The blocks are :class:`tokenformer.model.Block` itself (pre-norm, non-parametric LayerNorms, Q, K,
-V, proj and FFN Pattentions), made bidirectional by ``is_causal = False`` on the config, so one
-``tokenformer.grow.grow`` grows language and vision models alike.
+The blocks are :class:`tokenformer.models.lm.Block` itself (pre-norm, non-parametric LayerNorms, Q,
+K, V, proj and FFN Pattentions), made bidirectional by ``is_causal = False`` on the config, so one
+``tokenformer.grow`` grows language and vision models alike.
 
 Design decisions (see docs/vision.md):
 
@@ -59,7 +59,7 @@ class VisionConfig:
     init_std: float = 0.02
     name: str = field(default="custom", compare=False)
 
-    # Patches attend to each other in both directions (read by tokenformer.model.Attention).
+    # Patches attend to each other in both directions (read by tokenformer.models.lm.Attention).
     is_causal: ClassVar[bool] = False
 
     def __post_init__(self) -> None:

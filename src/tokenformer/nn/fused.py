@@ -1,6 +1,6 @@
 """Fused Pattention: Θ in few passes over the scores, and a backward that stores almost nothing.
 
-The reference path (:func:`tokenformer.pattention.theta` under autograd) runs Θ as 4–6 separate
+The reference path (:func:`tokenformer.nn.pattention.theta` under autograd) runs Θ as 4–6 separate
 elementwise kernels and autograd keeps 4–5 tensors of shape [L, n] alive for the backward (the
 scores, the norm quotient, the GELU input and output, plus their bf16 casts under autocast). On a
 CPU these passes are memory-bound, so they cost as much as a good part of the two matmuls.
@@ -28,7 +28,7 @@ is what the next matmul consumes anyway. Everything is plain torch ops without d
 Python control flow, so ``torch.compile`` traces the function (and inductor fuses the passes).
 
 ``kernel=True`` (``impl="kernel"``) keeps the matmuls and hands everything done to the [L, n]
-scores to the C++ kernel of :mod:`tokenformer.kernels` (l2_norm_gelu on the CPU): one pass per
+scores to the C++ kernel of :mod:`tokenformer.nn.kernels` (l2_norm_gelu on the CPU): one pass per
 direction, and a backward that turns (dΘ, S) into (Θ, dS) in place instead of allocating.
 """
 
@@ -74,7 +74,7 @@ def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
              eps: float, kernel: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Y and what the backward needs: the saved scores, r, Θ. Runs with autocast off, on inputs
     already in the compute dtype (:func:`fused_pattention` casts them). ``kernel``: Θ from the
-    C++ kernel (:mod:`tokenformer.kernels`), which saves only S and r."""
+    C++ kernel (:mod:`tokenformer.nn.kernels`), which saves only S and r."""
     s = torch.matmul(x, key.t())
     if kernel:
         theta, r = kernels.theta_forward(s, scale, eps)

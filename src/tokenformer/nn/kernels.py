@@ -4,7 +4,7 @@ PyTorch runs Θ as separate elementwise kernels, each a pass over the [L, n] sco
 passes are memory-bound and cost a Pattention step 5–10 % over a GELU MLP of the same shapes
 (docs/performance.md). The kernel does the whole Θ — row norm, scale, GELU — in one pass per
 direction, a row at a time while the row sits in cache, so a Pattention step costs what the MLP's
-does. The default ``impl="auto"`` (:mod:`tokenformer.pattention`) uses it wherever it applies.
+does. The default ``impl="auto"`` (:mod:`tokenformer.nn.pattention`) uses it wherever it applies.
 
 It is compiled from source with :func:`torch.utils.cpp_extension.load` the first time it is asked
 for (≈ 15 s, with one line on stderr; ``tokenformer build-kernels`` does it ahead of time) for the

@@ -14,8 +14,8 @@ name               Θ(a) for one row a ∈ Rⁿ                      default ``s
 =================  ==========================================  =====================
 
 ``scale`` is part of the layer's state rather than recomputed from ``n`` on every call: growth
-(:mod:`tokenformer.grow`) appends tokens and may hold ``scale`` at its pre-growth value, which is
-what makes function-preserving growth possible.
+(:mod:`tokenformer.ops.growth`) appends tokens and may hold ``scale`` at its pre-growth value,
+which is what makes function-preserving growth possible.
 
 ``top_k`` (default ``None``: dense) reads each parameter token as an expert: scores and Θ are
 computed over all n tokens exactly as in the dense layer, then each input row keeps only its k
@@ -39,9 +39,9 @@ from . import kernels
 from .fused import fused_pattention
 
 THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
-# "fused": tokenformer.fused (one custom autograd Function, analytic backward, few passes over the
-# scores); "reference": theta() below under plain autograd, the ground truth the fused path is
-# tested against. "kernel": the fused path with Θ from the C++ CPU kernel (tokenformer.kernels;
+# "fused": tokenformer.nn.fused (one custom autograd Function, analytic backward, few passes over
+# the scores); "reference": theta() below under plain autograd, the ground truth the fused path is
+# tested against. "kernel": the fused path with Θ from the C++ CPU kernel (tokenformer.nn.kernels;
 # built once per machine, needs a compiler; where it does not apply or cannot be built: "fused",
 # after one warning). "auto" (default): the kernel wherever it applies and is available
 # (l2_norm_gelu on the CPU in fp32/bf16/fp16), training and inference; elsewhere fused when

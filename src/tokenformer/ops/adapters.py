@@ -1,8 +1,8 @@
 """Adapters made of parameter tokens: fine-tune a trained TokenFormer by *adding* tokens.
 
 ``adapt(model, ffn=64, name="code")`` appends 64 key/value parameter tokens to every FFN
-Pattention, initialised by growth's ``exact`` recipe (:mod:`tokenformer.grow`: new keys zero, new
-values with the value init, Θ's factor held at the base's), freezes every original parameter and
+Pattention, initialised by growth's ``exact`` recipe (:mod:`tokenformer.ops.growth`: new keys zero,
+new values with the value init, Θ's factor held at the base's), freezes every original parameter and
 leaves only the new tokens trainable. The model is changed in place and returned.
 
 * **Where the tokens live.** Each adapted Pattention keeps its own ``key_param_tokens`` /

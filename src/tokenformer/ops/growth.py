@@ -234,7 +234,7 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
 
 def rebuild(model: nn.Module, new_config: Any, tokens_for: Any, source_of: Any = None, *,
             copy: bool = True, progress: bool = False, desc: str = "resize") -> _Growth:
-    """The one place token surgery happens (growth and :mod:`tokenformer.prune`): a new model
+    """The one place token surgery happens (growth and :mod:`tokenformer.ops.pruning`): a new model
     of ``type(model)`` built for ``new_config`` whose every Pattention gets the K and V that
     ``tokens_for(name, new_module, old_module)`` returns, every other tensor copied (or shared,
     ``copy=False``) from the old tensor ``source_of(name) -> (old name, is_new)`` names
@@ -301,7 +301,7 @@ def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | 
 
 def refuse_product_ffn(config: Any, ffn_tokens: int, what: str) -> None:
     """Token surgery here is for Pattentions: a product-key FFN changes n by its sub-keys
-    (:meth:`tokenformer.product_keys.ProductKeyPattention.grown`)."""
+    (:meth:`tokenformer.nn.product_keys.ProductKeyPattention.grown`)."""
     if getattr(config, "ffn_keys", "dense") == "product" and ffn_tokens != config.ffn_tokens:
         raise GrowthError(f"cannot {what} the ffn tokens of a product-key FFN here: its n = s² "
                           f"changes by sub-keys (ProductKeyPattention.grown, docs/sparse.md)")

@@ -1,5 +1,6 @@
 """Growing a Transformer baseline by widening its MLP, the function-preserving counterpart of
-TokenFormer's parameter-token growth (:mod:`tokenformer.grow`) for :mod:`tokenformer.baselines`.
+TokenFormer's parameter-token growth (:mod:`tokenformer.ops.growth`) for
+:mod:`tokenformer.models.baselines`.
 
 ``zero``: new units with the model's init on their incoming weights and zero outgoing weights;
 ``net2net``: new units copy random old units and the outgoing weights of each unit and its copies
@@ -29,7 +30,7 @@ def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
     unit; the outgoing weights of a unit and its copies are split between them in random
     proportions summing to one (equal shares ±10 %), so the sum is unchanged while the copies see
     different gradients and can diverge. The optimizer is rebuilt over the new parameters with the
-    AdamW moments of the old units kept and zero for the new ones (as :mod:`tokenformer.grow`
+    AdamW moments of the old units kept and zero for the new ones (as :mod:`tokenformer.ops.growth`
     does for parameter tokens), or fresh with ``reset_optimizer``.
     """
     config = model.config

@@ -13,7 +13,7 @@ FSDP checkpoints are sharded with ``torch.distributed.checkpoint`` (DCP) into ``
 :func:`consolidate_checkpoint` turns it into an ordinary ``model.safetensors`` directory.
 DCP's reader unpickles ``sharded/.metadata`` and the non-tensor values without restriction, so
 every sharded checkpoint carries our ``manifest.json`` (sha256 of each file) and is verified
-against it before DCP reads a byte (:func:`tokenformer.checkpoint.verify_checkpoint`); then
+against it before DCP reads a byte (:func:`tokenformer.io.checkpoint.verify_checkpoint`); then
 ``.metadata`` must unpickle with DCP's own metadata classes only, and non-tensor values are read
 with ``torch.load(weights_only=True)`` (:func:`_load_dcp`). A forged manifest therefore still
 cannot make loading run code.

@@ -80,7 +80,7 @@ class VisionRun:
     model: nn.Module
     evaluation: Evaluation
     classes: list[str]
-    fit: Any  # tokenformer.train.FitResult
+    fit: Any  # tokenformer.training.FitResult
     confusion_png: Path | None
 
 
@@ -92,7 +92,7 @@ def train_vision(preset: str = "vit-digits-tiny", data: str = "digits", *,
                  **train_overrides: Any) -> VisionRun:
     """Train a vision model with the trainer's loop; report top-1 and a confusion matrix.
 
-    ``train_overrides`` are :class:`tokenformer.train.TrainConfig` fields (steps, batch_size, lr,
+    ``train_overrides`` are :class:`tokenformer.training.TrainConfig` fields (steps, batch_size, lr,
     seed, threads, ...); digits runs default to ``DIGITS_TRAIN``, folders to TrainConfig's.
     With ``out``, the run directory holds the trainer's ``metrics.jsonl`` and ``final/``
     checkpoint (loadable with ``load_vision_model``), ``confusion.png`` and ``results.json``.

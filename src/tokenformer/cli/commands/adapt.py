@@ -56,7 +56,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
                      name: str = "adapter", overrides: dict[str, Any] | None = None,
                      progress: bool | None = None) -> dict[str, Any]:
     """Load ``base``, attach a token adapter, train it on ``data_spec`` with the trainer
-    (:func:`tokenformer.train.fit`; any TrainConfig key in ``overrides``), save it to ``out``."""
+    (:func:`tokenformer.training.fit`; any TrainConfig key in ``overrides``), save it to ``out``."""
 
 
     out = Path(out)

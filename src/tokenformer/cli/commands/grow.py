@@ -27,7 +27,7 @@ from ...ops.growth import (
 from ...ops.growth import grow as grow_model
 from ..options import comma_list
 
-# Training-checkpoint files (tokenformer.checkpoint); trainer_state.json names each param group's
+# Training-checkpoint files (tokenformer.io.checkpoint); trainer_state.json names each param group's
 # parameters.
 OPTIMIZER_FILE = ckpt.OPTIMIZER_NAME
 TRAINER_STATE_FILE = ckpt.STATE_NAME

@@ -63,7 +63,7 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
                   tokenizer: str | None = None, device: str = "cpu",
                   adapters: list[str] | None = None, top_k_tokens: str | None = None) -> str:
     """Load a model (a preset gives a randomly initialised one), with token ``adapters``
-    (tokenformer.adapters) stacked on it, and continue ``prompt`` (``top_k_tokens``: sparse
+    (tokenformer.ops.adapters) stacked on it, and continue ``prompt`` (``top_k_tokens``: sparse
     Pattention for this call, docs/sparse.md)."""
 
     torch.manual_seed(seed)

@@ -36,7 +36,7 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
                      proj: str | None = None, ffn: str | None = None, by: str = "contribution",
                      scale: str = "hold", data: str = "default", tokenizer: str = "bytes",
                      overwrite: bool = False) -> dict[str, Any]:
-    """Load ``checkpoint``, prune it (:func:`tokenformer.prune.prune`, calibrated on ``data``
+    """Load ``checkpoint``, prune it (:func:`tokenformer.prune`, calibrated on ``data``
     when ``by``/``scale`` need it), write the model and its tokenizer files to ``out``
     atomically, with a manifest (as ``grow``). Returns parameter counts and the new config."""
 

@@ -7,7 +7,7 @@ restarted command continues from there. Training is a pure function of (seed, st
 init, growth generators), so a resumed experiment writes the same ``results.json`` up to its
 ``timing`` section.
 
-Every segment is trained by :func:`tokenformer.train.fit` with a schedule that equals the run's
+Every segment is trained by :func:`tokenformer.training.fit` with a schedule that equals the run's
 WSD schedule step for step: the stable phase is ``constant`` (same warmup), a cooldown branch is
 ``wsd`` over the branch's total steps started at its decay start (checked by :func:`_check_lr`).
 """
@@ -360,7 +360,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
 
 def pattention_impl(preset: Preset) -> str:
     """Which Pattention implementation ran: ``auto`` resolves to the C++ Θ kernel where it is
-    built (l2_norm_gelu on the CPU), else the PyTorch paths (see tokenformer.pattention)."""
+    built (l2_norm_gelu on the CPU), else the PyTorch paths (see tokenformer.nn.pattention)."""
     if preset.pattention_impl != "auto":
         return preset.pattention_impl
 
