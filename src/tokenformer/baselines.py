@@ -282,13 +282,22 @@ def _arch_of(directory: str | Path) -> str:
     return data.get("arch", "tokenformer") if isinstance(data, dict) else "tokenformer"
 
 
-def load_model_dir(directory: str | Path) -> TokenFormerLM:
+def load_model_dir(directory: str | Path, *, verify: bool = True) -> TokenFormerLM:
     """Load a model directory of any architecture (``config.json``'s ``arch``; TokenFormer when
-    absent)."""
-    return model_class(_arch_of(directory)).load(directory)
+    absent), checked against its manifest first (``verify=False``: the caller just did)."""
+    if verify:
+        from .checkpoint import verify_checkpoint
+
+        verify_checkpoint(directory)  # before its config.json is read to pick the class
+    return model_class(_arch_of(directory)).load(directory, verify=False)
 
 
 def build_from_dir_config(directory: str | Path) -> TokenFormerLM:
-    """A freshly initialised model of the architecture and size a directory's config names."""
+    """A freshly initialised model of the architecture and size a directory's config names
+    (refused before any tensor is made if this machine cannot hold it)."""
+    from .model import check_buildable
+
     cls = model_class(_arch_of(directory))
-    return cls(cls.config_class.load(Path(directory) / CONFIG_NAME))
+    config = cls.config_class.load(Path(directory) / CONFIG_NAME)
+    check_buildable(config, str(Path(directory) / CONFIG_NAME))
+    return cls(config)

@@ -63,7 +63,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import GrowthError
+from .errors import GrowthError, TokenFormerError
 from .pattention import Pattention, default_scale
 
 STRATEGIES = ("exact", "paper", "official")
@@ -308,27 +308,49 @@ def refuse_product_ffn(config: Any, ffn_tokens: int, what: str) -> None:
                           f"changes by sub-keys (ProductKeyPattention.grown, docs/sparse.md)")
 
 
-def check_memory(config: Any, copies: float, what: str) -> None:
+def check_memory(config: Any, copies: float, what: str,
+                 error: type[TokenFormerError] = GrowthError) -> None:
     """Refuse up front a model of ``config`` whose ``copies`` fp32 copies of the parameters
-    (weights, gradients, optimizer moments...) exceed the memory available now."""
+    (weights, gradients, optimizer moments...), plus its rotary cache, exceed the memory available
+    now. Computed from the config alone (nothing is allocated): growth plans, and every loader
+    that builds a model from a config read from disk (:func:`tokenformer.model.check_buildable`,
+    which raises ``error`` = CheckpointError)."""
     params = config.num_parameters()
-    need = params * 4 * copies
+    # RotaryEmbedding's cos/sin caches and the temporaries that build them: ~4 fp32 values per
+    # position and rotary dimension (a config read from disk can ask for 10⁹ positions).
+    positions = getattr(config, "max_seq_len", 0)
+    need = params * 4 * copies + positions * (4 * getattr(config, "rotary_dim", 0) + 1) * 4
     available = _available_memory()
     if available is not None and need > available:
-        raise GrowthError(f"{what}: {params:,} parameters need about {need / 2**30:,.1f} GiB of "
-                          f"memory; {available / 2**30:,.1f} GiB are available")
+        raise error(f"{what}: {params:,} parameters need about {need / 2**30:,.1f} GiB of "
+                    f"memory; {available / 2**30:,.1f} GiB are available")
 
 
 def _available_memory() -> int | None:
-    """Bytes of memory available without swapping (Linux MemAvailable), else None (unknown)."""
+    """Bytes of memory available without swapping (Linux MemAvailable), lowered to what an
+    address-space limit (``ulimit -v``, RLIMIT_AS) leaves this process; None when unknown."""
+    available = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    try:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if limit != resource.RLIM_INFINITY:
+            with open("/proc/self/status") as f:
+                used = next(int(line.split()[1]) * 1024 for line in f
+                            if line.startswith("VmSize:"))
+            room = max(limit - used, 0)
+            available = room if available is None else min(available, room)
+    except (ImportError, OSError, ValueError, IndexError, StopIteration):
+        pass
+    return available
 
 
 def _grown_config(config: Any, sizes: dict[str, int], num_layers: int, strategy: str) -> Any:

@@ -41,6 +41,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from .checkpoint import verify_checkpoint
 from .errors import CheckpointError, ConfigError
 from .hf_modeling import (
     AUTO_MAP,
@@ -53,7 +54,7 @@ from .hf_modeling import (
     default_generation_config,
 )
 from .io import atomic_dir
-from .model import TokenFormerLM
+from .model import TokenFormerLM, check_buildable
 from .official import load_official, official_config, save_official
 from .tokenizer import (
     BYTES_MARKER,
@@ -143,12 +144,24 @@ def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Pa
     return Path(out_dir)
 
 
-def load_hf(path: str | Path, **kwargs: Any) -> TokenFormerForCausalLM:
-    """``AutoModelForCausalLM.from_pretrained`` on a local folder, errors as one sentence."""
+def load_hf(path: str | Path, *, verify: bool = True, **kwargs: Any) -> TokenFormerForCausalLM:
+    """``AutoModelForCausalLM.from_pretrained`` on a local folder, errors as one sentence.
+
+    Before transformers reads it: the manifest rule (a folder with ``manifest.json`` is verified;
+    ``verify=False`` only for a caller that just did) and, for our config, the model it describes
+    against the weights file's header and the memory available
+    (:func:`tokenformer.model.check_buildable`)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"model folder not found: {path}")
+    if verify:
+        verify_checkpoint(path)
     try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        if isinstance(config, TokenFormerHFConfig):
+            weights = path / "model.safetensors"
+            check_buildable(config.to_core(), str(path / "config.json"),
+                            weights if weights.is_file() else None)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

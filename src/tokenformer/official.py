@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
+from .checkpoint import verify_checkpoint
 from .config import TokenFormerConfig
 from .errors import CheckpointError
 from .io import safe_torch_load
-from .model import TokenFormerLM, check_state_dict, check_weights
+from .model import TokenFormerLM, check_buildable, check_state_dict, check_weights
 
 # Heads of the released models by hidden size (not recoverable from tensor shapes).
 OFFICIAL_HEADS = {768: 12, 1024: 16, 1280: 16, 1536: 16}
@@ -161,12 +162,15 @@ def load_official(path: str | Path, *, num_heads: int | None = None,
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        verify_checkpoint(path)  # the manifest rule (a folder with one), before reading it
     official, config_json = _read_state_dict(path)
     state = official_to_ours(official)
     if config is None:
         config = infer_config(state, config_json, num_heads=num_heads, rotary_pct=rotary_pct,
                               max_seq_len=max_seq_len, norm=norm)
     check_weights(state, str(path))
+    check_buildable(config, str(path))  # e.g. a seq_length of 10⁹ in config.json
     model = TokenFormerLM(config)
     # Checked under the official names: an error must name the key as it is in the user's file.
     check_state_dict(ours_to_official(model.state_dict(), config.num_layers), official, str(path))

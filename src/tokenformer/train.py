@@ -831,8 +831,12 @@ def _restore(cls: type, path: Path, cfg: TrainConfig, world: dist_.World, device
         if world.strategy != "fsdp":
             raise CheckpointError(f"{path} is an FSDP (sharded) checkpoint; resume it with "
                                   f"strategy fsdp, or consolidate it first")
+        from .model import check_buildable
+
         config_class = getattr(cls, "config_class", None)
-        model = cls(config_class.load(path / "config.json")).to(device)
+        config = config_class.load(path / "config.json")
+        check_buildable(config, str(path / "config.json"))  # before any tensor is made
+        model = cls(config).to(device)
         dist_.wrap_model(model, world, device)
         optimizer = make_optimizer(model, cfg, state["param_groups"])
         dist_.load_sharded(path, model, optimizer)
@@ -1078,9 +1082,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
 def _initial_model(cfg: TrainConfig) -> nn.Module:
     from .baselines import load_model_dir
 
-    if Path(cfg.init_from).is_dir():
-        ckpt.verify_checkpoint(cfg.init_from)  # when it has a manifest (ours since issue 14)
-    model = load_model_dir(cfg.init_from)
+    model = load_model_dir(cfg.init_from)  # checked against its manifest first
     arch = getattr(model.config, "arch", "tokenformer")
     if arch != cfg.arch:
         raise ConfigError(f"init_from {cfg.init_from} holds a {arch} model but arch is "

@@ -48,10 +48,12 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     import torch
 
     from .. import adapters as ad
+    from ..loading import load_model
     from ..outputs import check_output
     from ..train import fit, lm_batches, lm_evaluator, load_config, resolve_device
 
     out = Path(out)
+    ad.check_name(name)  # before loading anything
     check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt")
     cfg = load_config(None, {"steps": 200, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20,
                              "eval_interval": 0, "eval_batches": 8, "batch_size": 16,
@@ -60,7 +62,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model = ad.load_base(base).to(device)
+    model = load_model(base).to(device)  # a folder is checked against its manifest first
     dataset = open_data(cfg, progress=bool(progress))
     dataset.check_model(model.config.vocab_size, cfg.seq_len)
     if cfg.seq_len > model.config.max_seq_len:
@@ -179,7 +181,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "Jinja2 source)")
     p.add_argument("--tokens", required=True, metavar="qkv=M,proj=M,ffn=M",
                    help="new tokens per Pattention of each kind, e.g. ffn=64 or qkv=8,ffn=32")
-    p.add_argument("--name", default="adapter", help="adapter name (an identifier)")
+    p.add_argument("--name", default="adapter",
+                   help="adapter name (letters, digits, _; distinct for adapters stacked together)")
     p.add_argument("--out", required=True, help="adapter directory to write (must not exist)")
     p.add_argument("--no-progress", action="store_true")
     _add_trainer_overrides(p)

@@ -49,9 +49,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
     check_output(out, [source], command="grow", overwrite=overwrite)
-    if source.is_dir():
-        ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
-    model = load_model(source)
+    model = load_model(source)  # a folder is checked against its manifest first
     carried = source.is_dir() and ckpt.has_optimizer_state(source) and not reset_optimizer
     # Before any tensor is made: the grown weights, a working copy, and two moments if carried.
     if hasattr(model.config, "qkv_tokens"):  # a TokenFormer: tokens can grow

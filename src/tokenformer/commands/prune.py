@@ -45,9 +45,7 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
     check_output(out, [source], command="prune", overwrite=overwrite)
-    if source.is_dir():
-        ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
-    model = load_model(source).eval()
+    model = load_model(source).eval()  # a folder is checked against its manifest first
     prune_sizes(model.config, qkv, proj, ffn)  # refuse before loading calibration data
     ids = calibration_ids(model, data, tokenizer) if needs_calibration(by, scale) else None
     small = prune(model, qkv=qkv, proj=proj, ffn=ffn, by=by, calibration=ids, scale=scale)
