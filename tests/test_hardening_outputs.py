@@ -21,10 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer import TokenFormerConfig, TokenFormerLM, io
 from tokenformer import adapters as ad
 from tokenformer import checkpoint as ckpt
-from tokenformer import io
 from tokenformer.cli import main as cli
 from tokenformer.errors import OutputError
 from tokenformer.outputs import LOCK, MARKER

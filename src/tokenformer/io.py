@@ -7,7 +7,6 @@ import contextlib
 import ctypes
 import errno
 import functools
-import json
 import mmap
 import os
 import pickle
@@ -134,9 +133,10 @@ def _temp_pattern(path: Path) -> re.Pattern[str]:
 
 def _hold(directory: Path) -> int | None:
     """An fd holding an exclusive flock on ``directory`` (never a link), or None when another
-    process holds it or it is gone. Without fcntl (Windows): an fd without a lock."""
+    process holds it or it is gone. Without fcntl: an fd without a lock."""
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return None
     if fcntl is not None:
@@ -160,7 +160,10 @@ def _same(fd: int, path: Path) -> bool:
 def clean_stale_temps(path: str | Path) -> list[Path]:
     """Remove the temporary folders :func:`atomic_dir` left beside ``path`` when its process was
     killed (``.NAME.XXXXXXXX.tmp``, no process holding its lock); returns them. A folder some
-    process still holds is being built, or replaced, right now, and is kept."""
+    process still holds is being built, or replaced, right now, and is kept. Without fcntl
+    (no flock: a live folder cannot be told from a stale one) nothing is removed."""
+    if fcntl is None:
+        return []
     path = Path(os.path.abspath(path))
     pattern = _temp_pattern(path)
     try:
@@ -195,19 +198,6 @@ def _held_tempdir(path: Path) -> tuple[Path, int | None]:
         if fd is not None:
             os.close(fd)
     raise OutputError(f"could not create a temporary folder beside {path}")
-
-
-def _marker_of(fd: int) -> str | None:
-    """The command named by the marker of the folder open as ``fd`` (None: none, or not ours)."""
-    from .outputs import MARKER
-
-    try:
-        with open(MARKER, "rb", opener=lambda name, flags: os.open(
-                name, flags | getattr(os, "O_NOFOLLOW", 0), dir_fd=fd)) as f:
-            data = json.loads(f.read(1 << 16))
-    except (OSError, ValueError):
-        return None
-    return data.get("command") if isinstance(data, dict) else None
 
 
 def link_error(path: str | Path, name: str | None = None) -> OutputError:
@@ -293,9 +283,9 @@ def _commit(tmp: Path, path: Path, overwrite: bool, command: str | None) -> None
         try:
             if not _same(old, path):
                 continue
-            if command is not None and (owner := _marker_of(old)) != command:
-                from .outputs import MARKER
+            from .outputs import MARKER, read_marker
 
+            if command is not None and (owner := read_marker(".", dir_fd=old)) != command:
                 why = f"no {MARKER} in it" if owner is None else f"written by {owner}"
                 raise OutputError(f"{path} is not (or no longer) an output of tokenformer "
                                   f"{command} ({why}); it was left as it is and nothing was "

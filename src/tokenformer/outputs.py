@@ -47,10 +47,18 @@ def write_marker(directory: str | Path, command: str) -> None:
          "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
 
 
-def read_marker(directory: str | Path) -> str | None:
-    """The command named by ``directory``'s marker, or None (no marker, or not ours)."""
+def read_marker(directory: str | Path, *, dir_fd: int | None = None) -> str | None:
+    """The command named by ``directory``'s marker, or None (no marker, or not ours). With
+    ``dir_fd`` (``directory`` is then ignored), the marker of the folder open as that descriptor:
+    the one held, whatever was renamed since."""
     try:
-        data = json.loads((Path(directory) / MARKER).read_text())
+        if dir_fd is None:
+            text = (Path(directory) / MARKER).read_text()
+        else:
+            with open(MARKER, opener=lambda name, flags: os.open(
+                    name, flags | getattr(os, "O_NOFOLLOW", 0), dir_fd=dir_fd)) as f:
+                text = f.read()
+        data = json.loads(text)
     except (OSError, ValueError):
         return None
     return data.get("command") if isinstance(data, dict) else None
