@@ -286,8 +286,10 @@ def trainable_parameters(model: nn.Module) -> int:
 
 # ------------------------------------------------------------------------------- save and load
 def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
-                 extra: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
-    """Write adapter ``name`` alone into ``directory`` (atomically, with a manifest)."""
+                 extra: dict[str, Any] | None = None, overwrite: bool = False,
+                 command: str | None = None) -> Path:
+    """Write adapter ``name`` alone into ``directory`` (atomically, with a manifest; ``command``:
+    the output marker, :func:`tokenformer.io.atomic_dir`)."""
     from safetensors.torch import save_file
 
     from . import checkpoint as ckpt
@@ -304,7 +306,7 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
               "trainable_parameters": sum(t.numel() for t in tensors.values()),
               **(extra or {})}
     directory = Path(directory)
-    with atomic_dir(directory, overwrite=overwrite) as tmp:
+    with atomic_dir(directory, overwrite=overwrite, command=command) as tmp:
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
         atomic_write_text(tmp / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
         ckpt.write_manifest(tmp)

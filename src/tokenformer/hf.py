@@ -123,10 +123,12 @@ def to_hf_tokenizer(tokenizer: Tokenizer, max_seq_len: int | None = None
 # ------------------------------------------------------------------------------ saving, loading
 def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Path,
             tokenizer: Tokenizer | PreTrainedTokenizerFast | None = None,
-            overwrite: bool = False) -> Path:
+            overwrite: bool = False, *, command: str | None = None) -> Path:
     """Write a ``from_pretrained``-loadable folder (safetensors, config, generation config, the
     remote code and, when given, the tokenizer); built under a temporary name and renamed when
-    complete. A core model (TokenFormer or a baseline) is saved as ``TokenFormerForCausalLM``."""
+    complete (:func:`tokenformer.io.atomic_dir`: ``command`` marks the folder, and with
+    ``overwrite`` only a folder with that mark is replaced). A core model (TokenFormer or a
+    baseline) is saved as ``TokenFormerForCausalLM``."""
     hf = model if isinstance(model, TokenFormerPreTrainedModel) else \
         TokenFormerForCausalLM.from_core(model)
     if tokenizer is not None and not isinstance(tokenizer, PreTrainedTokenizerFast):
@@ -137,7 +139,7 @@ def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Pa
     generation = getattr(hf, "generation_config", None)
     if tokenizer is not None and tokenizer.pad_token_id is not None and generation is not None:
         generation.pad_token_id = tokenizer.pad_token_id  # <|padding|> for GPT-NeoX
-    with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
+    with atomic_dir(Path(out_dir), overwrite=overwrite, command=command) as tmp:
         hf.save_pretrained(tmp)  # + modeling_tokenformer.py, configuration_tokenformer.py
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
@@ -202,7 +204,8 @@ def lora_target_parameters(modules: tuple[str, ...] | list[str] = PATTENTION_NAM
 
 # ---------------------------------------------------------------------------------- conversions
 def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | Path | None = None,
-                     overwrite: bool = False, **official_kwargs: Any) -> Path:
+                     overwrite: bool = False, command: str | None = None,
+                     **official_kwargs: Any) -> Path:
     """Released checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file) → HF folder.
 
     The tokenizer is ``tokenizer`` if given, else a ``tokenizer.json`` beside the checkpoint; with
@@ -217,11 +220,12 @@ def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | P
         beside = (src if src.is_dir() else src.parent) / "tokenizer.json"
         if beside.is_file():
             tok = load_tokenizer(beside)
-    return save_hf(core, out_dir, tok, overwrite=overwrite)
+    return save_hf(core, out_dir, tok, overwrite=overwrite, command=command)
 
 
 def convert_to_hf(model_dir: str | Path, out_dir: str | Path, *,
-                  tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+                  tokenizer: str | Path | None = None, overwrite: bool = False,
+                  command: str | None = None) -> Path:
     """Any model directory we write (``train``'s ``final`` or a checkpoint, ``grow``'s output; a
     TokenFormer or a Transformer baseline), or a preset, → a Hugging Face folder with its
     tokenizer (the one saved beside the model, ``tokenizer``, or bytes for 257 tokens)."""
@@ -230,11 +234,12 @@ def convert_to_hf(model_dir: str | Path, out_dir: str | Path, *,
 
     core = load_model(model_dir)
     tok = resolve_tokenizer(model_dir, core.config, tokenizer)
-    return save_hf(core, out_dir, tok, overwrite=overwrite)
+    return save_hf(core, out_dir, tok, overwrite=overwrite, command=command)
 
 
 def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
-                        tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+                        tokenizer: str | Path | None = None, overwrite: bool = False,
+                        command: str | None = None) -> Path:
     """A TokenFormer folder (ours or Hugging Face) → a folder laid out like the released repos:
     ``pytorch_model.bin`` (official key names and order, fp32), ``config.json`` (the NeoX keys plus
     ``vocab_size``/``eos_token_id``, so converting back restores them) and, when the model has one,
@@ -267,7 +272,7 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
             raise
         # none beside the model (e.g. an official checkpoint converted without one): the
         # folder holds the weights and the config only
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    with atomic_dir(out_dir, overwrite=overwrite, command=command) as tmp:
         save_official(model, tmp / "pytorch_model.bin")
         (tmp / "config.json").write_text(json.dumps(official_config(model.config), indent=2)
                                          + "\n")

@@ -42,7 +42,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     from ..grow import check_memory, plan_growth
     from ..io import atomic_dir
     from ..loading import load_model
-    from ..outputs import check_output, write_marker
+    from ..outputs import check_output
 
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
@@ -67,7 +67,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     else:
         grown = grow_model(model, **kwargs)
     delta, largest = max_logit_change(model, grown)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, command="grow") as tmp:
         grown.save(tmp)
         if optimizer is not None:
             ckpt.save_optimizer_state(tmp, optimizer)
@@ -76,7 +76,6 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                 "ffn": ffn, "layers": layers, "positions": positions, "seed": seed,
                 "reset_optimizer": reset_optimizer})
         copy_tokenizer(source, tmp)
-        write_marker(tmp, "grow")
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,

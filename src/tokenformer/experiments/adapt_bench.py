@@ -167,6 +167,20 @@ def get_preset(name: str | BenchPreset) -> BenchPreset:
     return preset
 
 
+def bench_preset(preset: str | BenchPreset, seeds: int | None = None,
+                 budgets: Sequence[float] | None = None, threads: int = 0) -> BenchPreset:
+    """The preset with ``seeds`` / ``budgets`` applied, checked (and ``threads``, 0 = torch's
+    default): the CLI calls it before it creates the output folder."""
+    p = get_preset(preset)
+    if seeds is not None or budgets is not None:
+        p = replace(p, seeds=p.seeds if seeds is None else seeds,
+                    budgets=p.budgets if budgets is None else tuple(budgets))
+        p.validate()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ConfigError(f"threads must be an integer >= 0 (0: torch's default), got {threads}")
+    return p
+
+
 # ------------------------------------------------------------------------------------- arms
 def _train_cfg(preset: BenchPreset, lr: float, steps: int, seed: int) -> Any:
     from ..train import TrainConfig
@@ -509,11 +523,7 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
     from .common import fingerprint, machine_summary
 
     name = preset if isinstance(preset, str) else "custom"
-    p = get_preset(preset)
-    if seeds is not None or budgets is not None:
-        p = replace(p, seeds=p.seeds if seeds is None else seeds,
-                    budgets=p.budgets if budgets is None else tuple(budgets))
-        p.validate()
+    p = bench_preset(preset, seeds, budgets, threads)
     if threads:
         torch.set_num_threads(threads)
     out = Path(out)
