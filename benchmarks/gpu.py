@@ -84,6 +84,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -361,7 +362,7 @@ def train_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, ou
             (lambda: neox_model(tf), neox),
     }
     modes = [m for m in COMPILE_MODES if m in args.modes]
-    trainers, per_token, params = {}, {}, {}
+    trainers, per_token, params, notes = {}, {}, {}, []
     for name, (build, config) in models.items():
         per_token[name] = flops_per_token(config, seq, training=True)["total"]
 
@@ -370,13 +371,20 @@ def train_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, ou
 
         for mode in modes:
             torch.manual_seed(0)
-            model = build()
-            params[name] = non_embedding_parameters(model) if hasattr(
-                model, "get_input_embeddings") else config.num_parameters(non_embedding=True)
             start = time.perf_counter()
-            trainers[name, mode] = Trainer(model, "bf16", sizes.batch, seq, sizes.warmup,
-                                           sizes.round_steps, device=device,
-                                           compile=mode == "compiled", flops_fn=count)
+            try:
+                model = build()
+                params[name] = non_embedding_parameters(model) if hasattr(
+                    model, "get_input_embeddings") else config.num_parameters(non_embedding=True)
+                trainers[name, mode] = Trainer(model, "bf16", sizes.batch, seq, sizes.warmup,
+                                               sizes.round_steps, device=device,
+                                               compile=mode == "compiled", flops_fn=count)
+            except Exception as exc:  # e.g. another transformers: time the others regardless
+                notes.append(f"{name} {mode} not timed: {type(exc).__name__}: "
+                             f"{str(exc).strip()[:300]}")
+                log(f"train: {notes[-1]}")
+                free_memory()
+                continue
             log(f"train: {name} {mode}: {sizes.warmup} warm-up steps "
                 f"{time.perf_counter() - start:.0f} s")
     times = interleaved({key: synchronized(t, device) for key, t in trainers.items()},
@@ -392,17 +400,20 @@ def train_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, ou
                      "mfu": rate * per_token[name] / peak})
     mfu = {(r["model"], r["mode"]): r["mfu"] for r in rows}
     names = list(models)
-    notes = [f"bf16 autocast, batch {sizes.batch} × seq {seq}, AdamW, grad clipping: "
+    notes[:0] = [f"bf16 autocast, batch {sizes.batch} × seq {seq}, AdamW, grad clipping: "
              f"`tokenformer.train.fit`; {sizes.rounds} interleaved rounds of "
              f"{sizes.round_steps} steps after {sizes.warmup} warm-up steps, best round. MFU = "
              f"achieved FLOP/s ÷ the measured bf16 rate of this device ({peak / 1e12:.3g} TFLOP/s, "
              f"a {sizes.matmul_n}³ matmul); FLOPs/token from `flops_per_token(..., "
              f"training=True)` (the HF model's from the same count of its shape)."]
     for mode in modes:
-        ratio = mfu[names[0], mode] / mfu[names[1], mode]
-        notes.append(f"{mode}: MFU TokenFormer / Transformer++ = {ratio:.3f} "
-                     f"({'met' if ratio >= 0.95 else 'not met'}: goal >= 0.95); TokenFormer / "
-                     f"GPT-NeoX = {mfu[names[0], mode] / mfu[names[2], mode]:.3f}")
+        if (names[0], mode) in mfu and (names[1], mode) in mfu:
+            ratio = mfu[names[0], mode] / mfu[names[1], mode]
+            notes.append(f"{mode}: MFU TokenFormer / Transformer++ = {ratio:.3f} "
+                         f"({'met' if ratio >= 0.95 else 'not met'}: goal >= 0.95)")
+        if (names[0], mode) in mfu and (names[2], mode) in mfu:
+            notes.append(f"{mode}: MFU TokenFormer / GPT-NeoX = "
+                         f"{mfu[names[0], mode] / mfu[names[2], mode]:.3f}")
     profiles = {}
     if args.profile:
         for name in names[:2]:
@@ -637,8 +648,9 @@ STAGE_FUNCTIONS = {"tests": tests_stage, "train": train_stage, "pattention": pat
                    "decode": decode_stage, "frontier": frontier_stage}
 
 
-def markdown(results: dict[str, Any]) -> str:
-    """Every stage of ``results`` as a markdown section with its table, the device named."""
+def markdown(results: dict[str, Any], profiles: bool = True) -> str:
+    """Every stage of ``results`` as a markdown section with its table, the device named (and
+    the training profiles, unless not ``profiles``)."""
     env = results.get("env", {})
     parts = ["# GPU results (benchmarks/gpu.py)\n",
              f"Device: {env.get('summary', '?')}; bf16 matmul "
@@ -650,16 +662,17 @@ def markdown(results: dict[str, Any]) -> str:
             continue
         columns = r["columns"]
         lines = [f"## GPU: {r['title']}\n", f"Command: `{r['command']}`  ",
-                 f"Device: {r['device']}; {r['written']}\n",
-                 "| " + " | ".join(header for _, header, _ in columns) + " |",
-                 "|" + "---|" * len(columns)]
+                 f"Device: {r['device']}; {r['written']}\n"]
+        if columns:
+            lines += ["| " + " | ".join(header for _, header, _ in columns) + " |",
+                      "|" + "---|" * len(columns)]
         for row in r["rows"]:
             lines.append("| " + " | ".join(
                 "—" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns)
                 + " |")
         lines.append("")
         lines += [f"* {note}" for note in r["notes"]]
-        for name, table in r.get("profiles", {}).items():
+        for name, table in r.get("profiles", {}).items() if profiles else ():
             lines += ["", f"Profile of one round of {name}, eager:", "", "```", table, "```"]
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
@@ -737,11 +750,11 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as exc:  # one stage's failure must not lose the others' results
                 status = 1
                 log(f"gpu.py: {stage} FAILED: {type(exc).__name__}: {exc}")
-                import traceback
-
                 traceback.print_exc()
                 free_memory()
-                continue
+                r = {"title": stage, "ok": False, "rows": [], "columns": [],
+                     "notes": [f"FAILED: {type(exc).__name__}: {str(exc).strip()[:500]} "
+                               f"(traceback on stderr)"]}
             r.update(command=command, device=results["env"]["summary"], smoke=args.smoke,
                      seconds=time.perf_counter() - start,
                      written=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
@@ -750,7 +763,9 @@ def main(argv: list[str] | None = None) -> int:
             if not r.get("ok", True):
                 status = 1
             log(f"gpu.py: {stage} done in {r['seconds']:.0f} s")
-    print(markdown({k: v for k, v in results.items() if k == "env" or k in stages}))
+    # the reply of a device call shows the output's end: this call's tables (profiles: the file)
+    print(markdown({k: v for k, v in results.items() if k == "env" or k in stages},
+                   profiles=False))
     return status
 
 

@@ -232,8 +232,9 @@ def test_data_parallel_in_one_process(device, strategy, tmp_path):
     if not dist.is_available():
         pytest.skip("torch.distributed is not available in this build")
     backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device.index or 0)
+    if device.type == "cuda":  # as under torchrun: the rank's own GPU, by index (DDP's device_ids)
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
     cfg = train_config(strategy=strategy)
     batch_fn = lm_batches(257, 4, 32, device)
     torch.manual_seed(0)
