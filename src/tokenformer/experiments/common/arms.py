@@ -1,11 +1,11 @@
-"""Generic machinery for controlled experiments: arms over seeds, curves, statistics, tables, plots.
+"""Arms over seeds: one training recipe per arm, its evaluation curve per seed, run resumably.
 
 An :class:`Arm` is one training recipe. Running it for a seed returns a :class:`Curve`: evaluation
 points carrying cumulative training FLOPs and wall-clock, plus events (e.g. growth points). All
 arms of a seed see the same data order (the dataset's batches are a pure function of
 (seed, step)) and run in one process one after another, so per-seed differences between arms are
-paired: :func:`tokenformer.experiments.stats.paired` compares two arms seed by seed (a t-based
-95 % interval; resolved only when it excludes 0).
+paired: :func:`tokenformer.experiments.common.stats.paired` compares two arms seed by seed (a
+t-based 95 % interval; resolved only when it excludes 0).
 
 Arms of one seed may share work (e.g. a base model that several growth recipes branch from)
 through the per-seed ``shared`` dict that :func:`run_arms` passes to every arm of that seed.
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write, atomic_write_text
+from ...io import atomic_write_text
+from ...progress import progress_bar
 
 POINT_FIELDS = ("step", "tokens", "flops", "wall", "loss", "bpb", "stage")
 
@@ -132,8 +132,6 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
     the next seed. With ``partial``, each finished (arm, seed) is saved there atomically and a
     rerun with the same ``settings`` skips what is already done (a long run survives a crash).
     """
-    from ..progress import progress_bar
-
     key = fingerprint(settings or {})
     done: dict[str, dict[int, Curve]] = {arm.name: {} for arm in arms}
     if partial is not None and Path(partial).is_file():
@@ -164,184 +162,3 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
         shared.clear()
     bar.close()
     return done
-
-
-# ---------------------------------------------------------------------------------- LR sweeps
-def extend_grid(grid: list[float], losses: dict[float, float]) -> float | None:
-    """The LR to add when the argmin of ``losses`` sits on an edge of ``grid`` (one log step
-    beyond it), else None."""
-    ordered = sorted(grid)
-    best = min(ordered, key=lambda lr: (losses[lr], lr))
-    if best == ordered[0]:
-        return ordered[0] * ordered[0] / ordered[1]
-    if best == ordered[-1]:
-        return ordered[-1] * ordered[-1] / ordered[-2]
-    return None
-
-
-@dataclass
-class LRSweep:
-    """An LR sweep: every LR tried (``grid``, sorted once extended), its value (lower is
-    better), the LRs added beyond the initial grid, and the argmin (ties: the smaller LR)."""
-
-    grid: list[float]
-    values: dict[float, float]
-    added: list[float]
-    chosen: float
-
-    @property
-    def at_edge(self) -> bool:
-        return self.chosen in (min(self.grid), max(self.grid))
-
-    @property
-    def status(self) -> str:
-        """``inside`` the initial grid, ``extended`` to get there, or still ``at edge``."""
-        return "at edge" if self.at_edge else "extended" if self.added else "inside"
-
-
-def sweep_lr(grid: Sequence[float], measure: Callable[[float], float], *,
-             max_extensions: int = 2,
-             on_extend: Callable[[float], None] | None = None) -> LRSweep:
-    """Measure every LR of ``grid`` (in its order); while the argmin sits on an edge, add one
-    log step beyond it (:func:`extend_grid`) and measure that, at most ``max_extensions`` times
-    per side. ``on_extend`` hears of each LR added before it is measured. A non-finite value
-    (a diverged run) counts as the worst, +inf."""
-    initial = list(grid)
-    if len(initial) < 2:
-        raise ValueError("an LR sweep needs at least two learning rates")
-    low = min(initial)
-    lrs, values, added = list(initial), {}, []
-    while True:
-        for lr in lrs:
-            if lr not in values:
-                value = float(measure(lr))
-                values[lr] = value if math.isfinite(value) else math.inf
-        extra = extend_grid(lrs, values)
-        below = extra is not None and extra < low
-        if extra is None or sum((x < low) == below for x in added) >= max_extensions:
-            break
-        added.append(extra)
-        if on_extend is not None:
-            on_extend(extra)
-        lrs = sorted([*lrs, extra])
-    return LRSweep(lrs, values, added, min(lrs, key=lambda lr: (values[lr], lr)))
-
-
-# ------------------------------------------------------------------------------------- tables
-def fmt(value: float | None, digits: int = 4) -> str:
-    """A number for a table: ``—`` for missing, scientific notation for large magnitudes."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-        return f"{value:.3g}"
-    return f"{value:.{digits}f}"
-
-
-def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]],
-                   align: str | None = None) -> str:
-    """A GitHub markdown table; ``align`` is one letter per column (l, r, c), default l then r."""
-    align = align or "l" + "r" * (len(header) - 1)
-    rule = {"l": ":---", "r": "---:", "c": ":---:"}
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule[a] for a in align) + " |"]
-    for row in rows:
-        if len(row) != len(header):
-            raise ValueError(f"row has {len(row)} cells, the header {len(header)}")
-        lines.append("| " + " | ".join(c if isinstance(c, str) else fmt(c) for c in row) + " |")
-    return "\n".join(lines)
-
-
-def to_json(data: Any) -> str:
-    """JSON with NaN/inf written as null (strict JSON readers reject them)."""
-    def clean(x: Any) -> Any:
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {str(k): clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
-    return json.dumps(clean(data), indent=1, allow_nan=False) + "\n"
-
-
-# -------------------------------------------------------------------------------------- plots
-AXIS_LABELS = {"flops": "cumulative training FLOPs", "wall": "wall-clock (s, training only)",
-               "step": "step", "tokens": "tokens",
-               "loss": "validation loss (nats/token)", "bpb": "validation bits per byte",
-               "accuracy": "test accuracy (top-1)"}
-
-
-def have_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def plot_curves(curves: dict[str, list[Curve]], path: str | Path, *, x: str = "flops",
-                y: str = "loss", labels: dict[str, str] | None = None, title: str = "",
-                logx: bool = True, ylim: tuple[float, float] | None = None, dpi: int = 110
-                ) -> Path:
-    """One curve per arm (mean over seeds, min–max band when several; tab10 colours in arm
-    order), events marked by dots. Written atomically as PNG."""
-    from matplotlib import colormaps
-    from matplotlib.figure import Figure  # lazy: the ``plot`` extra
-
-    fig = Figure(figsize=(10, 5.6), layout="constrained")
-    ax = fig.add_subplot()
-    cmap = colormaps["tab10"]
-    for i, (name, runs) in enumerate(curves.items()):
-        mean = mean_curve(runs)
-        xs, ys = mean.column(x), mean.column(y)
-        color = cmap(i % 10)[:3]
-        ax.plot(xs, ys, linestyle="-", color=color, linewidth=1.4,
-                label=(labels or {}).get(name, name))
-        if len(runs) > 1:
-            lo = [min(c) for c in zip(*(r.column(y) for r in runs), strict=True)]
-            hi = [max(c) for c in zip(*(r.column(y) for r in runs), strict=True)]
-            ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0)
-        for event in mean.events:
-            # the first evaluation of the grown model sits at the event's step
-            after = [i for i, p in enumerate(mean.points) if p.step == event.step]
-            if after:
-                ax.plot([xs[after[-1]]], [ys[after[-1]]], "o", color=color, markersize=4)
-    if logx:
-        ax.set_xscale("log")
-    if ylim is not None:
-        ax.set_ylim(*ylim)
-    ax.set_xlabel(AXIS_LABELS.get(x, x))
-    ax.set_ylabel(AXIS_LABELS.get(y, y))
-    ax.set_title(title + ("  (dots: growth)" if any(c[0].events for c in curves.values())
-                          else ""), fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    path = Path(path)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
-    return path
-
-
-# ------------------------------------------------------------------------------------ machine
-def machine_summary() -> dict[str, Any]:
-    """The CPU model, core and thread counts and versions, recorded in every results.json."""
-    import os
-    import platform
-
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    info = {"platform": platform.platform(), "cpu": cpu, "cpus": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
-            "torch": torch.__version__}
-    info["summary"] = (f"{cpu}, {info['cpus']} CPUs ({info['torch_threads']} torch threads), "
-                       f"torch {torch.__version__}, Python {info['python']}")
-    return info
