@@ -7,6 +7,11 @@ from typing import Any
 
 from ..cli import positive
 
+DESCRIPTION = ("One part of the sparse study per subcommand; prints a markdown section "
+               "(benchmarks/RESULTS.md) and writes --json. Models are evaluated on the held-out "
+               "split of the embedded corpus. The speed of top-k and product keys is "
+               "benchmarks/sparse.py's.")
+
 
 def sparse_study(args: argparse.Namespace) -> int:
     """Measure one part of the study, print it as a RESULTS.md section, save ``--json``."""
@@ -56,13 +61,9 @@ def sparse_study(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     from ..experiments.sparse.plan import CompareMLP, PruneCurve, PruneSeeds, Quality, TrainArms
 
-    p = sub.add_parser(
-        "sparse-study", help="top-k Pattention and pruning parameter tokens vs a Transformer's "
-                             "MLP neurons, on trained models paired by seed (docs/sparse.md)",
-        description="One part of the sparse study per subcommand; prints a markdown section "
-                    "(benchmarks/RESULTS.md) and writes --json. Models are evaluated on the "
-                    "held-out split of the embedded corpus. The speed of top-k and product keys "
-                    "is benchmarks/sparse.py's.")
+    p = sub.add_parser("sparse-study", description=DESCRIPTION,
+                       help="top-k Pattention and pruning parameter tokens vs a Transformer's "
+                            "MLP neurons, on trained models paired by seed (docs/sparse.md)")
     p.add_argument("--threads", type=positive(int), default=1,
                    help="torch CPU threads (default 1)")
     p.add_argument("--json", default=None, help="also write the results here")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -68,9 +67,13 @@ def save_json(result: dict[str, Any], path: str | Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- parts
-def _table(intro: str, header: str, rule: str, lines: Iterable[str],
-           rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """A part's result whose text is an intro and one table (a line per row), and its rows."""
+def _table(intro: str, header: str, rule: str, line: str, rows: list[dict[str, Any]]
+           ) -> dict[str, Any]:
+    """A part's result whose text is an intro and one table, and its rows. ``line`` formats a
+    row (``str.format`` over its keys, plus ``tuned`` and ``frontier``: its fine-tuned and its
+    frontier loss, ``–`` where it has none)."""
+    lines = [line.format(**r, tuned=_loss(r.get("finetuned")),
+                         frontier=_loss(r.get("frontier_loss"))) for r in rows]
     return {"markdown": "\n".join([intro, "", header, rule, *lines]), "rows": rows}
 
 
@@ -80,8 +83,7 @@ def train_arms(plan: TrainArms, rows: list[dict[str, Any]]) -> dict[str, Any]:
                   f"family).",
                   "| family | seed | LR | steps | val loss | frontier's val loss |",
                   "|---|---:|---:|---:|---:|---:|",
-                  (f"| {r['family']} | {r['seed']} | {r['lr']:g} | {r['steps']} | "
-                   f"{r['val_loss']:.4f} | {_loss(r['frontier_loss'])} |" for r in rows), rows)
+                  "| {family} | {seed} | {lr:g} | {steps} | {val_loss:.4f} | {frontier} |", rows)
 
 
 def quality(plan: Quality, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,8 +124,7 @@ def prune_curve(plan: PruneCurve, rows: list[dict[str, Any]]) -> dict[str, Any]:
                   f"steps at constant lr {plan.finetune_lr} (demo config, batch 16×256).",
                   "| pruned | by | Θ factor | parameters | val loss | after fine-tune |",
                   "|---:|---|---|---:|---:|---:|",
-                  (f"| {r['pruned']:.0%} | {r['by']} | {r['scale']} | {r['params']:,} | "
-                   f"{r['val_loss']:.4f} | {_loss(r['finetuned'])} |" for r in rows), rows)
+                  "| {pruned:.0%} | {by} | {scale} | {params:,} | {val_loss:.4f} | {tuned} |", rows)
 
 
 def compare_mlp(plan: CompareMLP, rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,8 +135,7 @@ def compare_mlp(plan: CompareMLP, rows: list[dict[str, Any]]) -> dict[str, Any]:
                   f"{plan.finetune_steps} steps at constant lr {plan.finetune_lr}.",
                   "| FFN pruned | arch | parameters | val loss | after fine-tune |",
                   "|---:|---|---:|---:|---:|",
-                  (f"| {r['pruned']:.0%} | {r['arch']} | {r['params']:,} | "
-                   f"{r['val_loss']:.4f} | {_loss(r['finetuned'])} |" for r in rows), rows)
+                  "| {pruned:.0%} | {arch} | {params:,} | {val_loss:.4f} | {tuned} |", rows)
 
 
 def load_prune_seeds(path: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
