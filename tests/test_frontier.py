@@ -24,11 +24,11 @@ from tokenformer.config import (
 )
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
+from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.plan import PRESETS, decay_start, get_preset, plan
-from tokenformer.experiments.stats import describe, format_p, paired, spread, t_interval
 
 KJV_TRAIN_TOKENS = 4_000_000  # below the embedded corpus' training split (a safe lower bound)
 

@@ -30,6 +30,7 @@ from typing import Any
 from ...config import TokenFormerConfig, flops_per_token
 from ...errors import ConfigError
 from ...grow import NEW_ROW_MOMENTS, STRATEGIES
+from ..common.report import markdown_table
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")
@@ -453,8 +454,6 @@ def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str
 def describe(preset: Preset, vocab_size: int) -> str:
     """The plan as text (``tokenformer scale --plan``): every arm's sizes, growth steps, budgets
     run and FLOPs; sweeps; nothing is trained."""
-    from ..common import markdown_table
-
     runs = plan(preset, vocab_size)
     sweeps = sweep_plan(preset, vocab_size)
     rows = []

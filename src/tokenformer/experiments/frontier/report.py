@@ -15,8 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..common import fmt, have_matplotlib, markdown_table
-from ..stats import RULE, describe, format_p, paired, spread, t_interval
+from ..common.report import fmt, have_matplotlib, markdown_table
+from ..common.stats import RULE, describe, format_p, paired, spread, t_interval
 from .plan import DENSE_FAMILIES, size_key
 
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",

@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, DivergedError, TokenFormerError
-from ..common import fingerprint, machine_summary, sweep_lr, to_json
+from ..common.arms import fingerprint
+from ..common.machine import machine_summary
+from ..common.report import to_json
+from ..common.sweep import sweep_lr
 from . import plan as plan_
 from .plan import Branch, Preset, Run
 
