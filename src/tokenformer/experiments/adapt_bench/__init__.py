@@ -32,4 +32,5 @@ from .run import knob, run_adapt_bench, run_one, tune_lr
 
 __all__ = ["ARMS", "CODE_PACKAGE", "CODE_SOURCE", "CODE_VERSION", "LABELS", "PRESETS", "SCHEMA",
            "BenchPreset", "bench_preset", "code_dataset", "code_text", "get_preset", "knob",
-           "run_adapt_bench", "run_one", "summarize", "t_interval", "tune_lr", "tuning_key", "verdict"]
+           "run_adapt_bench", "run_one", "summarize", "t_interval", "tune_lr", "tuning_key",
+           "verdict"]
