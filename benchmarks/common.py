@@ -60,6 +60,20 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, warmup: int =
     return {n: {"min": min(t), "median": statistics.median(t)} for n, t in times.items()}
 
 
+def synchronized(fn: Callable[[], object], device: torch.device | str
+                 ) -> Callable[[], object]:
+    """``fn`` followed by waiting for the device (CUDA work is asynchronous: without the wait a
+    timer would measure the kernel launches only). ``fn`` itself on the CPU."""
+    if torch.device(device).type != "cuda":
+        return fn
+
+    def run() -> object:
+        result = fn()
+        torch.cuda.synchronize(device)
+        return result
+    return run
+
+
 def machine() -> str:
     cpu = platform.processor() or "unknown CPU"
     with contextlib.suppress(OSError, StopIteration):

@@ -19,12 +19,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import add_clock_args, apply_clock_args, command_line, interleaved, machine
+from common import (
+    add_clock_args,
+    apply_clock_args,
+    command_line,
+    interleaved,
+    machine,
+    synchronized,
+)
 
 from tokenformer.models.baselines import TransformerLM, matched_config
 from tokenformer.models.config import TokenFormerConfig, flops_per_token
@@ -37,36 +45,44 @@ PRECISIONS = ("fp32", "bf16")
 KERNEL = "TokenFormer (kernel)"
 
 
-def matmul_ceiling(dtype: torch.dtype, n: int, rounds: int = 10) -> float:
-    """Best FLOP/s of an n×n @ n×n matmul (2n³ FLOPs)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    best = interleaved({"mm": lambda: a @ b}, rounds)["mm"]["min"]
+def matmul_ceiling(dtype: torch.dtype, n: int, rounds: int = 10,
+                   device: torch.device | str = "cpu") -> float:
+    """Best FLOP/s of an n×n @ n×n matmul (2n³ FLOPs) on ``device``."""
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    best = interleaved({"mm": synchronized(lambda: a @ b, device)}, rounds)["mm"]["min"]
     return 2 * n**3 / best
 
 
 class Trainer:
-    """One model at one precision, advanced ``round_steps`` steps of :func:`fit` per call."""
+    """One model at one precision, advanced ``round_steps`` steps of :func:`fit` per call (on
+    ``device``, under torch.compile with ``compile``; ``flops_fn`` as fit's, for models that
+    :func:`tokenformer.train.lm_flops` cannot count, e.g. Hugging Face ones)."""
 
     def __init__(self, model: torch.nn.Module, precision: str, batch_size: int, seq_len: int,
-                 warmup: int, round_steps: int, impl: str = "auto") -> None:
+                 warmup: int, round_steps: int, impl: str = "auto", *,
+                 device: torch.device | str = "cpu", compile: bool = False,
+                 flops_fn: Callable | None = None) -> None:
         vocab = model.config.vocab_size
 
         def batch_fn(step: int) -> dict[str, torch.Tensor]:
             g = torch.Generator().manual_seed(step)
-            ids = torch.randint(0, vocab, (batch_size, seq_len), generator=g)
+            ids = torch.randint(0, vocab, (batch_size, seq_len), generator=g).to(device)
             return {"input_ids": ids, "labels": ids}
 
         self.batch_fn, self.round_steps = batch_fn, round_steps
+        self.device, self.flops_fn = device, flops_fn
         self.cfg = TrainConfig(steps=warmup, batch_size=batch_size, seq_len=seq_len,
                                precision=precision, warmup_steps=1, eval_interval=0,
-                               schedule="constant", pattention_impl=impl)
-        result = fit(model, batch_fn, self.cfg, progress=False)
+                               schedule="constant", pattention_impl=impl, compile=compile)
+        result = fit(model, batch_fn, self.cfg, progress=False, device=device,
+                     flops_fn=flops_fn)
         self.model, self.optimizer, self.step = result.model, result.optimizer, warmup
 
     def __call__(self) -> None:
         end = self.step + self.round_steps
         fit(self.model, self.batch_fn, dataclasses.replace(self.cfg, steps=end),
-            optimizer=self.optimizer, start_step=self.step, progress=False)
+            optimizer=self.optimizer, start_step=self.step, progress=False, device=self.device,
+            flops_fn=self.flops_fn)
         self.step = end
 
 

@@ -2,11 +2,36 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 SHARED_CANDIDATES = (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", default="cpu", choices=("cpu", "cuda"),
+                     help="device of the tests that take one (tests/test_device.py): cpu "
+                          "(default, CI) or cuda (skipped with a reason where CUDA is absent)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--device") == "cuda":  # before any cuBLAS handle exists
+        # deterministic cuBLAS, for the bit-for-bit comparisons of test_device.py
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest):
+    """The torch device ``--device`` names; ``cuda`` without CUDA skips the test, saying why."""
+    import torch
+
+    name = request.config.getoption("--device")
+    if name == "cuda" and not torch.cuda.is_available():
+        pytest.skip(f"--device cuda: CUDA is not available (torch {torch.__version__}, "
+                    f"built for CUDA {torch.version.cuda or 'none'})")
+    return torch.device(name)
 
 
 @pytest.fixture(scope="session")

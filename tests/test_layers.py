@@ -80,8 +80,6 @@ DEFERRABLE = {
     "scipy",  # scipy.stats (~1 s to import), for one t-quantile
     "tokenformer.hf", "tokenformer.formats.convert",  # transformers at their top
 }
-# Being split into plan -> run -> report (issue 23); their imports move then.
-NOT_YET = {"experiments/ablate.py", "experiments/adapt_bench.py"}
 
 
 def _local_imports(path: Path) -> list[tuple[int, str]]:
@@ -113,8 +111,6 @@ def test_function_local_imports_only_defer_optional_dependencies():
     offenders = []
     for path in sorted((SRC / "tokenformer").rglob("*.py")):
         rel = path.relative_to(SRC / "tokenformer").as_posix()
-        if rel in NOT_YET:
-            continue
         for line, name in _local_imports(path):
             if not any(name == d or name.startswith(d + ".") for d in DEFERRABLE):
                 offenders.append(f"{rel}:{line}: {name}")

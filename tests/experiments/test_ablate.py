@@ -20,6 +20,7 @@ from tokenformer.experiments.ablate import (
     select_variants,
     summarize,
 )
+from tokenformer.experiments.ablate import run as ablate_run
 from tokenformer.experiments.common import Curve, Point, have_matplotlib
 
 TOY = {
@@ -131,11 +132,11 @@ def _results(study: str, task: str, finals: dict[str, list[float]]) -> dict:
 
 
 def test_paper_claims_are_read_from_its_numbers():
-    assert ablate._claims(STUDIES["theta"]) == [
+    assert ablate.paper_claims(STUDIES["theta"]) == [
         ("gelu_l1_norm", "softmax", "better"), ("l2_norm_gelu", "softmax", "better"),
         ("l2_norm_gelu", "gelu_l1_norm", "better")]
     # 82.5 / 82.5 / 82.6: every pair is within the paper's noise, i.e. a tie
-    assert {(a, b, k) for a, b, k in ablate._claims(STUDIES["norm"])} == {
+    assert {(a, b, k) for a, b, k in ablate.paper_claims(STUDIES["norm"])} == {
         ("none", "bias", "tie"), ("none", "both", "tie"), ("bias", "both", "tie")}
 
 
@@ -180,8 +181,6 @@ def test_verdict_on_hand_made_bits_per_byte_lower_is_better():
 
 # ------------------------------------------------------------------------------ divergence
 def test_a_diverged_run_is_recorded_with_the_worst_metric(tmp_path, monkeypatch):
-    import tokenformer.training.lm as train_module
-
     def diverging_train(cfg, **_):
         from pathlib import Path
 
@@ -196,7 +195,7 @@ def test_a_diverged_run_is_recorded_with_the_worst_metric(tmp_path, monkeypatch)
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
         raise DivergedError("the training loss became nan at step 2")
 
-    monkeypatch.setattr(train_module, "train", diverging_train)
+    monkeypatch.setattr(ablate_run, "train", diverging_train)
     curve = ablate.train_variant("lm", STUDIES["theta"], "softmax", TOY["lm"], 0, tmp_path / "r")
     assert curve.info["diverged"] == 2
     assert [p.step for p in curve.points] == [1, 2] and curve.final.bpb == math.inf
@@ -204,7 +203,7 @@ def test_a_diverged_run_is_recorded_with_the_worst_metric(tmp_path, monkeypatch)
     def failing_train(cfg, **_):  # any other error is not a divergence: it propagates
         raise TokenFormerError("data directory is corrupt")
 
-    monkeypatch.setattr(train_module, "train", failing_train)
+    monkeypatch.setattr(ablate_run, "train", failing_train)
     with pytest.raises(TokenFormerError, match="corrupt"):
         ablate.train_variant("lm", STUDIES["theta"], "softmax", TOY["lm"], 0, tmp_path / "r")
 
@@ -291,7 +290,7 @@ def _fake_training(monkeypatch, metric_of, crash_at: int | None = None) -> list[
                  Point(preset.steps, 100, 1.0, 1.0, 1 - m, math.nan, metrics={"accuracy": m}))
         return Curve([point], info={"lr": preset.lr})
 
-    monkeypatch.setattr(ablate, "train_variant", fake)
+    monkeypatch.setattr(ablate_run, "train_variant", fake)
     return calls
 
 

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
+from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.plan import PRESETS, decay_start, get_preset, plan
-from tokenformer.experiments.stats import describe, format_p, paired, spread, t_interval
 from tokenformer.models.baselines import matched_config, model_class
 from tokenformer.models.config import (
     SOFTMAX_FLOPS_PER_SCORE,

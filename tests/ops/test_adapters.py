@@ -391,7 +391,7 @@ def test_adapt_bench_end_to_end(tmp_path: Path, monkeypatch) -> None:
 
     # A rerun with one more seed reuses the pretrained bases and every finished run: it trains
     # exactly the five new (arm, seed) runs.
-    import tokenformer.experiments.adapt_bench as bench
+    import tokenformer.experiments.adapt_bench.run as bench
 
     fits = []
     real_fit = bench._fit

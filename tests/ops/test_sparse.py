@@ -268,3 +268,58 @@ def test_generate_cli_top_k_tokens(capsys):
     assert out.startswith("And")
     code, _, err = _cli(capsys, "generate", "tiny", "--prompt", "And", "--top-k-tokens", "mlp=2")
     assert _one_error_line(code, err), err
+
+
+# ------------------------------------------------------------------- the sparse study (CLI)
+def _pruned_rows(k: dict[str, float]) -> list[dict]:
+    """Hand-made prune-seeds rows for seeds 0 and 1: unpruned loss 2 + seed (TokenFormer) or
+    3 + seed (Transformer++); an arm pruned by f loses f × k[arm] + 0.01 × seed more."""
+    rows = []
+    for family, base, arms in (("tokenformer", 2.0, ("ffn/contribution", "all/contribution")),
+                               ("transformer++", 3.0, ("mlp/magnitude", "mlp/activation"))):
+        for seed in (0, 1):
+            rows.append({"family": family, "arm": "unpruned", "pruned": 0.0, "seed": seed,
+                         "params": 100, "val_loss": base + seed, "finetuned": None})
+            for arm in arms:
+                for frac in (0.25, 0.5, 0.75):
+                    rows.append({"family": family, "arm": arm, "pruned": frac, "seed": seed,
+                                 "params": round(100 * (1 - frac)), "finetuned": None,
+                                 "val_loss": base + seed + frac * k[arm] + 0.01 * seed})
+    return rows
+
+
+def test_sparse_study_prune_seeds_statistics_from_json(tmp_path, capsys):
+    """`sparse-study prune-seeds --from-json` re-renders measured rows: Δ vs each model's own
+    unpruned loss, and the paired questions, checked against the hand-made rows."""
+    import json
+
+    k = {"ffn/contribution": 0.2, "all/contribution": 0.6, "mlp/magnitude": 0.4,
+         "mlp/activation": 0.4}
+    (tmp_path / "earlier.json").write_text(json.dumps({"rows": _pruned_rows(k), "sweeps": {}}))
+    code, out, err = _cli(capsys, "sparse-study", "--json", str(tmp_path / "again.json"),
+                          "prune-seeds", "--tokenformer", "tf0", "tf1", "--transformer", "t0",
+                          "t1", "--by", "contribution", "--finetune-steps", "0",
+                          "--from-json", str(tmp_path / "earlier.json"))
+    assert code in (0, None), err
+    assert out.startswith("### Sparse Pattention: prune-seeds\n\nCommand: `tokenformer ")
+    saved = json.loads((tmp_path / "again.json").read_text())
+    assert set(saved) == {"rows", "summary", "tests", "sweeps", "unpruned_difference"}
+    ffn = next(e for e in saved["summary"] if e["arm"] == "ffn/contribution"
+               and e["pruned"] == 0.5)
+    assert ffn["delta_val_loss"]["values"] == pytest.approx([0.1, 0.11])
+    assert ffn["delta_val_loss"]["mean"] == pytest.approx(0.105)
+    # TokenFormer's FFN tokens lose 0.5 × (0.2 − 0.4) = −0.1 less than the MLP at every seed:
+    # a zero-spread paired difference, resolved for the TokenFormer
+    test = next(t for t in saved["tests"] if t["pruned"] == 0.5 and t["b"].endswith("magnitude")
+                and t["a"] == "tokenformer ffn/contribution")
+    assert test["mean"] == pytest.approx(-0.1) and test["winner"] == test["a"]
+    assert saved["unpruned_difference"]["mean"] == pytest.approx(-1.0)  # 2 + s vs 3 + s
+    assert "| 50% | tokenformer ffn/contribution | 50 |" in out
+
+
+def test_sparse_study_bad_input_is_one_error_line(tmp_path, capsys):
+    code, _, err = _cli(capsys, "sparse-study", "train", "--out", str(tmp_path / "runs"),
+                        "--results", str(tmp_path / "missing.json"))
+    assert _one_error_line(code, err) and "missing.json does not exist" in err
+    code, _, err = _cli(capsys, "sparse-study", "quality")
+    assert _one_error_line(code, err), err

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError, TokenFormerError
 from ..io.files import atomic_dir, atomic_write_text
-from ..io.outputs import check_output, write_marker
+from ..io.outputs import check_output
 from .tokenizer import (
     BYTES_MARKER,
     TOKENIZER_FILE,
@@ -453,7 +453,7 @@ def prepare_documents(docs: list[Document], tokenizer: str | Path, out: str | Pa
     dtype = np.dtype(dtype_for_vocab(tok.vocab_size)).newbyteorder("<")
     counts = {s: 0 for s in SPLITS}
     nbytes = {s: 0 for s in SPLITS}
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, command="prepare") as tmp:
         with contextlib.ExitStack() as stack:
             files = {s: stack.enter_context(open(tmp / f"{s}.bin", "wb")) for s in SPLITS}
             bar = stack.enter_context(
@@ -482,8 +482,6 @@ def _finish(tmp: Path, tok: Tokenizer, spec: str | Path, counts: dict[str, int],
         if counts[split] == 0:
             raise DataError(f"the input is too small to hold out a validation split: the "
                             f"{split} split would be empty")
-
-    write_marker(tmp, "prepare")  # what a later --overwrite may replace
     tok.save(tmp)
     tok_file = tmp / (TOKENIZER_FILE if (tmp / TOKENIZER_FILE).is_file() else BYTES_MARKER)
     meta = {
@@ -580,7 +578,7 @@ def prepare_indexed(path: str | Path, tokenizer: str | Path, out: str | Path, *,
     dtype = np.dtype(dtype_for_vocab(tok.vocab_size)).newbyteorder("<")
     splits = {"train": (0, cut), "val": (cut, n)}
     nbytes = {s: 0 for s in SPLITS}
-    with atomic_dir(out, overwrite=overwrite) as tmp, \
+    with atomic_dir(out, overwrite=overwrite, command="prepare") as tmp, \
             _progress(n, f"converting {Path(path).name}", progress, unit="tok") as bar:
         for split, (lo, hi) in splits.items():
             tokens[lo:hi].astype(dtype).tofile(tmp / f"{split}.bin")

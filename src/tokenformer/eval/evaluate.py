@@ -218,7 +218,7 @@ def run_tasks(model_spec: str | Path, tasks: Sequence[str], *, limit: int | None
     except ImportError:
         raise ConfigError("--tasks needs lm-evaluation-harness: pip install "
                           "'tokenformer[eval]'") from None
-    from ..formats.convert import load_for_transformers  # needs transformers (eval extra)
+    from ..formats.convert import load_for_transformers  # transformers: the eval extra
 
     tasks = [t.strip() for t in tasks if t.strip()]
     if not tasks:

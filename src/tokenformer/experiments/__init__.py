@@ -1,10 +1,15 @@
-"""Controlled experiments: named arms trained over seeds, curves, statistics, reports and plots.
+"""Controlled experiments: each a folder whose data flows one way, plan → run → report.
 
-:mod:`.common` is the generic machinery (any set of arms), :mod:`.stats` the one statistics
-rule; :mod:`.frontier` is the loss-vs-compute experiment behind ``tokenformer scale``.
+:mod:`.common` is what they share (arms over seeds, LR sweeps, the one statistics rule, report
+helpers). The experiments: :mod:`.frontier` (loss vs compute, ``tokenformer scale``),
+:mod:`.ablate` (the paper's ablations, ``tokenformer ablate``), :mod:`.adapt_bench` (token
+adapters vs LoRA, ``tokenformer adapt-bench``) and :mod:`.sparse` (top-k Pattention and pruning,
+``tokenformer sparse-study``). In each, ``plan`` is pure data (presets, arms), ``run`` trains and
+measures (resumable where long) and ``report`` turns the results into statistics, the verdict's
+prose, markdown and plots.
 """
 
-from .common import Arm, Curve, Event, Point, run_arms
-from .stats import Paired, Spread, paired, spread
+from .common.arms import Arm, Curve, Event, Point, run_arms
+from .common.stats import Paired, Spread, paired, spread
 
 __all__ = ["Arm", "Curve", "Event", "Paired", "Point", "Spread", "paired", "run_arms", "spread"]

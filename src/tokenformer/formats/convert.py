@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..hf import TokenFormerForCausalLM, save_hf, to_hf_tokenizer
 from ..io.files import atomic_dir
 from ..models.lm import TokenFormerLM
-from ..models.official import official_config, save_official
+from ..models.official import inexpressible, official_config, save_official
 from .loading import load_model
 
 
@@ -39,7 +39,8 @@ def load_for_transformers(spec: str | Path, tokenizer: str | Path | None = None
 
 
 def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | Path | None = None,
-                     overwrite: bool = False, **official_kwargs: Any) -> Path:
+                     overwrite: bool = False, command: str | None = None,
+                     **official_kwargs: Any) -> Path:
     """Released checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file) → HF folder.
 
     The tokenizer is ``tokenizer`` if given, else a ``tokenizer.json`` beside the checkpoint; with
@@ -54,22 +55,24 @@ def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | P
         beside = (src if src.is_dir() else src.parent) / "tokenizer.json"
         if beside.is_file():
             tok = load_tokenizer(beside)
-    return save_hf(core, out_dir, tok, overwrite=overwrite)
+    return save_hf(core, out_dir, tok, overwrite=overwrite, command=command)
 
 
 def convert_to_hf(model_dir: str | Path, out_dir: str | Path, *,
-                  tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+                  tokenizer: str | Path | None = None, overwrite: bool = False,
+                  command: str | None = None) -> Path:
     """Any model directory we write (``train``'s ``final`` or a checkpoint, ``grow``'s output; a
     TokenFormer or a Transformer baseline), or a preset, → a Hugging Face folder with its
     tokenizer (the one saved beside the model, ``tokenizer``, or bytes for 257 tokens)."""
 
     core = load_model(model_dir)
     tok = resolve_tokenizer(model_dir, core.config, tokenizer)
-    return save_hf(core, out_dir, tok, overwrite=overwrite)
+    return save_hf(core, out_dir, tok, overwrite=overwrite, command=command)
 
 
 def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
-                        tokenizer: str | Path | None = None, overwrite: bool = False) -> Path:
+                        tokenizer: str | Path | None = None, overwrite: bool = False,
+                        command: str | None = None) -> Path:
     """A TokenFormer folder (ours or Hugging Face) → a folder laid out like the released repos:
     ``pytorch_model.bin`` (official key names and order, fp32), ``config.json`` (the NeoX keys plus
     ``vocab_size``/``eos_token_id``, so converting back restores them) and, when the model has one,
@@ -84,11 +87,7 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
     if type(model) is not TokenFormerLM:
         raise ConfigError(f"{model_dir} holds a {model.config.arch} baseline: the official "
                           f"layout exists only for TokenFormer (use to-hf)")
-    c = model.config
-    beyond = [f"{k}={getattr(c, k)}" for k, official in (
-        ("qkv_scale", None), ("proj_scale", None), ("ffn_scale", None), ("theta_eps", 0.0),
-        ("block_norm", "none"), ("rotary_base", 10000.0), ("layernorm_eps", 1e-5))
-        if getattr(c, k) != official]
+    beyond = inexpressible(model.config)
     if beyond:  # the official code would load the weights and compute another function
         raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
     tok: Tokenizer | None = None
@@ -100,7 +99,7 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
             raise
         # none beside the model (e.g. an official checkpoint converted without one): the
         # folder holds the weights and the config only
-    with atomic_dir(out_dir, overwrite=overwrite) as tmp:
+    with atomic_dir(out_dir, overwrite=overwrite, command=command) as tmp:
         save_official(model, tmp / "pytorch_model.bin")
         (tmp / "config.json").write_text(json.dumps(official_config(model.config), indent=2)
                                          + "\n")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError
+from ..io.checkpoint import verify_checkpoint
 from ..models.baselines import load_model_dir
 from ..models.config import PRESETS, TokenFormerConfig
 from ..models.lm import CONFIG_NAME, WEIGHTS_NAME, TokenFormerLM
@@ -22,7 +23,10 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
     """The one loader behind every command: a preset name (random init, seeded by the caller);
     a model directory of ours (any ``arch``: TokenFormer or a Transformer baseline); a Hugging
     Face folder written by :mod:`tokenformer.hf` (needs the ``hf`` extra); or an official
-    checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file)."""
+    checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file).
+
+    A folder is checked against its manifest before anything in it is read
+    (:func:`tokenformer.checkpoint.verify_checkpoint`: the one rule for every load path)."""
     if str(spec) in PRESETS and not Path(spec).exists():
         return TokenFormerLM(TokenFormerConfig.from_name(str(spec)))
     path = Path(spec)
@@ -30,6 +34,7 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
         raise CheckpointError(f"checkpoint not found: {path} (nor a preset name; presets: "
                               f"{', '.join(PRESETS)})")
     if path.is_dir() and (path / WEIGHTS_NAME).is_file():
+        verify_checkpoint(path)  # the manifest rule, before config.json is read to dispatch
         try:
             model_type = json.loads((path / CONFIG_NAME).read_text()).get("model_type")
         except (OSError, json.JSONDecodeError, AttributeError):
@@ -37,10 +42,10 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
         if model_type == "tokenformer":
             from ..hf import load_hf  # optional extra: imported only for an HF folder
 
-            return load_hf(path).model
-        return load_model_dir(path)
+            return load_hf(path, verify=False).model
+        return load_model_dir(path, verify=False)
     _refuse_run_folder(path)
-    return TokenFormerLM.from_official(path, **official_kwargs)
+    return TokenFormerLM.from_official(path, **official_kwargs)  # verifies a folder itself
 
 
 def _refuse_run_folder(path: Path) -> None:

@@ -46,8 +46,9 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from ..data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from ..errors import CheckpointError, ConfigError
+from ..io.checkpoint import verify_checkpoint
 from ..io.files import atomic_dir
-from ..models.lm import TokenFormerLM
+from ..models.lm import TokenFormerLM, check_buildable
 from ..nn.pattention import BLOCK_PATTENTIONS
 from .modeling import (
     AUTO_MAP,
@@ -116,10 +117,12 @@ def to_hf_tokenizer(tokenizer: Tokenizer, max_seq_len: int | None = None
 # ------------------------------------------------------------------------------ saving, loading
 def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Path,
             tokenizer: Tokenizer | PreTrainedTokenizerFast | None = None,
-            overwrite: bool = False) -> Path:
+            overwrite: bool = False, *, command: str | None = None) -> Path:
     """Write a ``from_pretrained``-loadable folder (safetensors, config, generation config, the
     remote code and, when given, the tokenizer); built under a temporary name and renamed when
-    complete. A core model (TokenFormer or a baseline) is saved as ``TokenFormerForCausalLM``."""
+    complete (:func:`tokenformer.io.atomic_dir`: ``command`` marks the folder, and with
+    ``overwrite`` only a folder with that mark is replaced). A core model (TokenFormer or a
+    baseline) is saved as ``TokenFormerForCausalLM``."""
     hf = model if isinstance(model, TokenFormerPreTrainedModel) else \
         TokenFormerForCausalLM.from_core(model)
     if tokenizer is not None and not isinstance(tokenizer, PreTrainedTokenizerFast):
@@ -130,19 +133,31 @@ def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Pa
     generation = getattr(hf, "generation_config", None)
     if tokenizer is not None and tokenizer.pad_token_id is not None and generation is not None:
         generation.pad_token_id = tokenizer.pad_token_id  # <|padding|> for GPT-NeoX
-    with atomic_dir(Path(out_dir), overwrite=overwrite) as tmp:
+    with atomic_dir(Path(out_dir), overwrite=overwrite, command=command) as tmp:
         hf.save_pretrained(tmp)  # + modeling_tokenformer.py, configuration_tokenformer.py
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return Path(out_dir)
 
 
-def load_hf(path: str | Path, **kwargs: Any) -> TokenFormerForCausalLM:
-    """``AutoModelForCausalLM.from_pretrained`` on a local folder, errors as one sentence."""
+def load_hf(path: str | Path, *, verify: bool = True, **kwargs: Any) -> TokenFormerForCausalLM:
+    """``AutoModelForCausalLM.from_pretrained`` on a local folder, errors as one sentence.
+
+    Before transformers reads it: the manifest rule (a folder with ``manifest.json`` is verified;
+    ``verify=False`` only for a caller that just did) and, for our config, the model it describes
+    against the weights file's header and the memory available
+    (:func:`tokenformer.model.check_buildable`)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"model folder not found: {path}")
+    if verify:
+        verify_checkpoint(path)
     try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        if isinstance(config, TokenFormerHFConfig):
+            weights = path / "model.safetensors"
+            check_buildable(config.to_core(), str(path / "config.json"),
+                            weights if weights.is_file() else None)
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

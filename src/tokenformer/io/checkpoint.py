@@ -38,7 +38,7 @@ from safetensors import safe_open
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from .files import atomic_dir, atomic_write, atomic_write_text, safe_torch_load
+from .files import atomic_dir, atomic_write, atomic_write_text, read_marker, safe_torch_load
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -50,6 +50,16 @@ STATE_NAME = "trainer_state.json"
 MANIFEST_NAME = "manifest.json"
 SHARDED = "sharded"  # the DCP folder of an FSDP checkpoint (tokenformer.training.distributed)
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# The files a loader of this package reads from a folder (models, checkpoints, adapters, official
+# folders): in a folder with a manifest each one present must be listed, else it was added after
+# the manifest was written (e.g. a model.safetensors beside a sharded checkpoint) and would be
+# read unverified.
+READ_FILES = ("config.json", "model.safetensors", "adapter_config.json", "adapter.safetensors",
+              OPTIMIZER_NAME, RNG_NAME, STATE_NAME, LEGACY_OPTIMIZER_NAME, LEGACY_RNG_NAME,
+              "pytorch_model.bin")
+# Commands whose output always holds a manifest (each wrote one since its marker exists): such a
+# folder without one is incomplete or tampered.
+MANIFEST_COMMANDS = ("grow", "prune", "merge", "adapt")
 _TREE_FORMAT = "tokenformer-tree-v1"
 _MANIFEST_FORMAT = "tokenformer-manifest-v1"
 
@@ -255,21 +265,29 @@ def write_manifest(directory: str | Path) -> None:
 
 
 def verify_checkpoint(path: str | Path) -> bool:
-    """Check a checkpoint against its manifest before anything in it is read.
+    """The one manifest rule, applied by every loader of a folder before anything in it is read.
 
-    Every listed file must exist with its size and sha256, and ``sharded/`` may hold no unlisted
-    file (torch's DCP reader unpickles ``sharded/.metadata``, so that file must be exactly the one
-    we wrote). Returns True when verified; False for a non-sharded checkpoint of an earlier
-    version (no manifest, ``optimizer.pt``: accepted unverified, its files are read with
-    ``weights_only``). Raises :class:`CheckpointError`, one line, otherwise."""
+    A folder with ``manifest.json`` is verified: every listed file must exist with its size and
+    sha256, every file a loader reads (:data:`READ_FILES`) must be listed, and ``sharded/`` may
+    hold no unlisted file (torch's DCP reader unpickles ``sharded/.metadata``, so that file must
+    be exactly the one we wrote). Returns True then.
+
+    A folder without one is refused when this package always writes one there: a checkpoint with
+    ``sharded/``, ``optimizer.safetensors`` or ``rng.safetensors``, an adapter, or the output of
+    a command in :data:`MANIFEST_COMMANDS` (its marker says so). Otherwise it returns False: a
+    checkpoint of a version before manifests (``optimizer.pt``), a folder written by
+    ``TokenFormerLM.save`` or assembled by hand, an official or Hugging Face folder; their files
+    are read as such (``weights_only``, safetensors) and checked as they are read. Raises
+    :class:`CheckpointError`, one line, otherwise."""
     path = Path(path)
     manifest_file = path / MANIFEST_NAME
     if not path.is_dir():
         raise CheckpointError(f"checkpoint not found: {path}")
     if not manifest_file.is_file():
-        if any((path / name).exists() for name in (SHARDED, OPTIMIZER_NAME, RNG_NAME)):
-            raise CheckpointError(f"{path} has no {MANIFEST_NAME} (incomplete or tampered); "
-                                  f"nothing in it was read")
+        why = _manifest_expected(path)
+        if why:
+            raise CheckpointError(f"{path} has no {MANIFEST_NAME} ({why}: incomplete or "
+                                  f"tampered); nothing in it was read")
         return False
     try:
         manifest = json.loads(manifest_file.read_text())
@@ -291,13 +309,28 @@ def verify_checkpoint(path: str | Path) -> bool:
         if _sha256(file) != entry["sha256"]:
             raise CheckpointError(f"{path}: {rel} does not match its sha256 in the manifest "
                                   f"(corrupt or modified)")
+    unlisted = [name for name in READ_FILES if name not in files
+                and ((path / name).is_symlink() or (path / name).exists())]
     if (path / SHARDED).exists():
-        unlisted = [rel for rel in (f"{SHARDED}/{r}" for r in _files(path / SHARDED))
-                    if rel not in files]
-        if (path / SHARDED).is_symlink() or unlisted:
-            raise CheckpointError(f"{path}: {unlisted[0] if unlisted else SHARDED} is not in "
-                                  f"the manifest; refusing to read the sharded checkpoint")
+        unlisted += [SHARDED] if (path / SHARDED).is_symlink() else [
+            rel for rel in (f"{SHARDED}/{r}" for r in _files(path / SHARDED)) if rel not in files]
+    if unlisted:
+        raise CheckpointError(f"{path}: {unlisted[0]} is not in the manifest (added after it "
+                              f"was written?); refusing to read the folder")
     return True
+
+
+def _manifest_expected(path: Path) -> str | None:
+    """Why a folder without a manifest should have one (see :func:`verify_checkpoint`), or None."""
+
+    if any((path / name).exists() for name in (SHARDED, OPTIMIZER_NAME, RNG_NAME)):
+        return "a checkpoint of this version always has one"
+    if any((path / name).exists() for name in ("adapter_config.json", "adapter.safetensors")):
+        return "every adapter is saved with one"
+    command = read_marker(path)
+    if command in MANIFEST_COMMANDS:
+        return f"tokenformer {command} wrote it with one"
+    return None
 
 
 def _plain_relative(rel: Any) -> bool:

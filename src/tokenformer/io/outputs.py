@@ -13,8 +13,8 @@ is guaranteed.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,37 +22,24 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .. import __version__
 from ..errors import OutputError, TokenFormerError
 from .checkpoint import clean_leftovers
-from .files import atomic_write_text
+from .files import (
+    MARKER,
+    atomic_write_text,
+    clean_stale_temps,
+    link_error,
+    read_marker,
+    write_marker,
+)
 from .process_group import World, max_across
 
-MARKER = ".tokenformer-output"
 LOCK = ".tokenformer.lock"
 LOCK_PID = ".tokenformer.lock.pid"  # sidecar: the lock file itself must stay empty for filelock
 
 
 class RunFolderBusy(TokenFormerError):
     """Another process holds the run folder's lock."""
-
-
-# ------------------------------------------------------------------------------------- marker
-def write_marker(directory: str | Path, command: str) -> None:
-    """Record that ``command`` wrote ``directory`` (what ``--overwrite`` may later replace)."""
-
-    atomic_write_text(Path(directory) / MARKER, json.dumps(
-        {"command": command, "version": __version__,
-         "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
-
-
-def read_marker(directory: str | Path) -> str | None:
-    """The command named by ``directory``'s marker, or None (no marker, or not ours)."""
-    try:
-        data = json.loads((Path(directory) / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    return data.get("command") if isinstance(data, dict) else None
 
 
 # -------------------------------------------------------------------------------------- checks
@@ -80,13 +67,53 @@ def check_not_input(out: str | Path, inputs: Iterable[str | Path | None], flag: 
             raise OutputError(f"{flag} {out} contains the input {spec}: choose another output")
 
 
+def check_creatable(out: str | Path, flag: str = "--out", *, temporary: bool = True) -> None:
+    """Refuse, before any work, an output that could not be created at the end: a parent that is
+    a file, a name longer than the file system allows (``temporary``: with the 14 bytes the
+    temporary name ``.NAME.XXXXXXXX.tmp`` adds), a folder this process cannot create folders in
+    (permissions, read-only file system). The last is probed: an empty folder created and
+    removed in the nearest existing ancestor."""
+    path = Path(os.path.abspath(Path(out).expanduser()))
+    base = path.parent
+    while not os.path.lexists(base):
+        base = base.parent
+    if not base.is_dir():
+        raise OutputError(f"{flag} {out}: {base} is a file, not a folder")
+    try:
+        limit = os.pathconf(base, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    parts = path.relative_to(base).parts
+    for i, part in enumerate(parts):
+        size = len(os.fsencode(part)) + (14 if temporary and i == len(parts) - 1 else 0)
+        if size > limit:
+            raise OutputError(f"{flag} {out}: the name {part[:24]}... is too long for the file "
+                              f"system ({size} bytes{' with its temporary name' * temporary}, "
+                              f"at most {limit}): choose a shorter one")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".tokenformer-probe.", dir=base))
+    except OSError as exc:
+        raise OutputError(f"{flag} {out}: cannot create folders in {base} ({exc.strerror}): "
+                          f"choose another output") from None
+
+
 def check_output(out: str | Path, inputs: Iterable[str | Path | None], *, command: str,
                  overwrite: bool = False, kind: str = "dir", flag: str = "--out") -> None:
     """Before ``command`` writes ``out`` (a folder built whole, or a file): refuse inputs as
-    outputs, an existing ``out`` without ``overwrite``, and with ``overwrite`` a folder without
-    this command's marker (someone else's files) or anything of the wrong kind."""
+    outputs, an output that could not be created (:func:`check_creatable`), an existing ``out``
+    without ``overwrite``, and with ``overwrite`` a folder without this command's marker
+    (someone else's files), a link, the current folder, or anything of the wrong kind. Removes
+    the temporary folders a killed earlier run left beside ``out``
+    (:func:`tokenformer.io.clean_stale_temps`)."""
     check_not_input(out, inputs, flag)
     path = Path(out)
+    if kind == "dir":
+        here = Path.cwd().resolve()
+        if _resolved(path) == here or _resolved(path) in here.parents:
+            raise OutputError(f"{flag} {out} is the current folder or contains it: an output "
+                              f"folder is replaced whole; choose another {flag}")
+        clean_stale_temps(path)
+    check_creatable(path, flag)
     if not path.exists() and not path.is_symlink():
         return
     if kind == "file":
@@ -100,6 +127,8 @@ def check_output(out: str | Path, inputs: Iterable[str | Path | None], *, comman
     if not overwrite:
         raise OutputError(f"output directory already exists: {out} (pass --overwrite to "
                           f"replace it)")
+    if path.is_symlink():
+        raise link_error(path, f"{flag} {out}")
     owner = read_marker(path)
     if owner is None:
         raise OutputError(f"{out} was not written by tokenformer {command} (no {MARKER} in it); "
@@ -118,6 +147,7 @@ def check_run_folder(out: str | Path, inputs: Iterable[str | Path | None], *, co
     check_not_input(out, inputs, flag)
     path = Path(out)
     if not path.exists() and not path.is_symlink():
+        check_creatable(path, flag, temporary=False)
         return
     if not path.is_dir():
         raise OutputError(f"{flag} {out} exists and is not a directory")

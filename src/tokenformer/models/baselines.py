@@ -32,8 +32,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
+from ..io.checkpoint import verify_checkpoint
 from .config import TokenFormerConfig
-from .lm import CONFIG_NAME, Attention, Block, LayerNorm, RotaryEmbedding, TokenFormerLM
+from .lm import (
+    CONFIG_NAME,
+    Attention,
+    Block,
+    LayerNorm,
+    RotaryEmbedding,
+    TokenFormerLM,
+    check_buildable,
+)
 
 ARCHS = ("tokenformer", "transformer", "transformer++")
 GELU_FLOPS = 4  # x·0.5·(1+erf(x/√2)), as Θ's GELU is charged in config.py
@@ -282,13 +291,20 @@ def _arch_of(directory: str | Path) -> str:
     return data.get("arch", "tokenformer") if isinstance(data, dict) else "tokenformer"
 
 
-def load_model_dir(directory: str | Path) -> TokenFormerLM:
+def load_model_dir(directory: str | Path, *, verify: bool = True) -> TokenFormerLM:
     """Load a model directory of any architecture (``config.json``'s ``arch``; TokenFormer when
-    absent)."""
-    return model_class(_arch_of(directory)).load(directory)
+    absent), checked against its manifest first (``verify=False``: the caller just did)."""
+    if verify:
+
+        verify_checkpoint(directory)  # before its config.json is read to pick the class
+    return model_class(_arch_of(directory)).load(directory, verify=False)
 
 
 def build_from_dir_config(directory: str | Path) -> TokenFormerLM:
-    """A freshly initialised model of the architecture and size a directory's config names."""
+    """A freshly initialised model of the architecture and size a directory's config names
+    (refused before any tensor is made if this machine cannot hold it)."""
+
     cls = model_class(_arch_of(directory))
-    return cls(cls.config_class.load(Path(directory) / CONFIG_NAME))
+    config = cls.config_class.load(Path(directory) / CONFIG_NAME)
+    check_buildable(config, str(Path(directory) / CONFIG_NAME))
+    return cls(config)

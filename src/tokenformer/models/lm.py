@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,15 +17,17 @@ from typing import Any
 import safetensors.torch  # module attribute: tests replace save_file (a full disk)
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TokenFormerError
+from ..io.checkpoint import verify_checkpoint
 from ..io.files import atomic_write, atomic_write_text
 from ..nn.pattention import Pattention
 from ..nn.pattention import top_k_tokens as _top_k_tokens
 from ..nn.product_keys import ProductKeyPattention
 from .config import TokenFormerConfig
+from .memory import check_memory
 from .official import ours_to_official, read_official
 
 WEIGHTS_NAME = "model.safetensors"
@@ -359,26 +362,34 @@ class TokenFormerLM(nn.Module):
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, map_location: str | torch.device = "cpu"
-             ) -> TokenFormerLM:
-        """Load a directory written by :meth:`save` (safetensors: no code is ever unpickled)."""
+    def load(cls, directory: str | Path, map_location: str | torch.device = "cpu", *,
+             verify: bool = True) -> TokenFormerLM:
+        """Load a directory written by :meth:`save` (safetensors: no code is ever unpickled).
+
+        The folder is first checked against its manifest
+        (:func:`tokenformer.checkpoint.verify_checkpoint`; ``verify=False`` only for a caller
+        that has just done so), and the model its config describes against the weights file's
+        header and the memory available (:func:`check_buildable`) before any tensor is made."""
 
         directory = Path(directory)
         if not directory.exists():
             raise CheckpointError(f"checkpoint not found: {directory}")
+        if verify:
+
+            verify_checkpoint(directory)
         config_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
         if not config_file.is_file() or not weights.is_file():
             raise CheckpointError(f"{directory} is not a tokenformer model directory "
                                   f"(expected {CONFIG_NAME} and {WEIGHTS_NAME})")
         require_shape_keys(config_file, cls.config_class)
         config = cls.config_class.load(config_file)
+        check_buildable(config, str(config_file), weights)
         try:
             state = safetensors.torch.load_file(str(weights), device=str(map_location))
         except (SafetensorError, OSError, ValueError) as exc:
             raise CheckpointError(f"{weights} is corrupt or truncated: {exc}") from None
         model = cls(config)
         load_state_dict_strict(model, state, source=str(weights))
-        check_weights(state, str(weights))
         return model
 
     @classmethod
@@ -393,6 +404,7 @@ class TokenFormerLM(nn.Module):
         """
         config, state, official = read_official(path, **kwargs)
         check_weights(state, str(path))
+        check_buildable(config, str(path))  # e.g. a seq_length of 10⁹ in config.json
         model = TokenFormerLM(config)
         # Checked under the official names: an error must name the key as it is in the user's file.
         check_state_dict(ours_to_official(model.state_dict(), config.num_layers), official,
@@ -544,10 +556,47 @@ def check_weights(state: dict[str, torch.Tensor], source: str) -> None:
                                   f"checkpoint is corrupt (or saved from a diverged run)")
 
 
+def check_tensors(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor],
+                  source: str) -> None:
+    """The one check of tensors read from a file before they enter a model (base weights and
+    adapters alike): keys and shapes (:func:`check_state_dict`), then dtype and finiteness
+    (:func:`check_weights`)."""
+    check_state_dict(expected, state, source)
+    check_weights(state, source)
+
+
 def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """``load_state_dict(strict=True)`` with one error sentence naming the offending key."""
-    check_state_dict(model.state_dict(), state, source)
+    """``load_state_dict(strict=True)`` with one error sentence naming the offending key, after
+    :func:`check_tensors`."""
+    check_tensors(model.state_dict(), state, source)
     model.load_state_dict(state, strict=True)
+
+
+def header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes a safetensors file declares, from its header alone (no tensor is read;
+    safetensors refuses a header its file is too short to hold)."""
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file} is corrupt or truncated: {exc}") from None
+
+
+def check_buildable(config: Any, source: str, weights: Path | None = None) -> None:
+    """Refuse, before any tensor is made, a model described by a config read from disk
+    (``source``) that its weights file cannot fill or this machine cannot hold: the config's
+    parameter count (computed, nothing allocated) against the values the file's header declares
+    (a 4 KB file cannot hold a 10⁶-layer model), then grow's memory estimate (the model and the
+    weights read into it: two fp32 copies) against the memory available now."""
+    if weights is not None:
+        params = config.num_parameters()
+        held = sum(math.prod(shape) for shape in header_shapes(weights).values())
+        if params > held:
+            raise CheckpointError(f"{source} describes a model of {params:,} parameters but "
+                                  f"{weights} holds {held:,} values: they do not belong "
+                                  f"together")
+    check_memory(config, 2, source, error=CheckpointError)
 
 
 def check_state_dict(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor],

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..io.checkpoint import verify_checkpoint
 from ..io.files import atomic_write, safe_torch_load
 from ..nn.pattention import kind_names
 from .config import TokenFormerConfig
@@ -162,6 +163,8 @@ def read_official(path: str | Path, *, num_heads: int | None = None,
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.is_dir():
+        verify_checkpoint(path)  # the manifest rule (a folder with one), before reading it
     official, config_json = _read_state_dict(path)
     state = official_to_ours(official)
     if config is None:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError, DataError
+from ..io.checkpoint import verify_checkpoint
 from .baselines import TransformerConfig
 from .config import TokenFormerConfig, check_block_fields, flops_per_token
 from .lm import CONFIG_NAME, Block, LayerNorm, TokenFormerLM
@@ -392,7 +393,9 @@ def build_vision_model(arch: str, config: TokenFormerViTConfig) -> _VisionTransf
 
 def load_vision_model(directory: str | Path) -> _VisionTransformer:
     """A saved TokenFormerViT or ViT (e.g. a training run's ``final/``), told apart by its config:
-    only the ViT baseline's has ``intermediate_size``."""
+    only the ViT baseline's has ``intermediate_size``. Checked against its manifest first."""
+
+    verify_checkpoint(directory)  # before its config.json is read to pick the class
     config_file = Path(directory) / CONFIG_NAME
     if not config_file.is_file():
         raise CheckpointError(f"{directory} is not a vision model directory (no {CONFIG_NAME})")
@@ -400,4 +403,4 @@ def load_vision_model(directory: str | Path) -> _VisionTransformer:
         keys = json.loads(config_file.read_text())
     except ValueError as exc:
         raise CheckpointError(f"{config_file} is malformed: {exc}") from None
-    return (ViT if "intermediate_size" in keys else TokenFormerViT).load(directory)
+    return (ViT if "intermediate_size" in keys else TokenFormerViT).load(directory, verify=False)

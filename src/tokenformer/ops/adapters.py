@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import types
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -48,13 +49,17 @@ from ..errors import CheckpointError, ConfigError
 from ..formats.loading import load_model
 from ..io import checkpoint as ckpt
 from ..io.files import atomic_dir, atomic_write_text
-from ..models.lm import check_state_dict
+from ..models.lm import check_state_dict, check_tensors, header_shapes
 from ..nn.pattention import KINDS, Pattention, kind_names, pattention_kind
 from .growth import grow, grown_tokens
 
 ADAPTER_WEIGHTS = "adapter.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FORMAT = "tokenformer-adapter-v1"
+# An adapter's name is a key of each adapted layer's nn.ModuleDict, which refuses (KeyError) any
+# name it has as an attribute itself (forward, keys, training, _modules, ...).
+NAME_RULE = ("letters, digits and _, starting with a letter, and not a name torch's "
+             "nn.ModuleDict uses itself (forward, keys, items, train, training, ...)")
 # Which Pattentions a kind names (the same grouping as the config's qkv/proj/ffn_tokens).
 
 
@@ -92,6 +97,13 @@ class AdaptedPattention(Pattention):
 
 
 # ------------------------------------------------------------------------------------- helpers
+def check_name(name: object) -> None:
+    """Refuse, in one line, a name no adapter can have (:data:`NAME_RULE`)."""
+    if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name)
+            and not hasattr(nn.ModuleDict(), name)):
+        raise ConfigError(f"adapter name {name!r} is not allowed: use {NAME_RULE}")
+
+
 def core_model(model: nn.Module) -> nn.Module:
     """The TokenFormerLM inside ``model`` (the HF wrapper keeps it as ``.model``)."""
     inner = getattr(model, "model", None)
@@ -179,10 +191,10 @@ def adapt(model: nn.Module, *, qkv: int = 0, proj: int = 0, ffn: int = 0,
             raise ConfigError(f"adapter {kind} tokens must be a non-negative integer, got {m!r}")
     if not any(sizes.values()):
         raise ConfigError("an adapter needs tokens: give qkv, proj and/or ffn > 0")
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ConfigError(f"adapter name must be an identifier (letters, digits, _), got {name!r}")
+    check_name(name)
     if name in adapter_names(model):
-        raise ConfigError(f"an adapter named {name!r} is already attached")
+        raise ConfigError(f"an adapter named {name!r} is already attached: give this one another "
+                          f"name")
     chosen = {kind: _targets(model, kind) for kind, m in sizes.items() if m}
     norm = next(iter(chosen.values()))[0][1].norm
     if norm == "softmax":
@@ -278,8 +290,10 @@ def trainable_parameters(model: nn.Module) -> int:
 
 # ------------------------------------------------------------------------------- save and load
 def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
-                 extra: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
-    """Write adapter ``name`` alone into ``directory`` (atomically, with a manifest)."""
+                 extra: dict[str, Any] | None = None, overwrite: bool = False,
+                 command: str | None = None) -> Path:
+    """Write adapter ``name`` alone into ``directory`` (atomically, with a manifest; ``command``:
+    the output marker, :func:`tokenformer.io.atomic_dir`)."""
 
 
     if name not in adapter_names(model):
@@ -293,8 +307,9 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
               "trainable_parameters": sum(t.numel() for t in tensors.values()),
               **(extra or {})}
     directory = Path(directory)
-    with atomic_dir(directory, overwrite=overwrite) as tmp:
-        safetensors.torch.save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    with atomic_dir(directory, overwrite=overwrite, command=command) as tmp:
+        safetensors.torch.save_file(tensors, str(tmp / ADAPTER_WEIGHTS),
+                                    metadata={"format": "pt"})
         atomic_write_text(tmp / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
         ckpt.write_manifest(tmp)
     return directory
@@ -318,17 +333,24 @@ def read_adapter_config(directory: str | Path) -> dict[str, Any]:
     if not isinstance(tokens, dict) or set(tokens) - set(KINDS) or not all(
             type(v) is int and v >= 0 for v in tokens.values()):
         raise CheckpointError(f"{directory / ADAPTER_CONFIG}: malformed 'tokens'")
-    if not isinstance(config.get("name"), str):
-        raise CheckpointError(f"{directory / ADAPTER_CONFIG}: malformed 'name'")
+    try:
+        check_name(config.get("name"))
+    except ConfigError as exc:
+        raise CheckpointError(f"{directory / ADAPTER_CONFIG}: malformed 'name': {exc}") from None
     return config
 
 
 def load_adapter(model: nn.Module, directory: str | Path, *, name: str | None = None,
                  check_base: bool = True) -> str:
-    """Attach the adapter saved in ``directory`` to ``model`` (active) and return its name.
+    """Attach the adapter saved in ``directory`` to ``model`` (active) and return its name
+    (``name`` loads it under another one).
 
     Refused, with one line naming both hashes, when ``model`` is not the base it was trained on.
+    Its tensors are checked like base weights (:func:`tokenformer.model.check_tensors`: keys,
+    shapes, floating point, finite), the shapes from the file's header before anything is
+    allocated: a config declaring more tokens than the file holds is refused, not built.
     """
+
 
     directory = Path(directory)
     config = read_adapter_config(directory)
@@ -339,22 +361,37 @@ def load_adapter(model: nn.Module, directory: str | Path, *, name: str | None = 
                                   f"this model is sha256 {have[:16]}… (hash mismatch: another "
                                   f"base model)")
     name = name or config["name"]
+    check_name(name)
+    if name in adapter_names(model):
+        raise ConfigError(f"cannot stack {directory}: an adapter named {name!r} is already "
+                          f"attached, and stacked adapters need distinct names; train each with "
+                          f"its own name (tokenformer adapt --name NAME)")
+    weights = directory / ADAPTER_WEIGHTS
+    expected = _expected_tensors(model, config["tokens"])
+    check_state_dict(expected, {k: torch.empty(shape, device="meta")
+                                for k, shape in header_shapes(weights).items()}, str(weights))
     try:
-        state = safetensors.torch.load_file(str(directory / ADAPTER_WEIGHTS))
+        state = safetensors.torch.load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{directory / ADAPTER_WEIGHTS} is corrupt: {exc}") from None
+        raise CheckpointError(f"{weights} is corrupt: {exc}") from None
+    check_tensors(expected, state, str(weights))
     adapt(model, **config["tokens"], name=name)
-    own = adapter_state(model, name)
-
-    try:
-        check_state_dict(own, state, str(directory / ADAPTER_WEIGHTS))
-    except CheckpointError:
-        remove_adapter(model, name)
-        raise
     with torch.no_grad():
-        for key, tensor in own.items():
+        for key, tensor in adapter_state(model, name).items():
             tensor.copy_(state[key])
     return name
+
+
+def _expected_tensors(model: nn.Module, tokens: dict[str, int]) -> dict[str, torch.Tensor]:
+    """The tensors an adapter of ``tokens`` per kind holds for ``model``, named as
+    :func:`adapter_state` names them, as meta tensors (shapes only: nothing is allocated)."""
+    expected = {}
+    for kind, m in tokens.items():
+        for layer_name, layer in (_targets(model, kind) if m else []):
+            for attr in ("key_param_tokens", "value_param_tokens"):
+                width = getattr(layer, attr).shape[1]
+                expected[f"{layer_name}.{attr}"] = torch.empty(m, width, device="meta")
+    return expected
 
 
 # ------------------------------------------------------------------------------------- merging
@@ -392,21 +429,12 @@ def merge(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
     return merged
 
 
-def load_base(base: str | Path) -> nn.Module:
-    """:func:`tokenformer.load_model` after checking a model directory against its manifest: an
-    adapter is bound to its base's exact tensors, when trained on it and when loaded onto it."""
-
-    if Path(base).is_dir():
-        ckpt.verify_checkpoint(base)
-    return load_model(base)
-
-
 def load_adapted(base: str | Path, adapters: Sequence[str | Path] = ()) -> nn.Module:
-    """The model at ``base`` (:func:`tokenformer.load_model`) with ``adapters`` loaded onto it,
-    stacked in order and all active (each refused if trained on another base)."""
+    """The model at ``base`` (:func:`tokenformer.load_model`, which checks a folder against its
+    manifest) with ``adapters`` loaded onto it, stacked in order and all active (each refused if
+    trained on another base)."""
 
-    # without adapters: exactly what load_model does
-    model = load_base(base) if adapters else load_model(base)
+    model = load_model(base)
     for directory in adapters:
         load_adapter(model, directory)
     return model

@@ -307,29 +307,6 @@ def refuse_product_ffn(config: Any, ffn_tokens: int, what: str) -> None:
                           f"changes by sub-keys (ProductKeyPattention.grown, docs/sparse.md)")
 
 
-def check_memory(config: Any, copies: float, what: str) -> None:
-    """Refuse up front a model of ``config`` whose ``copies`` fp32 copies of the parameters
-    (weights, gradients, optimizer moments...) exceed the memory available now."""
-    params = config.num_parameters()
-    need = params * 4 * copies
-    available = _available_memory()
-    if available is not None and need > available:
-        raise GrowthError(f"{what}: {params:,} parameters need about {need / 2**30:,.1f} GiB of "
-                          f"memory; {available / 2**30:,.1f} GiB are available")
-
-
-def _available_memory() -> int | None:
-    """Bytes of memory available without swapping (Linux MemAvailable), else None (unknown)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _grown_config(config: Any, sizes: dict[str, int], num_layers: int, strategy: str) -> Any:
     """The grown model's config: new counts; Θ's factor held (exact) or following n (others)."""
     changes: dict[str, object] = {"num_layers": num_layers}

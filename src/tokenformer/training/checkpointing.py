@@ -20,6 +20,7 @@ from ..errors import CheckpointError, ConfigError, is_disk_full
 from ..io import checkpoint as ckpt
 from ..io.process_group import World, barrier
 from ..models.baselines import load_model_dir
+from ..models.lm import check_buildable
 from .distributed import is_sharded, load_sharded, save_sharded, wrap_model
 from .growth_events import GrowthEvent
 from .optim import make_optimizer
@@ -120,7 +121,9 @@ def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch
             raise CheckpointError(f"{path} is an FSDP (sharded) checkpoint; resume it with "
                                   f"strategy fsdp, or consolidate it first")
         config_class = getattr(cls, "config_class", None)
-        model = cls(config_class.load(path / "config.json")).to(device)
+        config = config_class.load(path / "config.json")
+        check_buildable(config, str(path / "config.json"))  # before any tensor is made
+        model = cls(config).to(device)
         wrap_model(model, world, device)
         optimizer = make_optimizer(model, cfg, state["param_groups"])
         load_sharded(path, model, optimizer)
@@ -164,9 +167,7 @@ def initial_model(cfg: TrainConfig) -> nn.Module:
     """The model of ``init_from`` (a model directory, checked against its manifest), which must be
     of ``cfg.arch``."""
 
-    if Path(cfg.init_from).is_dir():
-        ckpt.verify_checkpoint(cfg.init_from)  # when it has a manifest (ours since issue 14)
-    model = load_model_dir(cfg.init_from)
+    model = load_model_dir(cfg.init_from)  # checked against its manifest first
     arch = getattr(model.config, "arch", "tokenformer")
     if arch != cfg.arch:
         raise ConfigError(f"init_from {cfg.init_from} holds a {arch} model but arch is "

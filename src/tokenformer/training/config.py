@@ -22,13 +22,19 @@ import yaml
 from ..errors import ConfigError
 from ..io.process_group import STRATEGIES
 from ..models.baselines import ARCHS, TransformerConfig
-from ..models.config import TokenFormerConfig
+from ..models.config import NON_NEGATIVE, FieldRule, TokenFormerConfig, check_fields
 from ..nn.pattention import PATTENTION_IMPLS
+from .execution import parse_device
 from .growth_events import growth_events
 from .schedule import SCHEDULES
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 RUN_CONFIG = "config.json"  # the run folder's copy of its TrainConfig
+# Ranges TrainConfig.validate checks with config.check_fields, beside every field's type. AdamW
+# would refuse betas outside [0, 1) and a negative eps itself, but only once the run folder exists.
+TRAIN_RULES = {**dict.fromkeys(("beta1", "beta2"), FieldRule("{a} in [0, 1)",
+                                                             lambda value: 0 <= value < 1)),
+               "eps": NON_NEGATIVE}
 
 
 @dataclass
@@ -141,6 +147,9 @@ class TrainConfig:
                 raise ConfigError(f"{key} must be one of {', '.join(options)}, "
                                   f"got {getattr(self, key)!r}")
 
+        check_fields(self, TRAIN_RULES, prefix="")  # every field's type; the AdamW ranges
+        if self.device != "auto":
+            parse_device(self.device)
         choice("arch", ARCHS)
         choice("schedule", SCHEDULES)
         choice("growth_lr", ("continue", "restart"))

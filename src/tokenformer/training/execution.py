@@ -22,12 +22,28 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def parse_device(spec: str) -> torch.device:
+    """``spec`` as a torch device of a type this package runs on (:data:`DEVICE_TYPES`), else one
+    ConfigError line (torch's own error lists every device type it knows). Whether CUDA is there
+    is :func:`resolve_device`'s question."""
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in DEVICE_TYPES:
+        raise ConfigError(f"unknown device {spec!r} (use cpu, cuda, cuda:N or mps)")
+    return device
+
+
 def resolve_device(spec: str, world: World | None = None) -> torch.device:
     """``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``; under torchrun on CUDA, this
     rank's local GPU."""
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(spec)
+    device = parse_device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("device cuda requested but CUDA is not available")

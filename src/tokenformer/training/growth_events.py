@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, TokenFormerError
-from ..ops.growth import STRATEGIES, check_memory, plan_growth
+from ..models.memory import check_memory
+from ..ops.growth import STRATEGIES, plan_growth
 
 GROW_KEYS = ("qkv", "proj", "ffn", "layers", "strategy")
 
@@ -30,7 +31,7 @@ def parse_grow_at(spec: str) -> GrowthEvent:
     usage = (f"--grow-at {spec!r} is malformed: expected STEP:key=value,... with keys "
              f"{', '.join(GROW_KEYS)} (e.g. 500:qkv=2x,proj=2x,ffn=2x,strategy=exact)")
     step_text, sep, rest = str(spec).partition(":")
-    if not sep or not step_text.strip().isdigit() or not rest.strip():
+    if not sep or not step_text.strip().isdecimal() or not rest.strip():
         raise ConfigError(usage)
     kwargs: dict[str, Any] = {}
     for item in rest.split(","):
@@ -43,7 +44,7 @@ def parse_grow_at(spec: str) -> GrowthEvent:
                 raise ConfigError(f"--grow-at {spec!r}: unknown strategy {value!r}; choose one "
                                   f"of {', '.join(STRATEGIES)}")
             kwargs[key] = value
-        elif value.isdigit() and int(value) > 0:
+        elif value.isdecimal() and int(value) > 0:
             kwargs[key] = int(value)
         elif value.endswith("x") and _is_positive_float(value[:-1]):
             if float(value[:-1]) < 1:

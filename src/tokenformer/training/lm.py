@@ -129,9 +129,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
                 raise ConfigError("tensorboard: true needs the tensorboard package: "
                                   "pip install 'tokenformer[tensorboard]'") from None
         run_dir = Path(cfg.out)
-        inputs = [cfg.data if cfg.data != "default" else None, cfg.init_from or None]
-        # before the folder is created or locked: not an input, not someone else's folder
-        check_run_folder(run_dir, inputs, command="train", legacy=(RUN_CONFIG, METRICS))
+        inputs = [cfg.data if cfg.data != "default" else cfg.tokenizer, cfg.init_from or None]
+        # before the folder is created or locked: not an input, not someone else's folder. A run
+        # of an earlier version (no marker) has metrics.jsonl; config.json alone may be a model
+        # folder (a merge or adapt output), which a lock and marker would spoil.
+        check_run_folder(run_dir, inputs, command="train", legacy=(METRICS,))
         barrier(world)  # every rank checked before rank 0 writes the lock and marker
         stack.enter_context(hold_run_folder(run_dir, command="train", world=world))
         if not resume and ((run_dir / METRICS).exists() or (run_dir / RUN_CONFIG).exists()):

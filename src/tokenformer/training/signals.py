@@ -3,10 +3,12 @@ checkpoint is written and the run ends with :class:`Interrupted` (a second signa
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ..errors import TokenFormerError
@@ -61,3 +63,24 @@ class StopOnSignal:
     def requested(self, world: World) -> int:
         """The signal that asked to stop (0: none), the same on every rank."""
         return max_across(self.signum, world)
+
+
+@contextlib.contextmanager
+def interrupt_on_signal(kept: str) -> Iterator[None]:
+    """For commands with no checkpoint to write when stopped (adapt, scale): SIGINT or SIGTERM
+    during the block stops the command at once with :class:`Interrupted`, whose one line says
+    ``kept`` (what is saved and how to go on), and the CLI exits 128 + the signal number, as a
+    ``train`` interrupt does. Signal handlers belong to the main thread: elsewhere, no change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}: {kept}", 128 + signum)
+
+    previous = {sig: signal.signal(sig, handle) for sig in StopOnSignal.SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from ...errors import ConfigError
-from ...experiments.adapt_bench import code_dataset, run_adapt_bench
+from ...experiments.adapt_bench import bench_preset, code_dataset, run_adapt_bench
+from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir
 from ...io.outputs import check_output
@@ -54,13 +55,16 @@ def open_data(cfg: Any, progress: bool = True) -> Any:
 
 def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str | Path, *,
                      name: str = "adapter", overrides: dict[str, Any] | None = None,
-                     progress: bool | None = None) -> dict[str, Any]:
+                     progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Load ``base``, attach a token adapter, train it on ``data_spec`` with the trainer
-    (:func:`tokenformer.training.fit`; any TrainConfig key in ``overrides``), save it to ``out``."""
-
+    (:func:`tokenformer.training.fit`; any TrainConfig key in ``overrides``), save it to ``out``
+    (``overwrite``: replacing an earlier ``adapt``'s output)."""
 
     out = Path(out)
-    check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt")
+    ad.check_name(name)  # before loading anything
+    # before training: an output that exists, is an input or cannot be created is refused now
+    check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt",
+                 overwrite=overwrite)
     cfg = load_config(None, {"steps": 200, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20,
                              "eval_interval": 0, "eval_batches": 8, "batch_size": 16,
                              "seq_len": 128, "weight_decay": 0.0, **(overrides or {}),
@@ -68,7 +72,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    model = ad.load_base(base).to(device)
+    model = load_model(base).to(device)  # a folder is checked against its manifest first
     dataset = open_data(cfg, progress=bool(progress))
     dataset.check_model(model.config.vocab_size, cfg.seq_len)
     if cfg.seq_len > model.config.max_seq_len:
@@ -93,7 +97,8 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
                "steps": result.step, "train_time_s": result.train_time,
                "val_loss_base": before["val_loss"], "val_loss_adapted": after.get("val_loss"),
                "train_config": cfg.to_dict()}
-    ad.save_adapter(model, name, out, extra={"training": summary})
+    ad.save_adapter(model, name, out, extra={"training": summary}, overwrite=overwrite,
+                    command="adapt")
     return {**summary, "out": str(out)}
 
 
@@ -101,7 +106,8 @@ def run_adapt(args: argparse.Namespace) -> int:
     overrides = config_overrides(args)
     summary = adapt_checkpoint(args.base, args.data, parse_tokens(args.tokens), args.out,
                                name=args.name, overrides=overrides,
-                               progress=False if args.no_progress else None)
+                               progress=False if args.no_progress else None,
+                               overwrite=args.overwrite)
     share = summary["trainable_parameters"] / summary["base_parameters"]
     print(f"adapter {summary['name']} -> {summary['out']}: "
           f"{summary['trainable_parameters']:,} trainable parameters ({share:.2%} of the base)")
@@ -110,15 +116,17 @@ def run_adapt(args: argparse.Namespace) -> int:
     return 0
 
 
-def merge_checkpoint(base: str, adapters: list[str], out: str | Path) -> dict[str, Any]:
-    """Load ``base`` and ``adapters`` (stacked in order), write the merged plain model."""
+def merge_checkpoint(base: str, adapters: list[str], out: str | Path, *,
+                     overwrite: bool = False) -> dict[str, Any]:
+    """Load ``base`` and ``adapters`` (stacked in order), write the merged plain model
+    (``overwrite``: replacing an earlier ``merge``'s output)."""
 
     out = Path(out)
-    check_output(out, [base, *adapters], command="merge")
+    check_output(out, [base, *adapters], command="merge", overwrite=overwrite)
     model = ad.load_adapted(base, adapters)
     merged = ad.merge(model)
     source = Path(base)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, overwrite=overwrite, command="merge") as tmp:
         merged.save(tmp)
         copy_tokenizer(source, tmp)
         ckpt.write_manifest(tmp)
@@ -127,7 +135,7 @@ def merge_checkpoint(base: str, adapters: list[str], out: str | Path) -> dict[st
 
 
 def run_merge(args: argparse.Namespace) -> int:
-    summary = merge_checkpoint(args.base, args.adapter, args.out)
+    summary = merge_checkpoint(args.base, args.adapter, args.out, overwrite=args.overwrite)
     c = summary["config"]
     print(f"merged {', '.join(summary['adapters'])} into {args.base} -> {summary['out']} "
           f"({summary['parameters']:,} parameters; tokens qkv {c['qkv_tokens']} proj "
@@ -136,6 +144,7 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    bench_preset(args.preset, args.seeds, args.budgets, args.threads)  # before --out is made
     with experiment_folder(args.out, [], "adapt-bench"):
         results = run_adapt_bench(args.preset, out=args.out, seeds=args.seeds, budgets=args.budgets,
                                   progress=False if args.no_progress else None,
@@ -177,8 +186,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "Jinja2 source)")
     p.add_argument("--tokens", required=True, metavar="qkv=M,proj=M,ffn=M",
                    help="new tokens per Pattention of each kind, e.g. ffn=64 or qkv=8,ffn=32")
-    p.add_argument("--name", default="adapter", help="adapter name (an identifier)")
+    p.add_argument("--name", default="adapter",
+                   help="adapter name (letters, digits, _; distinct for adapters stacked together)")
     p.add_argument("--out", required=True, help="adapter directory to write (must not exist)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if an earlier tokenformer adapt wrote it (never a folder "
+                        "it did not write)")
     p.add_argument("--no-progress", action="store_true")
     _add_trainer_overrides(p)
     p.set_defaults(func=run_adapt)
@@ -188,6 +201,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adapter", action="append", required=True,
                    help="adapter directory (repeat to stack, applied in order)")
     p.add_argument("--out", required=True, help="model directory to write (must not exist)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out if an earlier tokenformer merge wrote it (never a folder "
+                        "it did not write)")
     p.set_defaults(func=run_merge)
 
     p = sub.add_parser("adapt-bench", help="token adapters vs LoRA vs full fine-tuning "

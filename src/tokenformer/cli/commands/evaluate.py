@@ -10,6 +10,7 @@ from pathlib import Path
 from ...errors import ConfigError
 from ...eval import evaluate
 from ...eval import tasks as eval_tasks
+from ...io.outputs import check_not_input
 from ..options import device, positive
 
 
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.stride is not None or args.seq_len is not None:
         raise ConfigError("--stride and --seq-len apply to --data, not --tasks")
+    if args.output_path is not None:  # lm-eval adds files there: never into the model folder
+
+        check_not_input(args.output_path, [args.model, args.tokenizer], "--output-path")
     results = evaluate.run_tasks(args.model, args.tasks.split(","), limit=args.limit,
                                  batch_size=args.batch_size, device=args.device,
                                  tokenizer=args.tokenizer, num_fewshot=args.num_fewshot,

@@ -15,7 +15,7 @@ from ...errors import CheckpointError
 from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir, atomic_write_text
-from ...io.outputs import check_output, write_marker
+from ...io.outputs import check_output
 from ...ops.growth import (
     STRATEGIES,
     check_memory,
@@ -56,9 +56,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
     check_output(out, [source], command="grow", overwrite=overwrite)
-    if source.is_dir():
-        ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
-    model = load_model(source)
+    model = load_model(source)  # a folder is checked against its manifest first
     carried = source.is_dir() and ckpt.has_optimizer_state(source) and not reset_optimizer
     # Before any tensor is made: the grown weights, a working copy, and two moments if carried.
     if hasattr(model.config, "qkv_tokens"):  # a TokenFormer: tokens can grow
@@ -76,7 +74,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     else:
         grown = grow_model(model, **kwargs)
     delta, largest = max_logit_change(model, grown)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, command="grow") as tmp:
         grown.save(tmp)
         if optimizer is not None:
             ckpt.save_optimizer_state(tmp, optimizer)
@@ -85,7 +83,6 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
                 "ffn": ffn, "layers": layers, "positions": positions, "seed": seed,
                 "reset_optimizer": reset_optimizer})
         copy_tokenizer(source, tmp)
-        write_marker(tmp, "grow")
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,

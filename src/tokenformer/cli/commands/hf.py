@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ...errors import ConfigError
-from ...io.outputs import check_output, write_marker
+from ...io.outputs import check_output
 
 
 def _hf():
@@ -24,18 +24,16 @@ def convert_official(args: argparse.Namespace) -> None:
     out = _hf().convert_official(args.checkpoint, args.out_dir, tokenizer=args.tokenizer,
                                  overwrite=args.overwrite, num_heads=args.num_heads,
                                  rotary_pct=args.rotary_pct, max_seq_len=args.max_seq_len,
-                                 norm=args.norm)
+                                 norm=args.norm, command="convert official")
     _print_loadable(out)
-    write_marker(out, "convert official")
 
 
 def convert_to_hf(args: argparse.Namespace) -> None:
     check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-hf",
                  overwrite=args.overwrite, flag="out_dir")
     out = _hf().convert_to_hf(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
-                              overwrite=args.overwrite)
+                              overwrite=args.overwrite, command="convert to-hf")
     _print_loadable(out)
-    write_marker(out, "convert to-hf")
 
 
 def _print_loadable(out: object) -> None:
@@ -47,10 +45,9 @@ def convert_to_official(args: argparse.Namespace) -> None:
     check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-official",
                  overwrite=args.overwrite, flag="out_dir")
     out = _hf().convert_to_official(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
-                                    overwrite=args.overwrite)
+                                    overwrite=args.overwrite, command="convert to-official")
     print(f"wrote {out} (pytorch_model.bin in the official GPT-NeoX TokenFormer key layout, fp32; "
           f"config.json)")
-    write_marker(out, "convert to-official")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

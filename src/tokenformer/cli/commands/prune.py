@@ -13,7 +13,7 @@ from ...errors import CheckpointError
 from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir
-from ...io.outputs import check_output, write_marker
+from ...io.outputs import check_output
 from ...ops.pruning import PRUNE_BY, SCALES, needs_calibration, prune, prune_sizes
 from .grow import copy_tokenizer
 
@@ -43,17 +43,16 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
         raise CheckpointError(f"checkpoint not found: {source}")
-    check_output(out, [source], command="prune", overwrite=overwrite)
-    if source.is_dir():
-        ckpt.verify_checkpoint(source)  # when it has a manifest; earlier versions' have none
-    model = load_model(source).eval()
+    # every path it reads is an input: --data pout/mydata with --overwrite must not delete it
+    check_output(out, [source, data if data != "default" else None, tokenizer],
+                 command="prune", overwrite=overwrite)
+    model = load_model(source).eval()  # a folder is checked against its manifest first
     prune_sizes(model.config, qkv, proj, ffn)  # refuse before loading calibration data
     ids = calibration_ids(model, data, tokenizer) if needs_calibration(by, scale) else None
     small = prune(model, qkv=qkv, proj=proj, ffn=ffn, by=by, calibration=ids, scale=scale)
-    with atomic_dir(out, overwrite=overwrite) as tmp:
+    with atomic_dir(out, overwrite=overwrite, command="prune") as tmp:
         small.save(tmp)
         copy_tokenizer(source, tmp)
-        write_marker(tmp, "prune")
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": small.num_parameters(), "config": small.config.to_dict()}

@@ -31,7 +31,7 @@ from ...errors import ConfigError
 from ...models.baselines import matched_config
 from ...models.config import TokenFormerConfig, flops_per_token
 from ...ops.growth import NEW_ROW_MOMENTS, STRATEGIES
-from ..common import markdown_table
+from ..common.report import markdown_table
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S1", "S2", "S3", "S4", "S5", "S6")

@@ -3,9 +3,9 @@
 Nothing here trains or reads anything but the results. The from-scratch *envelope* of a family
 at a budget is its size with the lowest mean validation loss over seeds at that budget; its
 per-seed values are that size's seeds, so comparisons with a chain (same seeds, same batches)
-are paired (:mod:`..stats`). Picking the size by the mean of the same seeds favours the envelope
-slightly (a minimum over sizes); the verdict names a chain better only when its interval
-excludes 0 in spite of that. Envelopes of two families (TokenFormer vs Transformer++, a
+are paired (:mod:`..common.stats`). Picking the size by the mean of the same seeds favours the
+envelope slightly (a minimum over sizes); the verdict names a chain better only when its
+interval excludes 0 in spite of that. Envelopes of two families (TokenFormer vs Transformer++, a
 product-key family vs each) are compared the same way, seed by seed, at every budget.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ...io.files import atomic_write, atomic_write_text
-from ..common import fmt, have_matplotlib, markdown_table
-from ..stats import RULE, describe, format_p, paired, spread, t_interval
+from ..common.report import fmt, have_matplotlib, markdown_table
+from ..common.stats import RULE, describe, format_p, paired, spread, t_interval
 from .plan import DENSE_FAMILIES, size_key
 
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",

@@ -46,7 +46,10 @@ from ...training.lm import lm_batches
 from ...training.loop import fit
 from ...training.optim import group_names, make_optimizer
 from ...training.schedule import lr_at
-from ..common import fingerprint, machine_summary, sweep_lr, to_json
+from ..common.arms import fingerprint
+from ..common.machine import machine_summary
+from ..common.report import to_json
+from ..common.sweep import sweep_lr
 from . import plan as plan_
 from . import report
 from .plan import Branch, Preset, Run

@@ -1,4 +1,4 @@
-"""Statistics of seed-paired comparisons, shared by every experiment (``scale``, ``ablate``).
+"""Statistics of seed-paired comparisons: the one decision rule every experiment reports with.
 
 The one decision rule: two arms are compared on the seeds both ran (same data order, so the
 per-seed differences are paired); the mean difference gets a two-sided t-based 95 % confidence

@@ -1,0 +1,260 @@
+"""The core behaviour on the device ``--device`` names (conftest.py): ``cpu`` by default (CI),
+``cuda`` on a GPU (``pytest tests/test_device.py --device cuda``; skipped, with the reason, where
+CUDA is absent). benchmarks/gpu.py runs this file on the GPU first.
+
+Every CUDA branch of the library is exercised here at toy sizes: each Pattention impl and Θ
+variant against a float64 reference computed on the CPU from the same weights (fp32, bf16
+autocast, training and inference dispatch), cached vs uncached generation, function-preserving
+growth, training with resume, bf16 autocast against fp32, ``torch.compile`` of a training step,
+DDP and FSDP2 in one process (gloo on the CPU, NCCL on CUDA).
+
+``torch.compile`` runs only with ``--device cuda``: compiling a training step takes tens of
+seconds on a CPU, and CPU compilation is covered by test_kernels.py and benchmarks/compile.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+
+from tokenformer import THETA_VARIANTS, Pattention, TokenFormerConfig, TokenFormerLM, grow, theta
+from tokenformer.io.checkpoint import step_dir
+from tokenformer.io.process_group import World
+from tokenformer.nn.pattention import PATTENTION_IMPLS
+from tokenformer.training.config import TrainConfig
+from tokenformer.training.distributed import load_sharded_model
+from tokenformer.training.loop import fit
+
+# Normwise relative error of a result against its float64 reference. fp32: a few fp32 roundings
+# (measured <= 3e-7 on the CPU; the bound leaves room for other accumulation orders, not for
+# TF32); bf16 autocast: matmul inputs rounded to 8 bits of mantissa (2^-9 each) through two
+# matmuls and Θ (measured <= 1e-2).
+TOLERANCE = {"fp32": 2e-5, "bf16": 3e-2}
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+def norm_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().cpu().double(), b.detach().cpu().double()
+    return (torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)).item()
+
+
+def tiny(**overrides) -> TokenFormerConfig:
+    return TokenFormerConfig.from_name("tiny", **overrides)
+
+
+def random_ids(vocab: int, *shape: int, seed: int = 0) -> torch.Tensor:
+    """Token ids drawn on the CPU (the same on every device)."""
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
+# ----------------------------------------------------------------------------------- Pattention
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("impl", PATTENTION_IMPLS)
+@pytest.mark.parametrize("norm", THETA_VARIANTS)
+def test_pattention_matches_float64(device, norm, impl, precision):
+    """Output and the gradients of X, K and V of a Pattention layer on the device, for every impl
+    (``kernel`` falls back to ``fused`` where the C++ kernel does not apply, e.g. on CUDA),
+    against Θ's formula evaluated in float64 on the CPU from the same weights; the no-grad output
+    too (inference dispatches differently: the kernel or the reference, never the Function)."""
+    g = torch.Generator().manual_seed(0)
+    d_in, d_out, n = 48, 40, 96
+    x = torch.randn(2, 33, d_in, generator=g, dtype=torch.float64)
+    layer = Pattention(d_in, d_out, n, norm, impl=impl, device=device)
+    with torch.no_grad():  # keys ~ 1/√d, values ~ 1/√n: outputs of order one
+        layer.key_param_tokens.copy_(torch.randn(n, d_in, generator=g) / math.sqrt(d_in))
+        layer.value_param_tokens.copy_(torch.randn(n, d_out, generator=g) / math.sqrt(n))
+    grad_y = torch.randn(2, 33, d_out, generator=g, dtype=torch.float64)
+
+    leaves = [x.clone().requires_grad_(), layer.key_param_tokens.detach().cpu().double(),
+              layer.value_param_tokens.detach().cpu().double()]
+    for leaf in leaves[1:]:
+        leaf.requires_grad_()
+    y64 = theta(leaves[0] @ leaves[1].t(), norm, layer.scale) @ leaves[2]
+    truth = (y64, *torch.autograd.grad(y64, leaves, grad_y))
+
+    xd = x.float().to(device).requires_grad_()
+    with autocast(device, precision):
+        y = layer(xd)
+    y.backward(grad_y.to(device, y.dtype))
+    got = (y, xd.grad, layer.key_param_tokens.grad, layer.value_param_tokens.grad)
+    with torch.no_grad(), autocast(device, precision):
+        inference = layer(x.float().to(device))
+    for name, a, b in zip(("y", "dX", "dK", "dV", "y (no grad)"), (*got, inference),
+                          (*truth, y64), strict=True):
+        assert a.device.type == device.type and a.shape == b.shape, name
+        assert torch.isfinite(a).all(), name
+        assert norm_rel(a, b) < TOLERANCE[precision], (name, norm_rel(a, b))
+
+
+# -------------------------------------------------------------------------------------- the LM
+def test_cached_generation_matches_uncached(device):
+    """Greedy generation with the KV cache gives the tokens of generation without it, for equal
+    prompts and for left-padded prompts of different lengths; each generated token is the argmax
+    of one full forward over the finished sequence (teacher forcing)."""
+    torch.manual_seed(0)
+    model = TokenFormerLM(tiny()).to(device).eval()
+    vocab = model.config.vocab_size
+    prompt = random_ids(vocab, 2, 5).to(device)
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], device=device)
+    lengths: list[int] = []  # tokens per forward call: the cached path feeds one at a time
+    model.register_forward_pre_hook(lambda _, args: lengths.append(args[0].shape[1]))
+    with torch.no_grad():
+        for attention_mask in (None, mask):
+            lengths.clear()
+            cached = model.generate(prompt, 16, attention_mask=attention_mask)
+            assert lengths == [5] + [1] * 15
+            uncached = model.generate(prompt, 16, attention_mask=attention_mask, use_cache=False)
+            assert cached.shape == (2, 21)
+            assert torch.equal(cached, uncached), attention_mask
+        logits = model(cached[1:]).logits[:, 4:-1, :vocab]  # the unpadded row
+        assert torch.equal(logits.argmax(-1), cached[1:, 5:])
+
+
+@pytest.mark.parametrize("norm", THETA_VARIANTS)
+def test_growth_preserves_function(device, norm):
+    """Exact growth on the device (2x tokens of every kind, one more block) leaves the logits
+    unchanged to fp32 rounding, for every Θ variant; the new tokens and block are really there."""
+    torch.manual_seed(0)
+    model = TokenFormerLM(tiny(norm=norm)).to(device).eval()
+    ids = random_ids(model.config.vocab_size, 2, 24).to(device)
+    grown = grow(model, qkv="2x", proj="2x", ffn="2x", layers=3, strategy="exact",
+                 generator=torch.Generator().manual_seed(1)).eval()
+    assert next(grown.parameters()).device.type == device.type
+    assert (grown.config.ffn_tokens, grown.config.num_layers) == (256, 3)
+    with torch.no_grad():
+        before, after = model(ids).logits, grown(ids).logits
+    assert norm_rel(after, before) < 1e-5
+
+
+def lm_batches(vocab: int, batch_size: int, seq_len: int, device: torch.device):
+    """``fit``'s batch function: random token ids, a pure function of the step."""
+    def batch_fn(step: int) -> dict[str, torch.Tensor]:
+        ids = random_ids(vocab, batch_size, seq_len, seed=step).to(device)
+        return {"input_ids": ids, "labels": ids}
+    return batch_fn
+
+
+def train_config(**overrides) -> TrainConfig:
+    return TrainConfig(**{"steps": 4, "batch_size": 4, "seq_len": 32, "warmup_steps": 1,
+                          "eval_interval": 0, "samples": 0, "lr": 3e-3, **overrides})
+
+
+@contextlib.contextmanager
+def deterministic(device: torch.device):
+    """Deterministic CUDA kernels (SDPA's backward, index_add) for a bit-for-bit comparison;
+    conftest sets CUBLAS_WORKSPACE_CONFIG for --device cuda. A no-op on the CPU."""
+    if device.type != "cuda":
+        yield
+        return
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_resumes_bit_for_bit(device, precision, tmp_path):
+    """Four steps of ``fit`` with a checkpoint at step 2; resuming from it gives steps 3 and 4
+    with the same losses as the uninterrupted run, to the bit, and the loss falls."""
+    cfg = train_config(precision=precision, checkpoint_interval=2)
+    batch_fn = lm_batches(257, 4, 32, device)
+    with deterministic(device):
+        torch.manual_seed(0)
+        whole = fit(TokenFormerLM(tiny()), batch_fn, cfg, out_dir=tmp_path / "run",
+                    device=device, progress=False)
+        resumed = fit(TokenFormerLM(tiny()), batch_fn, cfg,
+                      resume_from=step_dir(tmp_path / "run", 2), device=device, progress=False)
+    assert all(math.isfinite(v) for v in whole.losses) and whole.losses[-1] < whole.losses[0]
+    difference = max(abs(a - b) for a, b in zip(resumed.losses, whole.losses[2:], strict=True))
+    assert resumed.losses == whole.losses[2:], (
+        f"max |Δloss| {difference:.3g} (tiny: a CUDA kernel that is not deterministic, not the "
+        f"resume)")
+
+
+@pytest.mark.parametrize("norm", THETA_VARIANTS)
+def test_bf16_autocast_is_finite_and_close_to_fp32(device, norm):
+    """One forward + backward of the LM under bf16 autocast: finite, the loss within 1 % and
+    the gradients within bf16 tolerance (normwise, measured 0.5–2 % on the CPU) of fp32's."""
+    torch.manual_seed(0)
+    model = TokenFormerLM(tiny(norm=norm)).to(device)
+    ids = random_ids(model.config.vocab_size, 4, 64).to(device)
+
+    def loss_and_grads(precision: str) -> tuple[float, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        with autocast(device, precision):
+            loss = model(ids, labels=ids).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    loss32, grads32 = loss_and_grads("fp32")
+    loss16, grads16 = loss_and_grads("bf16")
+    assert math.isfinite(loss16) and abs(loss16 - loss32) < 1e-2 * loss32
+    whole = torch.cat([g.flatten() for g in grads32.values()])
+    assert norm_rel(torch.cat([g.flatten() for g in grads16.values()]), whole) < 5e-2
+    for name, grad in grads16.items():
+        assert grad.dtype == torch.float32 and torch.isfinite(grad).all(), name
+        # a parameter whose gradient is ~0 at initialisation (softmax Θ's Q and K: near-uniform
+        # weights) is compared on the scale of the whole gradient, not its own
+        error = torch.linalg.vector_norm(grad - grads32[name])
+        bound = 5e-2 * torch.linalg.vector_norm(grads32[name]) + 1e-3 * whole.norm()
+        assert error <= bound, (name, error.item(), bound.item())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_compiled_training_step_matches_eager(device, precision):
+    """``fit`` with ``compile=True`` (the model under torch.compile, inductor) gives the eager
+    losses over three steps. CUDA only: on a CPU this takes tens of seconds (module docstring)."""
+    if device.type != "cuda":
+        pytest.skip("torch.compile of a training step runs with --device cuda only (slow on a "
+                    "CPU; CPU compilation: test_kernels.py, benchmarks/compile.py)")
+    batch_fn = lm_batches(257, 4, 32, device)
+    losses = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        cfg = train_config(steps=3, precision=precision, compile=compiled)
+        losses[compiled] = fit(TokenFormerLM(tiny()), batch_fn, cfg, device=device,
+                               progress=False).losses
+    assert losses[True] == pytest.approx(losses[False], rel=1e-3 if precision == "bf16" else 1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_data_parallel_in_one_process(device, strategy, tmp_path):
+    """DDP and FSDP2 over a process group of one (gloo on the CPU, NCCL on CUDA) train like the
+    plain model; the FSDP run's final checkpoint is sharded (DCP) and reads back in one process
+    to the trained weights."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":  # as under torchrun: the rank's own GPU, by index (DDP's device_ids)
+        device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    cfg = train_config(strategy=strategy)
+    batch_fn = lm_batches(257, 4, 32, device)
+    torch.manual_seed(0)
+    plain = fit(TokenFormerLM(tiny()), batch_fn, train_config(), device=device, progress=False)
+    dist.init_process_group(backend, init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        torch.manual_seed(0)
+        wrapped = fit(TokenFormerLM(tiny()), batch_fn, cfg, out_dir=tmp_path / "run",
+                      world=World(strategy=strategy), device=device, progress=False)
+        # FSDP's parameters are DTensors: gathered while the process group exists
+        trained = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
+                   for n, p in wrapped.model.named_parameters()}
+    finally:
+        dist.destroy_process_group()
+    assert wrapped.losses == pytest.approx(plain.losses, rel=1e-5)
+    if strategy == "fsdp":
+        final = tmp_path / "run" / "final"
+        assert (final / "sharded").is_dir()
+        for name, p in load_sharded_model(final).named_parameters():
+            assert torch.equal(p, trained[name]), name

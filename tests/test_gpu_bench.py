@@ -1,0 +1,59 @@
+"""benchmarks/gpu.py --smoke on the CPU: every stage but the frontier runs end to end at toy sizes
+and writes results.json / results.md with finite numbers, so the script a GPU session runs in a
+few 10-minute calls cannot rot unnoticed before then."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ["tests", "train", "pattention", "decode"]
+
+
+def numbers(value: object) -> list[float]:
+    """Every int and float inside a JSON value (booleans are not numbers here)."""
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in numbers(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in numbers(v)]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)]
+    return []
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_finite_results(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "gpu"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--device", "cpu",
+         "--stage", *STAGES, "--out", str(out), "--frontier-dir", str(tmp_path / "frontier")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) == {"env", *STAGES}
+    assert results["env"]["bf16_matmul_tflops"] > 0 and results["env"]["copy_gbps"] > 0
+    for stage in STAGES:
+        values = numbers(results[stage]["rows"])
+        assert values and all(math.isfinite(v) for v in values), stage
+    tests = results["tests"]["runs"][0]
+    assert tests["passed"] >= 1 and tests["failed"] == 0
+    # 3 models × (eager, compiled); 3 layers × 2 modes per shape; 2 models × 2 batch sizes
+    assert len(results["train"]["rows"]) == 6
+    assert all(0 < r["mfu"] and r["tokens_per_s"] > 0 for r in results["train"]["rows"])
+    assert len(results["pattention"]["rows"]) == 6
+    assert len(results["decode"]["rows"]) == 4
+    assert results["decode"]["expected_ratio_weights"] > 0
+    text = (out / "results.md").read_text()
+    for title in ("device tests", "training speed", "Pattention vs MLP", "decoding"):
+        assert f"## GPU: {title}" in text
+    assert "| TokenFormer (tiny) | compiled |" in text
+    assert (out / "tests.log").read_text().strip()
+    # the printed section is the file's (the reply of a device call shows stdout's end)
+    assert "## GPU: decoding" in result.stdout
