@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import mmap
 import os
 import pickle
@@ -51,6 +52,24 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> None:
     """Call ``writer(tmp_path)`` and move the result onto ``path`` atomically."""
     with atomic_path(path) as tmp:
         writer(tmp)
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path,
+                     metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` (every safetensors write of the package goes through
+    here), its disk-full failure raised as the ``OSError(ENOSPC)`` naming ``path`` that any other
+    write raises: safetensors reports it as a ``SafetensorError`` with the OS error in words, which
+    callers and the CLI would not recognise as "no space left on device"."""
+    from safetensors.torch import save_file
+
+    from .outputs import is_disk_full
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except Exception as exc:
+        if isinstance(exc, OSError) or not is_disk_full(exc):
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import CheckpointError
 from ..io import atomic_write, atomic_write_text
 
 POINT_FIELDS = ("step", "tokens", "flops", "wall", "loss", "bpb", "stage")
@@ -123,6 +124,37 @@ def fingerprint(settings: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# ------------------------------------------------------------------------- saved state
+RERUN_RECORDED = "delete it to rerun the runs it records"
+
+
+def damaged(path: str | Path, detail: str, redo: str = RERUN_RECORDED) -> CheckpointError:
+    """The one error line for a file an experiment saved to resume from that cannot be used:
+    the file, what is wrong with it and what to do (``redo``: deleting it costs only the work it
+    records, which a rerun then repeats)."""
+    return CheckpointError(f"{path} is damaged ({detail}); {redo}")
+
+
+def read_saved_json(path: str | Path, valid: Callable[[Any], bool],
+                    redo: str = RERUN_RECORDED) -> Any:
+    """The JSON an experiment saved at ``path``; :func:`damaged` when it is unreadable, not JSON
+    (a crash of another writer, a disk error, an edit) or not what ``valid`` accepts."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
+        raise damaged(path, f"not readable JSON: {str(exc).splitlines()[0]}", redo) from None
+    if not valid(data):
+        raise damaged(path, "not the record this experiment writes", redo)
+    return data
+
+
+def is_mapping_of(data: Any, key: str, kind: type = dict) -> bool:
+    """``data`` is a dict whose ``key`` holds a dict (or ``kind``) of dicts."""
+    inner = data.get(key) if isinstance(data, dict) else None
+    return isinstance(inner, kind) and all(isinstance(v, dict) for v in (
+        inner.values() if isinstance(inner, dict) else inner))
+
+
 def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
              partial: str | Path | None = None, settings: dict[str, Any] | None = None,
              progress: bool | None = None) -> dict[str, dict[int, Curve]]:
@@ -137,11 +169,14 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
     key = fingerprint(settings or {})
     done: dict[str, dict[int, Curve]] = {arm.name: {} for arm in arms}
     if partial is not None and Path(partial).is_file():
-        saved = json.loads(Path(partial).read_text())
+        saved = read_saved_json(partial, lambda d: is_mapping_of(d, "curves"))
         if saved.get("fingerprint") == key:
-            for name, runs in saved["curves"].items():
-                if name in done:
-                    done[name] = {int(s): Curve.from_dict(c) for s, c in runs.items()}
+            try:
+                for name, runs in saved["curves"].items():
+                    if name in done:
+                        done[name] = {int(s): Curve.from_dict(c) for s, c in runs.items()}
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise damaged(partial, f"a saved curve does not parse: {exc}") from None
     jobs = [(seed, arm) for i, seed in enumerate(seeds) for arm in arms
             if arm.seeds is None or i < arm.seeds]
     # A line per finished run when stderr is not a terminal (a log, nohup, CI).
