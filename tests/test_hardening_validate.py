@@ -161,6 +161,18 @@ def test_every_field_of_every_model_config_is_type_checked(cls):
             cls(**{name: [1]})
 
 
+def test_yaml_config_exponents_are_numbers(tmp_path):
+    """The stricter types must not refuse ``layernorm_eps: 1e-5`` (a string to YAML 1.1, which
+    PyYAML follows, and a number to YAML 1.2 and JSON); a quoted '1e-5' stays a string."""
+    text = "\n".join(f"{k}: {v}" for k, v in TokenFormerConfig.from_name("tiny").to_dict().items()
+                     if v is not None and k != "layernorm_eps")
+    (tmp_path / "c.yaml").write_text(text + "\nlayernorm_eps: 1e-5\n")
+    assert TokenFormerConfig.load(tmp_path / "c.yaml").layernorm_eps == 1e-5
+    (tmp_path / "c.yaml").write_text(text + "\nlayernorm_eps: '1e-5'\n")
+    with pytest.raises(ConfigError, match="layernorm_eps must be a positive finite number"):
+        TokenFormerConfig.load(tmp_path / "c.yaml")
+
+
 @pytest.mark.parametrize("cls, key, value", [
     (TransformerConfig, "layernorm_eps", NAN),
     (TransformerConfig, "rotary_base", 0.0),

@@ -37,6 +37,7 @@ class FieldRule:
 
 
 def one_of(options: Sequence[str]) -> FieldRule:
+    """A field that must be one of ``options``."""
     return FieldRule(f"one of {', '.join(options)}", lambda value: value in options)
 
 
@@ -126,6 +127,7 @@ def check_fields(config: Any, rules: Mapping[str, FieldRule] = FIELD_RULES,
                                                                and not rule.ok(value)):
             raise ConfigError(f"{prefix}{name} must be {_allowed(kinds, optional, rule)}, "
                               f"got {reprlib.repr(value)}")
+
 
 # FLOPs we charge per score for Θ, one per elementwise arithmetic op (exp/erf count as one):
 # l2_norm_gelu: square+accumulate (2), divide and scale (2), GELU x·0.5·(1+erf(x/√2)) (4).
@@ -312,9 +314,7 @@ class TokenFormerConfig:
         text = path.read_text()
         try:
             if path.suffix in (".yaml", ".yml"):
-                import yaml
-
-                data = yaml.safe_load(text)
+                data = _read_yaml(text)
             else:
                 data = json.loads(text)
         except Exception as exc:  # any parse error is a malformed file
@@ -329,6 +329,23 @@ class TokenFormerConfig:
         data = dict(PRESETS[name], name=name)
         data.update(overrides)
         return cls.from_dict(data)
+
+
+def _read_yaml(text: str) -> Any:
+    """``yaml.safe_load``, except that ``1e-5`` is a number, as in YAML 1.2 and JSON: PyYAML
+    follows YAML 1.1, where a float needs a dot, and would hand ``layernorm_eps: 1e-5`` to the
+    config as the string '1e-5' (which check_fields rightly refuses)."""
+    import re
+
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789."))
+    return yaml.load(text, Loader=Loader)  # a SafeLoader: builds plain data only
 
 
 def _official(L: int, d: int, heads: int, qkv: int, proj: int, ffn: int, seq: int) -> dict:
