@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from test_hardening_runs import run  # the CLI in-process: (exit code, stdout, stderr)
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer import adapters as ad
 from tokenformer.baselines import TransformerConfig
-from tokenformer.cli import main as cli
 from tokenformer.errors import CheckpointError, ConfigError
 from tokenformer.vit import TokenFormerViTConfig, ViTConfig
 
@@ -28,15 +28,6 @@ ENOSPC_MESSAGE = "Error while serializing: I/O error: No space left on device (o
 
 
 # ------------------------------------------------------------------------------------ helpers
-def run(capsys, *argv: object) -> tuple[int, str, str]:
-    try:
-        code = cli([str(a) for a in argv])
-    except SystemExit as exc:  # argparse's own errors (one line too, see cli._Parser)
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def refused(capsys, *argv: object, match: str, code: int = 2) -> str:
     """The command fails with exactly one ``error:`` line containing ``match`` and exit 2."""
     got, _, err = run(capsys, *argv)
