@@ -290,10 +290,9 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
                  command: str | None = None) -> Path:
     """Write adapter ``name`` alone into ``directory`` (atomically, with a manifest; ``command``:
     the output marker, :func:`tokenformer.io.atomic_dir`)."""
-    from safetensors.torch import save_file
 
     from . import checkpoint as ckpt
-    from .io import atomic_dir, atomic_write_text
+    from .io import atomic_dir, atomic_write_text, save_safetensors
 
     if name not in adapter_names(model):
         raise ConfigError(f"no adapter named {name!r} to save")
@@ -307,7 +306,7 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
               **(extra or {})}
     directory = Path(directory)
     with atomic_dir(directory, overwrite=overwrite, command=command) as tmp:
-        save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+        save_safetensors(tensors, tmp / ADAPTER_WEIGHTS, metadata={"format": "pt"})
         atomic_write_text(tmp / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
         ckpt.write_manifest(tmp)
     return directory
@@ -407,7 +406,10 @@ def merge(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
         raise ConfigError("nothing to merge: no adapter is active")
     core = core_model(model)
     counts: dict[str, int] = {}
-    for kind in KINDS:
+    # Only the kinds an adapter holds tokens of: the others (e.g. a product-key FFN, which has
+    # no Pattention) are copied as they are.
+    adapted = {k for n in names for k, m in adapter_sizes(model, n).items() if m}
+    for kind in sorted(adapted, key=KINDS.index):
         per_layer = {sum(layer.adapters[n].num_tokens if isinstance(layer, AdaptedPattention)
                          and n in layer.adapters else 0 for n in names)
                      for _, layer in _targets(model, kind)}

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from .errors import CheckpointError
-from .io import atomic_dir, atomic_write, atomic_write_text, safe_torch_load
+from .io import atomic_dir, atomic_write, atomic_write_text, safe_torch_load, save_safetensors
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -99,10 +99,8 @@ def save_tree(path: str | Path, tree: Any) -> None:
         raise CheckpointError(f"cannot write a {type(obj).__name__} into {path}: only tensors "
                               f"and plain values are saved")
 
-    from safetensors.torch import save_file
-
     metadata = {"format": _TREE_FORMAT, "tree": json.dumps(encode(tree))}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    atomic_write(path, lambda tmp: save_safetensors(tensors, tmp, metadata=metadata))
 
 
 def load_tree(path: str | Path) -> Any:

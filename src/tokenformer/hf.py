@@ -55,7 +55,7 @@ from .hf_modeling import (
 )
 from .io import atomic_dir
 from .model import TokenFormerLM, check_buildable
-from .official import load_official, official_config, save_official
+from .official import inexpressible, load_official, official_config, save_official
 from .tokenizer import (
     BYTES_MARKER,
     TOKENIZER_FILE,
@@ -256,11 +256,7 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
     if type(model) is not TokenFormerLM:
         raise ConfigError(f"{model_dir} holds a {model.config.arch} baseline: the official "
                           f"layout exists only for TokenFormer (use to-hf)")
-    c = model.config
-    beyond = [f"{k}={getattr(c, k)}" for k, official in (
-        ("qkv_scale", None), ("proj_scale", None), ("ffn_scale", None), ("theta_eps", 0.0),
-        ("block_norm", "none"), ("rotary_base", 10000.0), ("layernorm_eps", 1e-5))
-        if getattr(c, k) != official]
+    beyond = inexpressible(model.config)
     if beyond:  # the official code would load the weights and compute another function
         raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
     tok: Tokenizer | None = None

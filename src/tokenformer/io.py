@@ -64,6 +64,24 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> None:
         writer(tmp)
 
 
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path,
+                     metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` (every safetensors write of the package goes through
+    here), its disk-full failure raised as the ``OSError(ENOSPC)`` naming ``path`` that any other
+    write raises: safetensors reports it as a ``SafetensorError`` with the OS error in words, which
+    callers and the CLI would not recognise as "no space left on device"."""
+    from safetensors.torch import save_file
+
+    from .outputs import is_disk_full
+
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except Exception as exc:
+        if isinstance(exc, OSError) or not is_disk_full(exc):
+            raise
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+
+
 # ------------------------------------------------------------------ committing a folder
 # A folder is built under a temporary name beside its target, ``.NAME.XXXXXXXX.tmp`` (mkdtemp's
 # eight random characters), held with an flock while it exists, and renamed onto NAME when

@@ -344,15 +344,13 @@ class TokenFormerLM(nn.Module):
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
-        from safetensors.torch import save_file
-
-        from .io import atomic_write, atomic_write_text
+        from .io import atomic_write, atomic_write_text, save_safetensors
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         atomic_write(directory / WEIGHTS_NAME,
-                     lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+                     lambda tmp: save_safetensors(tensors, tmp, metadata={"format": "pt"}))
         atomic_write_text(directory / CONFIG_NAME, json.dumps(self.config.to_dict(), indent=2))
         return directory
 

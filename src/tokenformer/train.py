@@ -30,7 +30,7 @@ import threading
 import time
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,14 @@ from torch import nn
 from . import checkpoint as ckpt
 from . import distributed as dist_
 from . import outputs
-from .config import PRESETS, TokenFormerConfig, flops_per_token
+from .config import (
+    NON_NEGATIVE,
+    PRESETS,
+    FieldRule,
+    TokenFormerConfig,
+    check_fields,
+    flops_per_token,
+)
 from .errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
 from .pattention import PATTENTION_IMPLS, set_pattention_impl
 from .progress import progress_bar
@@ -51,6 +58,12 @@ RUN_CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 SCHEDULES = ("cosine", "wsd", "constant")
 GROW_KEYS = ("qkv", "proj", "ffn", "layers", "strategy")
+# Ranges TrainConfig.validate checks with config.check_fields, beside every field's type. AdamW
+# would refuse betas outside [0, 1) and a negative eps itself, but only once the run folder exists.
+TRAIN_RULES = {**dict.fromkeys(("beta1", "beta2"), FieldRule("{a} in [0, 1)",
+                                                             lambda value: 0 <= value < 1)),
+               "eps": NON_NEGATIVE}
+DEVICE_TYPES = ("cpu", "cuda", "mps")
 
 
 # ------------------------------------------------------------------------------------ config
@@ -166,6 +179,9 @@ class TrainConfig:
                 raise ConfigError(f"{key} must be one of {', '.join(options)}, "
                                   f"got {getattr(self, key)!r}")
 
+        check_fields(self, TRAIN_RULES, prefix="")  # every field's type; the AdamW ranges
+        if self.device != "auto":
+            parse_device(self.device)
         choice("arch", ARCHS)
         choice("schedule", SCHEDULES)
         choice("growth_lr", ("continue", "restart"))
@@ -325,7 +341,7 @@ def parse_grow_at(spec: str) -> GrowthEvent:
     usage = (f"--grow-at {spec!r} is malformed: expected STEP:key=value,... with keys "
              f"{', '.join(GROW_KEYS)} (e.g. 500:qkv=2x,proj=2x,ffn=2x,strategy=exact)")
     step_text, sep, rest = str(spec).partition(":")
-    if not sep or not step_text.strip().isdigit() or not rest.strip():
+    if not sep or not step_text.strip().isdecimal() or not rest.strip():
         raise ConfigError(usage)
     kwargs: dict[str, Any] = {}
     for item in rest.split(","):
@@ -340,7 +356,7 @@ def parse_grow_at(spec: str) -> GrowthEvent:
                 raise ConfigError(f"--grow-at {spec!r}: unknown strategy {value!r}; choose one "
                                   f"of {', '.join(STRATEGIES)}")
             kwargs[key] = value
-        elif value.isdigit() and int(value) > 0:
+        elif value.isdecimal() and int(value) > 0:
             kwargs[key] = int(value)
         elif value.endswith("x") and _is_positive_float(value[:-1]):
             if float(value[:-1]) < 1:
@@ -613,6 +629,27 @@ class _StopOnSignal:
     def requested(self, world: dist_.World) -> int:
         """The signal that asked to stop (0: none), the same on every rank."""
         return dist_.max_across(self.signum, world)
+
+
+@contextlib.contextmanager
+def interrupt_on_signal(kept: str) -> Iterator[None]:
+    """For commands with no checkpoint to write when stopped (adapt, scale): SIGINT or SIGTERM
+    during the block stops the command at once with :class:`Interrupted`, whose one line says
+    ``kept`` (what is saved and how to go on), and the CLI exits 128 + the signal number, as a
+    ``train`` interrupt does. Signal handlers belong to the main thread: elsewhere, no change."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        raise Interrupted(f"interrupted by {signal.Signals(signum).name}: {kept}", 128 + signum)
+
+    previous = {sig: signal.signal(sig, handle) for sig in _StopOnSignal.SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _fit(model: nn.Module, batch_fn: Callable[[int], dict[str, torch.Tensor]], cfg: TrainConfig,
@@ -955,10 +992,23 @@ def lm_evaluator(dataset: Any, seq_len: int, batch_size: int, max_batches: int,
     return evaluate
 
 
+def parse_device(spec: str) -> torch.device:
+    """``spec`` as a torch device of a type this package runs on (:data:`DEVICE_TYPES`), else one
+    ConfigError line (torch's own error lists every device type it knows). Whether CUDA is there
+    is :func:`resolve_device`'s question."""
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in DEVICE_TYPES:
+        raise ConfigError(f"unknown device {spec!r} (use cpu, cuda, cuda:N or mps)")
+    return device
+
+
 def resolve_device(spec: str, world: dist_.World | None = None) -> torch.device:
     if spec == "auto":
         spec = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(spec)
+    device = parse_device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("device cuda requested but CUDA is not available")

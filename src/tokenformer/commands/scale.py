@@ -30,11 +30,17 @@ def scale(args: argparse.Namespace) -> int:
             vocab = TokenDataset.open(args.data).vocab_size
         print(describe(preset, vocab))
         return 0
-    run_frontier(preset, data=args.data, out=args.out or f"runs/scale-{args.preset}",
-                 device=args.device, dtype=args.dtype,
-                 progress=False if args.no_progress else None,
-                 command=command_line("scale") or "tokenformer scale",
-                 hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"))
+    from ..train import interrupt_on_signal
+
+    out = args.out or f"runs/scale-{args.preset}"
+    # finished runs and in-progress states are written atomically as the experiment goes
+    with interrupt_on_signal(f"finished runs are kept in {Path(out) / 'runs'} and the run in "
+                             f"progress at its last branch or growth point in "
+                             f"{Path(out) / 'state'}; rerun the same command to resume"):
+        run_frontier(preset, data=args.data, out=out, device=args.device, dtype=args.dtype,
+                     progress=False if args.no_progress else None,
+                     command=command_line("scale") or "tokenformer scale",
+                     hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"))
     return 0
 
 
