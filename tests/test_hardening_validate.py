@@ -378,8 +378,9 @@ def test_damaged_partial_results_of_ablate_are_one_line(tmp_path, content):
 def test_damaged_partial_results_of_adapt_bench_fail_before_pretraining(tmp_path, content,
                                                                          monkeypatch):
     from tokenformer.experiments import adapt_bench
+    from tokenformer.experiments.adapt_bench import run as adapt_bench_run
 
-    monkeypatch.setattr(adapt_bench, "_default_kjv", lambda progress: pytest.fail("pretrained"))
+    monkeypatch.setattr(adapt_bench_run, "kjv_dataset", lambda progress: pytest.fail("pretrained"))
     (tmp_path / ".partial.json").write_bytes(content)
     with pytest.raises(CheckpointError, match=r"\.partial\.json is damaged \(.*\); delete it"):
         adapt_bench.run_adapt_bench("test", out=tmp_path, progress=False)
