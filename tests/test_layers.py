@@ -71,7 +71,7 @@ def test_a_cycle_inside_a_folder_breaks_the_contracts(tmp_path):
 # What a function may import locally: an optional dependency (an extra, a platform module, a part
 # of torch some builds lack or that needs a compiler), or a package module that imports one at top.
 DEFERRABLE = {
-    "transformers", "lm_eval", "peft", "matplotlib", "datasets", "ninja", "fcntl",
+    "transformers", "lm_eval", "peft", "matplotlib", "datasets", "ninja", "fcntl", "jinja2",
     "torch.utils.tensorboard",  # the tensorboard extra
     "torch.utils.cpp_extension",  # needs setuptools and a compiler: the C++ kernel's build only
     "torch.distributed",  # DCP and FSDP: absent from builds without distributed support

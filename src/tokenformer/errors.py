@@ -38,11 +38,14 @@ class DivergedError(TokenFormerError):
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """True for a write that failed for lack of space: ``OSError(ENOSPC)`` (or EDQUOT), or torch's
+    """True for a write that failed for lack of space: ``OSError(ENOSPC)`` (or EDQUOT), torch's
     zip writer, which reports it as ``RuntimeError: ... unexpected pos ...`` / ``file write
-    failed``."""
+    failed``, or safetensors' ``SafetensorError: ... (os error 28)``."""
+    codes = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
     if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+        return exc.errno in codes
     text = str(exc)
+    if type(exc).__name__ == "SafetensorError":  # safetensors gives the OS error in words only
+        return any(f"(os error {code})" in text for code in codes)
     return isinstance(exc, RuntimeError) and ("unexpected pos" in text
                                               or "file write failed" in text)

@@ -103,7 +103,7 @@ def test_config_round_trip(tmp_path: Path, suffix: str) -> None:
 @pytest.mark.parametrize("overrides, message", [
     ({"hidden_size": 30}, "not divisible"),
     ({"rotary_pct": 0.375}, "odd"),  # head_dim 8 × 0.375 = 3
-    ({"norm": "relu"}, "unknown Θ"),
+    ({"norm": "relu"}, "norm must be one of l2_norm_gelu"),
     ({"num_layers": 0}, "positive integer"),
 ])
 def test_bad_config(overrides: dict, message: str) -> None:

@@ -16,6 +16,9 @@ from typing import Any
 
 import torch
 
+from ..errors import TokenFormerError
+from ..training.execution import parse_device
+
 
 def positive(kind: type) -> Callable[[str], Any]:
     """argparse ``type=`` for a number > 0 of ``kind`` (int or float)."""
@@ -116,17 +119,13 @@ def non_negative_float(text: str) -> float:
 
 def device(text: str) -> str:
     """argparse ``type=`` for a torch device this build can use (``cuda`` needs CUDA)."""
-
     try:
-        parsed = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"unknown device {text!r} (e.g. cpu, cuda, "
-                                         f"cuda:1)") from None
+        parsed = parse_device(text)
+    except TokenFormerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise argparse.ArgumentTypeError(f"{text}: CUDA is not available in this torch build or "
                                          f"on this machine; use cpu")
-    if parsed.type not in ("cpu", "cuda", "mps"):
-        raise argparse.ArgumentTypeError(f"unsupported device {text!r}; use cpu or cuda")
     return text
 
 

@@ -144,12 +144,18 @@ class TokenDataset:
         if tokenizer is not None and tokenizer != self.meta["tokenizer"]:
             raise DataError(f"the data at {self.path} was tokenized with {self.meta['tokenizer']} "
                             f"but the model expects {tokenizer}")
+        for split in SPLITS:
+            self._require_length(split, seq_len)
+        self.check_vocab(vocab_size, *SPLITS)
+
+    def check_vocab(self, vocab_size: int, *splits: str) -> None:
+        """DataError unless a model with ``vocab_size`` tokens can read ``splits``: the data's
+        vocabulary fits the model's, and so does every id (:meth:`check_ids`). The one check of
+        every command that runs a model on data (train, adapt, prune's calibration, eval)."""
         if self.vocab_size > vocab_size:
             raise DataError(f"the data at {self.path} uses a {self.vocab_size}-token vocabulary "
                             f"({self.meta['tokenizer']}) but the model has only {vocab_size}")
-        for split in SPLITS:
-            self._require_length(split, seq_len)
-        self.check_ids(vocab_size, *SPLITS)
+        self.check_ids(vocab_size, *splits)
 
     def check_ids(self, vocab_size: int, *splits: str) -> None:
         """DataError if a split holds an id beyond ``meta.json``'s or the model's vocabulary

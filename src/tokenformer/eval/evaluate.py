@@ -137,10 +137,7 @@ def _as_tokens(data: Any, config: TokenFormerConfig, bytes_per_token: float | No
     if isinstance(data, (str, Path)):
         data = TokenDataset.open(data)
     if hasattr(data, "val") and hasattr(data, "bytes_per_token"):  # a prepared TokenDataset
-        if data.vocab_size > config.padded_vocab_size:
-            raise DataError(f"the data at {data.path} uses a {data.vocab_size}-token vocabulary "
-                            f"but the model has only {config.padded_vocab_size} rows")
-        data.check_ids(config.vocab_size, "val")
+        data.check_vocab(config.vocab_size, "val")
         return np.asarray(data.val), bytes_per_token or data.bytes_per_token("val")
     if isinstance(data, torch.Tensor):
         data = data.cpu().numpy()

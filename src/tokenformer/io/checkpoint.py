@@ -32,13 +32,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
-import safetensors.torch
 import torch
 from safetensors import safe_open
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from .files import atomic_dir, atomic_write, atomic_write_text, read_marker, safe_torch_load
+from .files import (
+    atomic_dir,
+    atomic_write,
+    atomic_write_text,
+    read_marker,
+    safe_torch_load,
+    save_safetensors,
+)
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"
@@ -101,10 +107,8 @@ def save_tree(path: str | Path, tree: Any) -> None:
         raise CheckpointError(f"cannot write a {type(obj).__name__} into {path}: only tensors "
                               f"and plain values are saved")
 
-
     metadata = {"format": _TREE_FORMAT, "tree": json.dumps(encode(tree))}
-    atomic_write(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp),
-                                                               metadata=metadata))
+    atomic_write(path, lambda tmp: save_safetensors(tensors, tmp, metadata=metadata))
 
 
 def load_tree(path: str | Path) -> Any:

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
-from .config import TokenFormerConfig
+from .config import FIELD_RULES, TokenFormerConfig, check_fields, one_of
 from .lm import (
     CONFIG_NAME,
     Attention,
@@ -103,22 +103,13 @@ class TransformerConfig:
         self.validate()
 
     def validate(self) -> None:
-        if self.arch not in ARCHS[1:]:
-            raise ConfigError(f"config: baseline arch must be one of {', '.join(ARCHS[1:])}, "
-                              f"got {self.arch!r}")
-        for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                    "max_seq_len", "vocab_multiple"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"config: {key} must be a positive integer, got {value!r}")
+        check_fields(self, {**FIELD_RULES, "arch": one_of(ARCHS[1:])})  # types and ranges
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"config: hidden_size {self.hidden_size} is not divisible by "
                               f"num_heads {self.num_heads}")
-        if not 0.0 <= self.rotary_pct <= 1.0 or self.rotary_dim % 2:
-            raise ConfigError(f"config: rotary_pct {self.rotary_pct} must be in [0, 1] and give "
-                              f"an even number of rotary dims (got {self.rotary_dim})")
-        if not isinstance(self.bias, bool):
-            raise ConfigError(f"config: bias must be true or false, got {self.bias!r}")
+        if self.rotary_dim % 2:
+            raise ConfigError(f"config: rotary_pct {self.rotary_pct} must give an even number of "
+                              f"rotary dims (got {self.rotary_dim})")
 
     @property
     def gated(self) -> bool:

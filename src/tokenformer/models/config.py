@@ -7,8 +7,14 @@ comes from :func:`TokenFormerConfig.num_parameters` and :func:`flops_per_token` 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import re
+import reprlib
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,10 +23,115 @@ import yaml
 
 from ..errors import ConfigError
 from ..io.files import atomic_write_text
-from ..nn.pattention import THETA_VARIANTS, check_top_k, default_scale
+from ..nn.pattention import THETA_VARIANTS, default_scale
 
 BLOCK_NORMS = ("none", "weight", "bias", "both")
 FFN_KEYS = ("dense", "product")
+
+
+# ------------------------------------------------------------------------- field validation
+@dataclass(frozen=True)
+class FieldRule:
+    """What a config field allows beyond its type. ``text`` completes "must be ...": ``{a}`` is
+    the type with its article ("an integer"), ``{t}`` without ("integer"); ``ok`` tests a value
+    already of the field's type."""
+
+    text: str
+    ok: Callable[[Any], bool]
+
+
+def one_of(options: Sequence[str]) -> FieldRule:
+    """A field that must be one of ``options``."""
+    return FieldRule(f"one of {', '.join(options)}", lambda value: value in options)
+
+
+POSITIVE = FieldRule("a positive {t}", lambda value: value > 0)
+NON_NEGATIVE = FieldRule("{a} >= 0", lambda value: value >= 0)
+FRACTION = FieldRule("{a} in [0, 1]", lambda value: 0 <= value <= 1)
+TOP_K = FieldRule("a token count >= 1 or a fraction in (0, 1]",
+                  lambda value: value >= 1 if isinstance(value, int) else 0 < value <= 1)
+
+# The range of every field of the model configs (LM, vision, baselines) by name; a field not
+# listed is checked for its type only. Cross-field rules (divisibility...) stay in validate().
+FIELD_RULES: dict[str, FieldRule] = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "num_layers", "num_heads", "qkv_tokens",
+                     "proj_tokens", "ffn_tokens", "max_seq_len", "vocab_multiple",
+                     "ffn_product_k", "intermediate_size", "image_size", "patch_size",
+                     "num_channels", "num_classes", "rotary_base", "layernorm_eps",
+                     "qkv_scale", "proj_scale", "ffn_scale"), POSITIVE),
+    **dict.fromkeys(("theta_eps", "init_std", "eos_token_id"), NON_NEGATIVE),
+    **dict.fromkeys(("qkv_top_k", "proj_top_k", "ffn_top_k"), TOP_K),
+    "rotary_pct": FRACTION,
+    "norm": one_of(THETA_VARIANTS),
+    "block_norm": one_of(BLOCK_NORMS),
+    "ffn_keys": one_of(FFN_KEYS),
+}
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, tuple[tuple[Any, ...], bool]]:
+    """``{field: (allowed types, None allowed)}`` from ``cls``'s annotations (``int | None`` →
+    ``((int,), True)``)."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        kinds = typing.get_args(hint) if union else (hint,)
+        out[f.name] = (tuple(k for k in kinds if k is not type(None)), type(None) in kinds)
+    return out
+
+
+def _is_a(value: Any, kind: Any) -> bool:
+    """``value`` is of type ``kind``: bools are not numbers, an int is a float (JSON writes
+    10000.0 as 10000), a float must be finite, ``list[X]`` checks every item."""
+    origin = typing.get_origin(kind)
+    if origin is list:
+        return isinstance(value, list) and all(_is_a(v, typing.get_args(kind)[0]) for v in value)
+    if kind is Any:
+        return True
+    if kind is dict or origin is dict:
+        return isinstance(value, dict)
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if kind is float and isinstance(value, (int, float)):
+        try:
+            return math.isfinite(value)
+        except OverflowError:  # an int too large for a float
+            return False
+    return isinstance(value, kind)
+
+
+_NOUNS = {int: "integer", float: "finite number", str: "string", bool: "boolean", dict: "mapping"}
+
+
+def _allowed(kinds: tuple[Any, ...], optional: bool, rule: FieldRule | None) -> str:
+    """What a field allows, in words: "a positive integer or null"."""
+    if set(kinds) == {int, float}:
+        noun = "number"
+    else:
+        noun = _NOUNS.get(kinds[0], "list" if typing.get_origin(kinds[0]) is list
+                          else getattr(kinds[0], "__name__", str(kinds[0])))
+    article = "an" if noun[0] in "aeiou" else "a"
+    text = (rule.text if rule is not None else "{a}").format(a=f"{article} {noun}", t=noun)
+    return text.replace("a boolean", "true or false") + (" or null" if optional else "")
+
+
+def check_fields(config: Any, rules: Mapping[str, FieldRule] = FIELD_RULES,
+                 prefix: str = "config: ") -> None:
+    """ConfigError naming the first field of the dataclass ``config`` whose value is not of its
+    annotated type (NaN and infinities are not numbers here) or breaks its ``rules`` entry: one
+    line with the field, the value and what is allowed."""
+    for name, (kinds, optional) in _field_types(type(config)).items():
+        value = getattr(config, name)
+        if value is None and optional:
+            continue
+        rule = rules.get(name)
+        if not any(_is_a(value, kind) for kind in kinds) or (rule is not None
+                                                               and not rule.ok(value)):
+            raise ConfigError(f"{prefix}{name} must be {_allowed(kinds, optional, rule)}, "
+                              f"got {reprlib.repr(value)}")
+
 
 # FLOPs we charge per score for Θ, one per elementwise arithmetic op (exp/erf count as one):
 # l2_norm_gelu: square+accumulate (2), divide and scale (2), GELU x·0.5·(1+erf(x/√2)) (4).
@@ -96,33 +207,20 @@ class TokenFormerConfig:
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
-        for key in ("vocab_size", "hidden_size", "num_layers", "num_heads", "qkv_tokens",
-                    "proj_tokens", "ffn_tokens", "max_seq_len", "vocab_multiple"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ConfigError(f"config: {key} must be a positive integer, got {value!r}")
+        check_fields(self)  # every field's type and range (FIELD_RULES); then what they share
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"config: hidden_size {self.hidden_size} is not divisible by "
                               f"num_heads {self.num_heads}")
-        if not 0.0 <= self.rotary_pct <= 1.0:
-            raise ConfigError(f"config: rotary_pct must be in [0, 1], got {self.rotary_pct}")
         if self.rotary_dim % 2:
             raise ConfigError(f"config: rotary dimension int(head_dim {self.head_dim} × rotary_pct "
                               f"{self.rotary_pct}) = {self.rotary_dim} is odd; it must be even")
-        check_block_fields(self)
-        for key in ("qkv_top_k", "proj_top_k", "ffn_top_k"):
-            check_top_k(getattr(self, key), f"config: {key}")
-        if self.ffn_keys not in FFN_KEYS:
-            raise ConfigError(f"config: ffn_keys must be one of {', '.join(FFN_KEYS)}, got "
-                              f"{self.ffn_keys!r}")
         if self.ffn_keys == "product":
             if math.isqrt(self.ffn_tokens) ** 2 != self.ffn_tokens:
                 raise ConfigError(f"config: product keys need a square ffn_tokens (s² for s "
                                   f"sub-keys per half), got {self.ffn_tokens}")
-            k = self.ffn_product_k
-            if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.ffn_tokens:
+            if self.ffn_product_k > self.ffn_tokens:
                 raise ConfigError(f"config: ffn_product_k must be a count in [1, "
-                                  f"{self.ffn_tokens}], got {k!r}")
+                                  f"{self.ffn_tokens}], got {self.ffn_product_k!r}")
 
     # ------------------------------------------------------------------ derived sizes
     @property
@@ -216,7 +314,7 @@ class TokenFormerConfig:
         text = path.read_text()
         try:
             if path.suffix in (".yaml", ".yml"):
-                data = yaml.safe_load(text)
+                data = _read_yaml(text)
             else:
                 data = json.loads(text)
         except Exception as exc:  # any parse error is a malformed file
@@ -233,20 +331,17 @@ class TokenFormerConfig:
         return cls.from_dict(data)
 
 
-def check_block_fields(config: Any) -> None:
-    """Validate the Θ and block-norm fields shared by every TokenFormer config (LM and vision)."""
-    if config.norm not in THETA_VARIANTS:
-        raise ConfigError(f"config: unknown Θ variant norm={config.norm!r}; "
-                          f"choose one of {', '.join(THETA_VARIANTS)}")
-    if config.block_norm not in BLOCK_NORMS:
-        raise ConfigError(f"config: block_norm must be one of {', '.join(BLOCK_NORMS)}, "
-                          f"got {config.block_norm!r}")
-    if config.theta_eps < 0:
-        raise ConfigError(f"config: theta_eps must be >= 0, got {config.theta_eps}")
-    for key in ("qkv_scale", "proj_scale", "ffn_scale"):
-        value = getattr(config, key)
-        if value is not None and not (isinstance(value, (int, float)) and value > 0):
-            raise ConfigError(f"config: {key} must be a positive number or null, got {value!r}")
+def _read_yaml(text: str) -> Any:
+    """``yaml.safe_load``, except that ``1e-5`` is a number, as in YAML 1.2 and JSON: PyYAML
+    follows YAML 1.1, where a float needs a dot, and would hand ``layernorm_eps: 1e-5`` to the
+    config as the string '1e-5' (which check_fields rightly refuses)."""
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789."))
+    return yaml.load(text, Loader=Loader)  # a SafeLoader: builds plain data only
 
 
 def _official(L: int, d: int, heads: int, qkv: int, proj: int, ffn: int, seq: int) -> dict:

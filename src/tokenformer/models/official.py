@@ -8,6 +8,7 @@ conversion is a prefix rename in both directions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -181,13 +182,30 @@ def save_official(model: nn.Module, path: str | Path) -> None:
     atomic_write(path, lambda tmp: torch.save(out, tmp))
 
 
+# Our config fields under the names the released repos' config.json gives them (the NeoX keys
+# infer_config reads), plus vocab_size, vocab_multiple and eos_token_id: the tokenizer's facts,
+# which the padded embedding cannot tell.
+OFFICIAL_KEYS = {"num_layers": "num_layers", "hidden_size": "hidden_size",
+                 "num_heads": "num_attention_heads", "qkv_tokens": "qkv_slot_num",
+                 "proj_tokens": "proj_slot_num", "ffn_tokens": "ffn_slot_num",
+                 "max_seq_len": "seq_length", "rotary_pct": "rotary_pct",
+                 "norm": "norm_activation_type", "vocab_size": "vocab_size",
+                 "vocab_multiple": "vocab_multiple", "eos_token_id": "eos_token_id"}
+# Fields that do not change what a model computes: the official layout need not carry them.
+_NOT_COMPUTED = ("init_std", "name")
+
+
 def official_config(config: TokenFormerConfig) -> dict[str, Any]:
-    """``config.json`` as the released repos write it (the NeoX keys :func:`infer_config` reads),
-    plus ``vocab_size``, ``vocab_multiple`` and ``eos_token_id``: the tokenizer's facts, which the
-    padded embedding cannot tell."""
-    return {"num_layers": config.num_layers, "hidden_size": config.hidden_size,
-            "num_attention_heads": config.num_heads, "qkv_slot_num": config.qkv_tokens,
-            "proj_slot_num": config.proj_tokens, "ffn_slot_num": config.ffn_tokens,
-            "seq_length": config.max_seq_len, "rotary_pct": config.rotary_pct,
-            "norm_activation_type": config.norm, "vocab_size": config.vocab_size,
-            "vocab_multiple": config.vocab_multiple, "eos_token_id": config.eos_token_id}
+    """``config.json`` as the released repos write it (:data:`OFFICIAL_KEYS`)."""
+    return {neox: getattr(config, ours) for ours, neox in OFFICIAL_KEYS.items()}
+
+
+def inexpressible(config: TokenFormerConfig) -> list[str]:
+    """``field=value`` for every field of ``config`` that the official layout cannot carry and
+    that differs from its default (product keys, Θ's factors and ε, top-k, rotary base, block
+    norms...): with any of them the official code would compute another function from the
+    weights, or fail to load them. Derived from the dataclass, so a new field is covered."""
+    return [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
+            if f.name not in OFFICIAL_KEYS and f.name not in _NOT_COMPUTED
+            and getattr(config, f.name) != f.default
+            and not (f.name == "ffn_product_k" and config.ffn_keys == "dense")]  # unused then

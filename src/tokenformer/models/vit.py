@@ -37,7 +37,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError, DataError
 from ..io.checkpoint import verify_checkpoint
 from .baselines import TransformerConfig
-from .config import TokenFormerConfig, check_block_fields, flops_per_token
+from .config import FIELD_RULES, TokenFormerConfig, check_fields, flops_per_token, one_of
 from .lm import CONFIG_NAME, Block, LayerNorm, TokenFormerLM
 
 POOLS = ("cls", "mean")
@@ -67,19 +67,14 @@ class VisionConfig:
         self.validate()
 
     def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
-                                    or value <= 0):
-                raise ConfigError(f"config: {f.name} must be a positive integer, got {value!r}")
+        # every field's type and range, the Θ fields of TokenFormerViTConfig included
+        check_fields(self, {**FIELD_RULES, "pool": one_of(POOLS)})
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"config: hidden_size {self.hidden_size} is not divisible by "
                               f"num_heads {self.num_heads}")
         if self.image_size % self.patch_size:
             raise ConfigError(f"config: image_size {self.image_size} is not divisible by "
                               f"patch_size {self.patch_size}")
-        if self.pool not in POOLS:
-            raise ConfigError(f"config: pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
 
     @property
     def num_patches(self) -> int:
@@ -152,10 +147,6 @@ class TokenFormerViTConfig(VisionConfig):
     block_norm: str = "none"
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
-
-    def validate(self) -> None:
-        super().validate()
-        check_block_fields(self)
 
     value_init_std = TokenFormerConfig.value_init_std
     theta_scale = TokenFormerConfig.theta_scale

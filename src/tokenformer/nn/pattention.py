@@ -183,7 +183,7 @@ def parse_top_k(spec: TopK | str | dict[str, TopK]) -> dict[str, TopK]:
     def number(text: str) -> TopK:
         text = text.strip()
         try:
-            return int(text) if text.isdigit() else float(text)
+            return int(text) if text.isdecimal() else float(text)
         except ValueError:
             raise ConfigError(f"top-k tokens: {text!r} is not a count or a fraction") from None
 

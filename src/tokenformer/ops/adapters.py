@@ -48,7 +48,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from ..formats.loading import load_model
 from ..io import checkpoint as ckpt
-from ..io.files import atomic_dir, atomic_write_text
+from ..io.files import atomic_dir, atomic_write_text, save_safetensors
 from ..models.lm import check_state_dict, check_tensors, header_shapes
 from ..nn.pattention import KINDS, Pattention, kind_names, pattention_kind
 from .growth import grow, grown_tokens
@@ -308,8 +308,7 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
               **(extra or {})}
     directory = Path(directory)
     with atomic_dir(directory, overwrite=overwrite, command=command) as tmp:
-        safetensors.torch.save_file(tensors, str(tmp / ADAPTER_WEIGHTS),
-                                    metadata={"format": "pt"})
+        save_safetensors(tensors, tmp / ADAPTER_WEIGHTS, metadata={"format": "pt"})
         atomic_write_text(tmp / ADAPTER_CONFIG, json.dumps(config, indent=2) + "\n")
         ckpt.write_manifest(tmp)
     return directory
@@ -405,7 +404,10 @@ def merge(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
         raise ConfigError("nothing to merge: no adapter is active")
     core = core_model(model)
     counts: dict[str, int] = {}
-    for kind in KINDS:
+    # Only the kinds an adapter holds tokens of: the others (e.g. a product-key FFN, which has
+    # no Pattention) are copied as they are.
+    adapted = {k for n in names for k, m in adapter_sizes(model, n).items() if m}
+    for kind in sorted(adapted, key=KINDS.index):
         per_layer = {sum(layer.adapters[n].num_tokens if isinstance(layer, AdaptedPattention)
                          and n in layer.adapters else 0 for n in names)
                      for _, layer in _targets(model, kind)}

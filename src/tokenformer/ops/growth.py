@@ -96,7 +96,7 @@ def size_request(spec: object, current: int) -> int | float | None:
         return None
     if isinstance(spec, numbers.Integral):
         return int(spec)
-    if isinstance(spec, str) and spec.strip().isdigit():
+    if isinstance(spec, str) and spec.strip().isdecimal():  # not isdigit: int() refuses '²'
         return int(spec)
     if isinstance(spec, str) and (match := _MULTIPLIER.match(spec)):
         return float(match.group(1)) * current

@@ -23,6 +23,7 @@ from ...training.evaluation import lm_evaluator
 from ...training.execution import resolve_device
 from ...training.lm import lm_batches, open_dataset
 from ...training.loop import fit
+from ...training.signals import interrupt_on_signal
 from ..options import comma_list, config_overrides
 from .grow import copy_tokenizer
 from .scale import experiment_folder
@@ -33,8 +34,8 @@ def parse_tokens(spec: str) -> dict[str, int]:
 
     sizes: dict[str, int] = {}
     for part in (p.strip() for p in spec.split(",")):
-        kind, sep, count = part.partition("=")
-        if not sep or kind.strip() not in KINDS or not count.strip().isdigit():
+        kind, sep, count = part.partition("=")  # isdecimal below, not isdigit: int('²') fails
+        if not sep or kind.strip() not in KINDS or not count.strip().isdecimal():
             raise ConfigError(f"--tokens: expected comma-separated KIND=COUNT with KIND one of "
                               f"{', '.join(KINDS)} (e.g. qkv=4,ffn=64), got {spec!r}")
         sizes[kind.strip()] = int(count)
@@ -69,6 +70,20 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
                              "eval_interval": 0, "eval_batches": 8, "batch_size": 16,
                              "seq_len": 128, "weight_decay": 0.0, **(overrides or {}),
                              "data": data_spec})
+    # an adapter is written only once trained: a signal before that leaves nothing to resume
+    with interrupt_on_signal(f"nothing was written to {out} (an adapter is saved when its "
+                             f"training ends); rerun the same command to train it"):
+        model, summary = _train_adapter(base, data_spec, tokens, cfg, name, progress)
+    ad.save_adapter(model, name, out, extra={"training": summary}, overwrite=overwrite,
+                    command="adapt")
+    return {**summary, "out": str(out)}
+
+
+def _train_adapter(base: str, data_spec: str, tokens: dict[str, int], cfg: Any, name: str,
+                   progress: bool | None) -> tuple[Any, dict[str, Any]]:
+    """:func:`adapt_checkpoint`'s work before the save: the adapted model and its summary."""
+
+
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -97,9 +112,7 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
                "steps": result.step, "train_time_s": result.train_time,
                "val_loss_base": before["val_loss"], "val_loss_adapted": after.get("val_loss"),
                "train_config": cfg.to_dict()}
-    ad.save_adapter(model, name, out, extra={"training": summary}, overwrite=overwrite,
-                    command="adapt")
-    return {**summary, "out": str(out)}
+    return model, summary
 
 
 def run_adapt(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ def calibration_ids(model: torch.nn.Module, data: str = "default", tokenizer: st
 
     dataset = (data_.default_dataset(tokenizer, progress=False) if data == "default"
                else data_.TokenDataset.open(data))
+    dataset.check_vocab(model.config.vocab_size, "train")  # as adapt and train check it
     seq = min(batch[1], model.config.max_seq_len)
     windows = next(iter(dataset.eval_windows("train", seq, batch[0], max_batches=1)))
     return windows

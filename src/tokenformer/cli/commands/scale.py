@@ -13,6 +13,7 @@ from ...data.datasets import TokenDataset
 from ...experiments.frontier.plan import describe, get_preset
 from ...experiments.frontier.run import run_frontier
 from ...io.outputs import check_run_folder, hold_run_folder
+from ...training.signals import interrupt_on_signal
 from ..options import device, positive
 
 
@@ -29,11 +30,16 @@ def scale(args: argparse.Namespace) -> int:
             vocab = TokenDataset.open(args.data).vocab_size
         print(describe(preset, vocab))
         return 0
-    run_frontier(preset, data=args.data, out=args.out or f"runs/scale-{args.preset}",
-                 device=args.device, dtype=args.dtype,
-                 progress=False if args.no_progress else None,
-                 command=command_line("scale") or "tokenformer scale",
-                 hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"))
+
+    out = args.out or f"runs/scale-{args.preset}"
+    # finished runs and in-progress states are written atomically as the experiment goes
+    with interrupt_on_signal(f"finished runs are kept in {Path(out) / 'runs'} and the run in "
+                             f"progress at its last branch or growth point in "
+                             f"{Path(out) / 'state'}; rerun the same command to resume"):
+        run_frontier(preset, data=args.data, out=out, device=args.device, dtype=args.dtype,
+                     progress=False if args.no_progress else None,
+                     command=command_line("scale") or "tokenformer scale",
+                     hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"))
     return 0
 
 

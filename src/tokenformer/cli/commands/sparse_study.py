@@ -9,7 +9,7 @@ import torch
 
 from ...experiments.sparse import plan, report, run
 from ...experiments.sparse.plan import CompareMLP, PruneCurve, PruneSeeds, Quality, TrainArms
-from .. import positive
+from ..options import positive
 from .scale import command_line
 
 DESCRIPTION = ("One part of the sparse study per subcommand; prints a markdown section "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError
-from ...io import atomic_write, atomic_write_text
+from ...io.files import atomic_write, atomic_write_text
 from ..common.arms import Curve
 from ..common.report import have_matplotlib, markdown_table, plot_curves, to_json
 from ..common.stats import RULE, Spread, describe, paired, spread

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...io import atomic_write_text
+from ...io.files import atomic_write_text
 from ..common import stats
 from ..common.report import have_matplotlib, markdown_table, to_json
 from .corpus import CODE_SOURCE

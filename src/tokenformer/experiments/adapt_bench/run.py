@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from ...io import atomic_write_text
+from ...errors import TokenFormerError
+from ...io.files import atomic_write_text, save_safetensors
 from ...models.baselines import TransformerLM, matched_config
 from ...models.config import TokenFormerConfig
 from ...models.lm import TokenFormerLM
@@ -31,10 +31,15 @@ from ...training.lm import lm_batches
 from ...training.loop import fit
 from ..common.arms import fingerprint
 from ..common.machine import machine_summary
+from ..common.saved import damaged, is_mapping_of, read_saved_json
 from ..common.sweep import sweep_lr
 from . import report
 from .corpus import CODE_SOURCE, code_dataset, kjv_dataset
 from .plan import SCHEMA, BenchPreset, base_of, bench_preset, tuning_key
+
+# What every run of .partial.json holds (run_one's row and its budget): a rerun reads them all.
+RUN_KEYS = frozenset({"arm", "size", "lr", "seed", "trainable", "base_parameters", "step_ms",
+                      "new_loss", "old_loss", "file_bytes", "budget"})
 
 
 def tune_lr(grid: list[float], max_extensions: int, loss_of: Any) -> dict[str, Any]:
@@ -86,8 +91,13 @@ def _bases(preset: BenchPreset, kjv: Any, progress: bool | None, cache: Path,
              lambda: TransformerLM(matched_config(config, "transformer++")))):
         stored = cache / name
         if (stored / "train_time.json").is_file():
-            bases[name] = cls.load(stored).eval()
-            times[name] = json.loads((stored / "train_time.json").read_text())["seconds"]
+            redo = f"delete {stored} to pretrain that base again"
+            try:
+                bases[name] = cls.load(stored).eval()
+            except TokenFormerError as exc:
+                raise damaged(stored, str(exc), redo) from None
+            times[name] = read_saved_json(stored / "train_time.json", lambda d: isinstance(
+                d, dict) and isinstance(d.get("seconds"), (int, float)), redo)["seconds"]
             continue
         torch.manual_seed(0)
         model = build()
@@ -140,7 +150,7 @@ def knob(arm: str, budget: float, bases: dict[str, nn.Module]) -> int:
 def _file_size(tensors: dict[str, torch.Tensor]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "a.safetensors"
-        save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(path))
+        save_safetensors({k: v.detach().contiguous() for k, v in tensors.items()}, path)
         return path.stat().st_size
 
 
@@ -195,6 +205,18 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
         torch.set_num_threads(threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # Every run is keyed by (arm, budget, LR, seed): those lists are not part of the setting,
+    # so a rerun with more seeds, budgets, LRs or arms reuses the runs already done
+    # (read before the bases are pretrained: a damaged file fails at once).
+    settings = {"schema": SCHEMA, "preset": {k: v for k, v in asdict(p).items()
+                                             if k not in ("seeds", "budgets", "lrs", "arms")}}
+    partial_file = out / ".partial.json"
+    done: dict[str, dict[str, Any]] = {}
+    if partial_file.is_file():
+        saved = read_saved_json(partial_file, lambda d: is_mapping_of(d, "runs") and all(
+            RUN_KEYS <= r.keys() for r in d["runs"].values()))
+        if saved.get("fingerprint") == fingerprint(settings):
+            done = saved["runs"]
     start = time.perf_counter()
     data = {"kjv": kjv_dataset(progress), "code": code_dataset(progress=progress)}
     base_train_s: dict[str, float] = {}
@@ -202,16 +224,6 @@ def run_adapt_bench(preset: str | BenchPreset = "quick", *, out: str | Path,
     base_loss = {k: {d: _val_loss(m, data[d], p) for d in ("kjv", "code")}
                  for k, m in bases.items()}
     base_kjv = {k: v["kjv"] for k, v in base_loss.items()}
-    # Every run is keyed by (arm, budget, LR, seed): those lists are not part of the setting,
-    # so a rerun with more seeds, budgets, LRs or arms reuses the runs already done.
-    settings = {"schema": SCHEMA, "preset": {k: v for k, v in asdict(p).items()
-                                             if k not in ("seeds", "budgets", "lrs", "arms")}}
-    partial_file = out / ".partial.json"
-    done: dict[str, dict[str, Any]] = {}
-    if partial_file.is_file():
-        saved = json.loads(partial_file.read_text())
-        if saved.get("fingerprint") == fingerprint(settings):
-            done = saved["runs"]
 
     def run(arm: str, budget: float | None, lr: float, seed: int) -> dict[str, Any]:
         key = f"{arm}|{budget}|{lr}|{seed}"

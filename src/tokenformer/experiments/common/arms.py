@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...io import atomic_write_text
+from ...io.files import atomic_write_text
 from ...io.progress import progress_bar
+from .saved import damaged, is_mapping_of, read_saved_json
 
 POINT_FIELDS = ("step", "tokens", "flops", "wall", "loss", "bpb", "stage")
 
@@ -135,11 +136,14 @@ def run_arms(arms: Sequence[Arm], seeds: Sequence[int], *,
     key = fingerprint(settings or {})
     done: dict[str, dict[int, Curve]] = {arm.name: {} for arm in arms}
     if partial is not None and Path(partial).is_file():
-        saved = json.loads(Path(partial).read_text())
+        saved = read_saved_json(partial, lambda d: is_mapping_of(d, "curves"))
         if saved.get("fingerprint") == key:
-            for name, runs in saved["curves"].items():
-                if name in done:
-                    done[name] = {int(s): Curve.from_dict(c) for s, c in runs.items()}
+            try:
+                for name, runs in saved["curves"].items():
+                    if name in done:
+                        done[name] = {int(s): Curve.from_dict(c) for s, c in runs.items()}
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                raise damaged(partial, f"a saved curve does not parse: {exc}") from None
     jobs = [(seed, arm) for i, seed in enumerate(seeds) for arm in arms
             if arm.seeds is None or i < arm.seeds]
     # A line per finished run when stderr is not a terminal (a log, nohup, CI).

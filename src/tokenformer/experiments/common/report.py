@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ...io import atomic_write
+from ...io.files import atomic_write
 from .arms import Curve, mean_curve
 
 

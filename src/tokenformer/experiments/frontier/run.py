@@ -31,8 +31,8 @@ from tqdm.auto import tqdm
 
 from ... import __version__
 from ...data.datasets import TokenDataset, default_dataset
-from ...errors import ConfigError, DivergedError, TokenFormerError
-from ...io.files import atomic_write, atomic_write_text
+from ...errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
+from ...io.files import atomic_write, atomic_write_text, safe_torch_load
 from ...models.baselines import TransformerConfig, model_class
 from ...models.config import TokenFormerConfig
 from ...nn import kernels
@@ -49,6 +49,7 @@ from ...training.schedule import lr_at
 from ..common.arms import fingerprint
 from ..common.machine import machine_summary
 from ..common.report import to_json
+from ..common.saved import damaged, read_saved_json
 from ..common.sweep import sweep_lr
 from . import plan as plan_
 from . import report
@@ -177,14 +178,60 @@ def _checkpoint(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
+# What a state file holds (train_run writes it at every branch or growth point) and what a
+# finished run's runs/<id>.json and each of its branches hold (execute, _branch).
+STATE_KEYS = frozenset({"cursor", "counters", "branches", "anneal", "lr", "timing", "model",
+                        "optimizer", "param_groups", "config"})
+BRANCH_KEYS = frozenset({"budget_index", "budget", "steps", "decay_start", "flops", "tokens",
+                         "size", "loss", "bpb"})
+
+
+def _rerun(run: Run) -> str:
+    return f"delete it to rerun that arm ({run.id})"
+
+
+def _is_result(data: Any) -> bool:
+    return (isinstance(data, dict) and "lr" in data and isinstance(data.get("timing"), dict)
+            and isinstance(data.get("branches"), list) and len(data["branches"]) > 0
+            and all(isinstance(b, dict) and BRANCH_KEYS <= b.keys()
+                    and isinstance(b["loss"], (int, float)) for b in data["branches"]))
+
+
 def _load_state(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
     path = _state_path(ctx, run)
     if not path.is_file():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # weights only, never torch's fallback (nor its advice to use it)
+        state = safe_torch_load(path, foreign=False)
+    except CheckpointError:
+        raise damaged(path, "truncated or corrupt: not a readable PyTorch file",
+                      _rerun(run)) from None
+    if not (isinstance(state, dict) and STATE_KEYS <= state.keys()
+            and isinstance(state["cursor"], int) and isinstance(state["branches"], list)
+            and all(isinstance(state[k], dict) for k in ("counters", "timing", "model"))):
+        raise damaged(path, "not a state this command writes", _rerun(run))
     if state.get("lr") != lr:  # the sweep's choice changed: this state is of another run
         return None
     return state
+
+
+def _restore(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> tuple[Any, Any]:
+    """Model and optimizer of a loaded state; :func:`damaged` if they do not rebuild from it."""
+
+    try:
+        config = _config_class(run.family)(**state["config"])
+        model = _build(run.family, config, run.seed, ctx.device)
+        model.load_state_dict(state["model"])
+        optimizer = make_optimizer(model, _train_config(ctx, run, lr, 1, "constant"),
+                                   state["param_groups"])
+        optimizer.load_state_dict(state["optimizer"])
+        _apply_anneal(model, state["anneal"], state["cursor"], ctx.preset.anneal_steps)
+    except (TokenFormerError, AttributeError, KeyError, TypeError, ValueError,
+            RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise damaged(_state_path(ctx, run), f"it does not restore: {first}",
+                      _rerun(run)) from None
+    return model, optimizer
 
 
 # ----------------------------------------------------------------------------------- one run
@@ -203,13 +250,7 @@ def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
         state = {"cursor": 0, "counters": {"tokens": 0, "flops": 0.0}, "branches": [],
                  "anneal": None, "lr": lr, "timing": {"train_time": 0.0, "step_time": {}}}
     else:
-        config = _config_class(run.family)(**state["config"])
-        model = _build(run.family, config, run.seed, ctx.device)
-        model.load_state_dict(state["model"])
-        optimizer = make_optimizer(model, _train_config(ctx, run, lr, 1, "constant"),
-                                   state["param_groups"])
-        optimizer.load_state_dict(state["optimizer"])
-        _apply_anneal(model, state["anneal"], state["cursor"], p.anneal_steps)
+        model, optimizer = _restore(ctx, run, lr, state)
     bar = _bar(ctx, run)
     if bar is not None:
         bar.update(state["cursor"])
@@ -308,7 +349,7 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
 
     path = _result_path(ctx, run)
     if path.is_file():
-        saved = json.loads(path.read_text())
+        saved = read_saved_json(path, _is_result, _rerun(run))
         if saved.get("lr") == lr:
             ctx.done += 1
             return saved
@@ -428,7 +469,9 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     out.mkdir(parents=True, exist_ok=True)
     marker = out / "experiment.json"
     resumed = marker.is_file()
-    if resumed and json.loads(marker.read_text()).get("fingerprint") != key:
+    if resumed and read_saved_json(marker, lambda d: isinstance(d, dict), f"choose another "
+                                   f"--out, or delete {out} to start over"
+                                   ).get("fingerprint") != key:
         raise ConfigError(f"{out} holds another experiment (other preset, data or threads); "
                           f"choose another --out or delete it")
     atomic_write_text(marker, json.dumps({"fingerprint": key, "settings": settings}, indent=1))

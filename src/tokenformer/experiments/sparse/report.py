@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ...io import atomic_write_text
+from ...io.files import atomic_write_text
 from ..common.machine import machine_summary
 from ..common.stats import RULE, describe, paired, t_interval
 from .plan import (
