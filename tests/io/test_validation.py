@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_hardening_runs import run  # the CLI in-process: (exit code, stdout, stderr)
+from test_run_folders import run  # the CLI in-process: (exit code, stdout, stderr)
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.errors import CheckpointError, ConfigError
