@@ -231,7 +231,8 @@ def test_missing_compiler_in_a_fresh_process(tmp_path, compiler):
     code = textwrap.dedent("""
         import warnings, torch
         warnings.simplefilter("error")
-        from tokenformer import TokenFormerConfig, TokenFormerLM, kernels
+        from tokenformer import TokenFormerConfig, TokenFormerLM
+        from tokenformer.nn import kernels
         model = TokenFormerLM(TokenFormerConfig.from_name("tiny"))
         ids = torch.randint(0, 100, (2, 12))
         model(ids, labels=ids).loss.backward()
@@ -299,8 +300,8 @@ def test_kernel_peak_memory_below_gelu_mlp(precision):
 _OTHER_ISA_CHECK = textwrap.dedent("""
     import sys, torch
     from unittest import mock
-    from tokenformer import kernels
-    from tokenformer.pattention import theta
+    from tokenformer.nn import kernels
+    from tokenformer.nn.pattention import theta
     with mock.patch.object(kernels, "isa", lambda: sys.argv[1]), \\
             mock.patch.object(kernels, "_cpu_has", lambda flag: False):
         assert kernels.build_name().startswith("tokenformer_theta_" + sys.argv[1].lower() + "_")

@@ -17,7 +17,8 @@ generation with an error naming the module, the line and what it does):
    becomes ``alias = name``). A package module is imported as an object (``from . import x``)
    only when :data:`STUBS` stands in for it (the C++ Θ kernel: a class named ``kernels`` whose
    ``usable``/``supports`` say no, so ``impl="kernel"`` falls back to the fused PyTorch path,
-   exactly as wherever the kernel cannot be built).
+   exactly as wherever the kernel cannot be built). From the package itself only
+   ``__version__`` is imported; it becomes the constant.
 3. **One namespace**: no two bundled modules define the same top-level name.
 4. **Deferred package imports** (a relative import inside a function or an ``if TYPE_CHECKING:``
    block) become ``pass`` when that module is bundled, else ``raise ImportError("needs the
@@ -80,7 +81,9 @@ def _resolve(node: ast.ImportFrom, importer: str) -> tuple[list[str], bool]:
         raise RuntimeError(f"remote code: tokenformer.{importer} imports beyond the package")
     base = package[: len(package) - (node.level - 1)] + (node.module.split(".") if node.module
                                                           else [])
-    if base and _file(".".join(base)).is_file():
+    if not base:  # the package itself: only its version (rule 2), written as a constant
+        return [], False
+    if _file(".".join(base)).is_file():
         return [".".join(base)], False
     return [".".join([*base, alias.name]) for alias in node.names], True
 
@@ -177,6 +180,12 @@ def _inline(module: str, bundled: set[str]) -> tuple[str, set[str]]:
     for node in body:
         if isinstance(node, ast.ImportFrom) and node.module == "__future__":
             replace(node, "")
+        elif isinstance(node, ast.ImportFrom) and node.level and not _resolve(node, module)[0]:
+            names = [a.name for a in node.names]
+            if names != ["__version__"]:
+                raise RuntimeError(f"remote code: tokenformer.{module} imports {names} from the "
+                                   f"package itself; only __version__ can be (rule 2)")
+            replace(node, f"__version__ = {__version__!r}")
         elif isinstance(node, ast.ImportFrom) and node.level:
             modules, as_objects = _resolve(node, module)
             objects = [m for m in modules if as_objects and m not in STUBS]

@@ -16,9 +16,9 @@ from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir, atomic_write_text
 from ...io.outputs import check_output
+from ...models.memory import check_memory
 from ...ops.growth import (
     STRATEGIES,
-    check_memory,
     grow_with_optimizer,
     max_logit_change,
     plan_growth,
