@@ -48,9 +48,13 @@ def write_marker(directory: str | Path, command: str) -> None:
 
 def read_marker(directory: str | Path) -> str | None:
     """The command named by ``directory``'s marker, or None (no marker, or not ours)."""
-    try:
+    from .io import has_regular_file
+
+    try:  # a marker that is not a regular file (a FIFO would block the read) is not ours
+        if not has_regular_file(Path(directory) / MARKER, folder=directory):
+            return None
         data = json.loads((Path(directory) / MARKER).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, TokenFormerError):
         return None
     return data.get("command") if isinstance(data, dict) else None
 
@@ -140,10 +144,13 @@ _held: dict[Path, list[Any]] = {}  # resolved folder -> [FileLock, depth]: re-en
 def _holder(directory: Path) -> str:
     """The lock holder's pid, from the sidecar it writes right after locking (waited for briefly:
     two runs started at once may ask before the holder has written it)."""
+    from .io import has_regular_file
+
     for _ in range(20):
         try:
-            pid = (directory / LOCK_PID).read_text().strip()
-        except OSError:
+            pid = (directory / LOCK_PID).read_text().strip() if has_regular_file(
+                directory / LOCK_PID, folder=directory) else ""
+        except (OSError, ValueError, TokenFormerError):
             pid = ""
         if pid.isdigit():
             return f"pid {pid}"
