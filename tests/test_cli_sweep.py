@@ -8,9 +8,9 @@ rest of the command line; a new command or flag is covered by adding a row. The 
 * a file argument: missing, empty, a FIFO, a directory, not UTF-8 (bytes no reader accepts),
   truncated (the valid file cut in half);
 * a folder argument: missing, an empty folder, a FIFO, a file (not UTF-8) where the folder
-  belongs, and, for each file the command reads inside it
-  (the row's ``inner``), that file as a FIFO, a directory, not UTF-8, truncated, and a symbolic
-  link to a valid copy outside the folder (the symlink rule of docs/reliability.md);
+  belongs, and, for each file the command reads inside it (the row's ``inner``), that file as a
+  FIFO, a directory, not UTF-8, truncated, and a symbolic link to a valid copy outside the folder
+  (the symlink rule of docs/reliability.md; not for a user's corpus, where links are followed);
 * an output argument: a FIFO, the wrong kind (a file for a folder, a folder for a file), and a
   path whose parent is a file.
 
