@@ -315,15 +315,17 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
 def read_adapter_config(directory: str | Path) -> dict[str, Any]:
     """The adapter's JSON, after its files were checked against the manifest."""
     from . import checkpoint as ckpt
+    from .io import has_regular_file
 
     directory = Path(directory)
-    if not (directory / ADAPTER_CONFIG).is_file() or not (directory / ADAPTER_WEIGHTS).is_file():
+    if not all([has_regular_file(directory / name, folder=directory)
+                for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)]):
         raise CheckpointError(f"{directory} is not an adapter directory (expected "
                               f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
     ckpt.verify_checkpoint(directory)
     try:
-        config = json.loads((directory / ADAPTER_CONFIG).read_text())
-    except (OSError, json.JSONDecodeError):
+        config = json.loads((directory / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # not JSON, or not UTF-8
         raise CheckpointError(f"{directory / ADAPTER_CONFIG} is corrupt (not JSON)") from None
     if not isinstance(config, dict) or config.get("format") != ADAPTER_FORMAT:
         raise CheckpointError(f"{directory / ADAPTER_CONFIG} is not a {ADAPTER_FORMAT} file")

@@ -263,12 +263,14 @@ def model_class(arch: str) -> type[TokenFormerLM]:
 
 
 def _arch_of(directory: str | Path) -> str:
+    from .io import has_regular_file
+
     config_file = Path(directory) / CONFIG_NAME
-    if not config_file.is_file():
+    if not has_regular_file(config_file, folder=directory):
         raise CheckpointError(f"{directory} is not a model directory (no {CONFIG_NAME})")
     try:
-        data = json.loads(config_file.read_text())
-    except json.JSONDecodeError:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except ValueError:  # not JSON, or not UTF-8
         raise CheckpointError(f"{config_file} is not valid JSON") from None
     return data.get("arch", "tokenformer") if isinstance(data, dict) else "tokenformer"
 

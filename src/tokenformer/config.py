@@ -308,11 +308,11 @@ class TokenFormerConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> TokenFormerConfig:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        text = path.read_text()
+        from .io import regular_file
+
+        path = regular_file(path, "config file")
         try:
+            text = path.read_text(encoding="utf-8")
             if path.suffix in (".yaml", ".yml"):
                 data = _read_yaml(text)
             else:

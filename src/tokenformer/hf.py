@@ -53,7 +53,7 @@ from .hf_modeling import (
     TokenFormerPreTrainedModel,
     default_generation_config,
 )
-from .io import atomic_dir
+from .io import atomic_dir, check_folder_files, has_regular_file
 from .model import TokenFormerLM, check_buildable
 from .official import inexpressible, load_official, official_config, save_official
 from .tokenizer import (
@@ -156,6 +156,7 @@ def load_hf(path: str | Path, *, verify: bool = True, **kwargs: Any) -> TokenFor
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"model folder not found: {path}")
+    check_folder_files(path)  # transformers opens what it finds there: never a FIFO or a link
     if verify:
         verify_checkpoint(path)
     try:
@@ -217,9 +218,9 @@ def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | P
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
-        beside = (src if src.is_dir() else src.parent) / "tokenizer.json"
-        if beside.is_file():
-            tok = load_tokenizer(beside)
+        folder = src if src.is_dir() else src.parent
+        if has_regular_file(folder / "tokenizer.json", folder=folder):
+            tok = HFTokenizer(folder / "tokenizer.json", folder=folder)
     return save_hf(core, out_dir, tok, overwrite=overwrite, command=command)
 
 
@@ -260,7 +261,8 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
     if beyond:  # the official code would load the weights and compute another function
         raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
     tok: Tokenizer | None = None
-    beside = any((Path(model_dir) / name).is_file() for name in (TOKENIZER_FILE, BYTES_MARKER))
+    beside = any([has_regular_file(Path(model_dir) / name, folder=model_dir)
+                  for name in (TOKENIZER_FILE, BYTES_MARKER)])
     try:
         tok = resolve_tokenizer(model_dir, model.config, tokenizer)
     except ConfigError:

@@ -366,6 +366,8 @@ class TokenFormerLM(nn.Module):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
+        from .io import has_regular_file
+
         directory = Path(directory)
         if not directory.exists():
             raise CheckpointError(f"checkpoint not found: {directory}")
@@ -374,7 +376,7 @@ class TokenFormerLM(nn.Module):
 
             verify_checkpoint(directory)
         config_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
-        if not config_file.is_file() or not weights.is_file():
+        if not all([has_regular_file(f, folder=directory) for f in (config_file, weights)]):
             raise CheckpointError(f"{directory} is not a tokenformer model directory "
                                   f"(expected {CONFIG_NAME} and {WEIGHTS_NAME})")
         require_shape_keys(config_file, cls.config_class)

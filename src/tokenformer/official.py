@@ -19,7 +19,7 @@ import torch
 from .checkpoint import verify_checkpoint
 from .config import TokenFormerConfig
 from .errors import CheckpointError
-from .io import safe_torch_load
+from .io import has_regular_file, safe_torch_load
 from .model import TokenFormerLM, check_buildable, check_state_dict, check_weights
 
 # Heads of the released models by hidden size (not recoverable from tensor shapes).
@@ -73,20 +73,21 @@ def _read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     """Find and read the weights (and config.json, if any) behind ``path``."""
     config_json = None
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if has_regular_file(path / "config.json", folder=path):
             try:
-                config_json = json.loads((path / "config.json").read_text())
-            except json.JSONDecodeError as exc:
+                config_json = json.loads((path / "config.json").read_text(encoding="utf-8"))
+            except ValueError as exc:  # not JSON, or not UTF-8
                 raise CheckpointError(f"{path / 'config.json'} is malformed: {exc}") from None
         candidates = [path / "pytorch_model.bin", path / "mp_rank_00_model_states.pt"]
         latest = path / "latest"
-        if latest.is_file():
+        if has_regular_file(latest, folder=path):
             tag = latest.read_text(errors="replace").strip()
             if not tag or tag in (".", "..") or "/" in tag or "\\" in tag:
                 raise CheckpointError(f"{latest} names {tag[:80]!r}, not a folder beside it")
             candidates.append(path / tag / "mp_rank_00_model_states.pt")
         candidates += sorted(path.glob("global_step*/mp_rank_00_model_states.pt"))[-1:]
-        found = next((c for c in candidates if c.is_file()), None)
+        found = next((c for c in candidates if has_regular_file(c, "checkpoint", folder=path)),
+                     None)
         if found is None:
             raise CheckpointError(f"{path}: no pytorch_model.bin or DeepSpeed "
                                   f"mp_rank_00_model_states.pt found")

@@ -16,6 +16,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -50,16 +51,24 @@ def write_marker(directory: str | Path, command: str) -> None:
 def read_marker(directory: str | Path, *, dir_fd: int | None = None) -> str | None:
     """The command named by ``directory``'s marker, or None (no marker, or not ours). With
     ``dir_fd`` (``directory`` is then ignored), the marker of the folder open as that descriptor:
-    the one held, whatever was renamed since."""
+    the one held, whatever was renamed since. A marker that is not a regular file (a FIFO would
+    block the read, a link points elsewhere) is not ours."""
+    from .io import has_regular_file
+
     try:
         if dir_fd is None:
+            if not has_regular_file(Path(directory) / MARKER, folder=directory):
+                return None
             text = (Path(directory) / MARKER).read_text()
         else:
-            with open(MARKER, opener=lambda name, flags: os.open(
-                    name, flags | getattr(os, "O_NOFOLLOW", 0), dir_fd=dir_fd)) as f:
+            fd = os.open(MARKER, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0),
+                         dir_fd=dir_fd)
+            with open(fd) as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return None
                 text = f.read()
         data = json.loads(text)
-    except (OSError, ValueError):
+    except (OSError, ValueError, TokenFormerError):
         return None
     return data.get("command") if isinstance(data, dict) else None
 
@@ -196,10 +205,13 @@ _held: dict[Path, list[Any]] = {}  # resolved folder -> [FileLock, depth]: re-en
 def _holder(directory: Path) -> str:
     """The lock holder's pid, from the sidecar it writes right after locking (waited for briefly:
     two runs started at once may ask before the holder has written it)."""
+    from .io import has_regular_file
+
     for _ in range(20):
         try:
-            pid = (directory / LOCK_PID).read_text().strip()
-        except OSError:
+            pid = (directory / LOCK_PID).read_text().strip() if has_regular_file(
+                directory / LOCK_PID, folder=directory) else ""
+        except (OSError, ValueError, TokenFormerError):
             pid = ""
         if pid.isdigit():
             return f"pid {pid}"

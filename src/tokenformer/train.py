@@ -287,10 +287,12 @@ def _coerce_nested(values: dict[str, Any], key: str) -> dict[str, Any]:
 
 def config_path(spec: str | Path) -> Path:
     """A YAML file path, or the bare name of a config shipped with the package (``demo``)."""
+    from .io import regular_file
+
     path = Path(spec)
-    if path.is_file():
-        return path
     shipped = CONFIGS_DIR / f"{path.stem if path.suffix in ('.yaml', '.yml') else spec}.yaml"
+    if (path.exists() or path.is_symlink()) and not (path.is_dir() and shipped.is_file()):
+        return regular_file(path, "config")  # never a FIFO, nor a folder named like the config
     if shipped.is_file():
         return shipped
     names = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
@@ -309,9 +311,13 @@ def load_config(spec: str | Path | None = None,
     if spec is not None:
         path = config_path(spec)
         try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
+            text = path.read_text(encoding="utf-8")
+            data = yaml.safe_load(text)
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config {path} is malformed: {str(exc).splitlines()[0]}") from None
+        if data is None:  # an empty file (or only comments): a truncated config, never all defaults
+            raise ConfigError(f"config {path} is empty: give the keys to set (an empty mapping "
+                              f"{{}} means every default)")
         if not isinstance(data, dict):
             raise ConfigError(f"config {path} must be a mapping of keys to values")
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}

@@ -385,13 +385,14 @@ def load_vision_model(directory: str | Path) -> _VisionTransformer:
     """A saved TokenFormerViT or ViT (e.g. a training run's ``final/``), told apart by its config:
     only the ViT baseline's has ``intermediate_size``. Checked against its manifest first."""
     from .checkpoint import verify_checkpoint
+    from .io import has_regular_file
 
     verify_checkpoint(directory)  # before its config.json is read to pick the class
     config_file = Path(directory) / CONFIG_NAME
-    if not config_file.is_file():
+    if not has_regular_file(config_file, folder=directory):
         raise CheckpointError(f"{directory} is not a vision model directory (no {CONFIG_NAME})")
     try:
-        keys = json.loads(config_file.read_text())
+        keys = json.loads(config_file.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise CheckpointError(f"{config_file} is malformed: {exc}") from None
     return (ViT if "intermediate_size" in keys else TokenFormerViT).load(directory, verify=False)

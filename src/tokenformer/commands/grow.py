@@ -15,6 +15,7 @@ from ..cli import comma_list
 from ..errors import CheckpointError
 from ..grow import STRATEGIES, grow_with_optimizer, max_logit_change, refuse_unsupported
 from ..grow import grow as grow_model
+from ..io import has_regular_file
 
 # Training-checkpoint files (tokenformer.checkpoint); trainer_state.json names each param group's
 # parameters.
@@ -89,7 +90,7 @@ def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
     from ..io import atomic_write_text
 
     state_file = source / TRAINER_STATE_FILE
-    if not state_file.is_file():
+    if not has_regular_file(state_file, folder=source):
         return
     state = _read_json(state_file)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -103,8 +104,8 @@ def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # not JSON, or not UTF-8
         raise CheckpointError(f"{path} is corrupt (not JSON)") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} is not a JSON object")
@@ -113,14 +114,20 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def copy_tokenizer(source: Path, target: Path) -> None:
     """Copy the tokenizer files saved beside a model directory (none for a checkpoint file), so
-    a model derived from it (grown, pruned, merged) keeps its tokenizer."""
-    from ..tokenizer import BYTES_MARKER, TOKENIZER_FILE
+    a model derived from it (grown, pruned, merged) keeps its tokenizer. Each must be a regular
+    file inside the folder (a link is refused, never followed: docs/reliability.md) that parses:
+    an output is never given a tokenizer nothing can load."""
+    from ..tokenizer import BYTES_MARKER, TOKENIZER_FILE, HFTokenizer
 
     if not source.is_dir():
         return
     for name in (TOKENIZER_FILE, BYTES_MARKER, "tokenizer_config.json",
                  "special_tokens_map.json"):
-        if (source / name).is_file():
+        if has_regular_file(source / name, "tokenizer file", folder=source):
+            if name == TOKENIZER_FILE:
+                HFTokenizer(source / name, folder=source)
+            else:
+                _read_json(source / name)
             shutil.copy2(source / name, target / name)
 
 
@@ -152,7 +159,7 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
     if all("param_names" in g for g in groups):
         return [list(g["param_names"]) for g in groups]
     state_file = directory / TRAINER_STATE_FILE
-    if state_file.is_file():
+    if has_regular_file(state_file, folder=directory):
         value = _read_json(state_file).get("param_groups")
         if (isinstance(value, list) and len(value) == len(groups)
                 and all(isinstance(g, list) for g in value)):

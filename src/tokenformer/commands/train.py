@@ -67,6 +67,7 @@ def _finished(run_dir: Path, steps: int) -> bool:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    from ..io import has_regular_file
     from ..train import RUN_CONFIG, load_config, train
 
     overrides = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:")}
@@ -76,7 +77,7 @@ def run_train(args: argparse.Namespace) -> int:
         if args.config is not None:
             raise ConfigError("--resume continues a run with its own config; drop --config")
         run_dir = Path(args.resume)
-        if not (run_dir / RUN_CONFIG).is_file():
+        if not has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
             raise ConfigError(f"{run_dir} is not a training run directory (no {RUN_CONFIG})")
         overrides["out"] = str(run_dir)
         cfg = load_config(run_dir / RUN_CONFIG, overrides)
