@@ -245,15 +245,8 @@ ROWS = [
     Row("vision-eval-png", "vision eval {vision-model} --confusion-png {ARG}", "out-file"),
 ]
 
-# Known failures owned by other parts of issue 27: (row, kind) -> reason. strict: once fixed,
-# the entry must go.
-PARENT_IS_A_FILE = ("issue 27 §6 (outputs, another part of the issue): an OUT whose parent is a "
-                    "file ends in FileExistsError / NotADirectoryError")
-XFAIL: dict[tuple[str, str], str] = {
-    (row, "parent-file"): PARENT_IS_A_FILE for row in (
-        "prepare-out", "train-out", "plot-out", "grow-out", "prune-out", "adapt-out", "merge-out",
-        "adapt-bench-out", "convert-official-out", "convert-to-hf-out", "convert-to-official-out",
-        "scale-out", "ablate-out", "vision-train-out", "vision-eval-png")}
+# Known defects: (row, kind) -> reason, marked xfail(strict), so a fixed one must leave the table.
+XFAIL: dict[tuple[str, str], str] = {}
 
 
 def _cases() -> Iterator[object]:

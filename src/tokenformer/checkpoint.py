@@ -321,6 +321,9 @@ def verify_checkpoint(path: str | Path) -> bool:
     if (path / SHARDED).exists():
         unlisted += [SHARDED] if (path / SHARDED).is_symlink() else [
             rel for rel in (f"{SHARDED}/{r}" for r in _files(path / SHARDED)) if rel not in files]
+    for name in unlisted[:1]:
+        if name in READ_FILES:  # a FIFO or a link there is named as such, never opened
+            has_regular_file(path / name, folder=path)
     if unlisted:
         raise CheckpointError(f"{path}: {unlisted[0]} is not in the manifest (added after it "
                               f"was written?); refusing to read the folder")
