@@ -26,6 +26,13 @@ class GrowthError(TokenFormerError, ValueError):
     """A requested growth is impossible (shrinking, or growing what tokens cannot grow)."""
 
 
+class PathError(CheckpointError, DataError, ConfigError):
+    """An input path is missing or is not a regular file (a directory, FIFO, device, socket), or
+    is a symbolic link inside a model, adapter, dataset or run folder
+    (:func:`tokenformer.io.regular_file`). Also a CheckpointError, DataError and ConfigError:
+    what callers caught for a missing checkpoint, dataset or config before."""
+
+
 class OutputError(DataError, ConfigError):
     """An output would lose data: it is (or holds, or lies in) an input, it exists and
     ``--overwrite`` was not given, or it is a folder the command did not write. (Also a DataError

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import tokenformer
 from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer.data.tokenizer import train_bpe
 from tokenformer.errors import ConfigError, GrowthError
 from tokenformer.nn.pattention import (
     GATHER_ELEMENTS,
@@ -243,7 +244,8 @@ def test_prune_cli(tmp_path, capsys):
 
     model = _model()
     model.save(tmp_path / "m")
-    (tmp_path / "m" / TOKENIZER_FILE).write_text('{"stand-in": true}')
+    # a real one: prune parses the tokenizer it copies (issue 27), a stand-in is refused
+    train_bpe(["a stand-in tokenizer"], 257, progress=False).save(tmp_path / "m")
     code, out, err = _cli(capsys, "prune", str(tmp_path / "m"), str(tmp_path / "out"), "--ffn",
                           "0.5x", "--by", "value")
     assert code in (0, None), err
@@ -252,7 +254,8 @@ def test_prune_cli(tmp_path, capsys):
     from tokenformer.io.checkpoint import verify_checkpoint
 
     assert verify_checkpoint(tmp_path / "out")  # a manifest, as grow writes: train verifies it
-    assert (tmp_path / "out" / TOKENIZER_FILE).read_text() == '{"stand-in": true}'
+    assert ((tmp_path / "out" / TOKENIZER_FILE).read_bytes()
+            == (tmp_path / "m" / TOKENIZER_FILE).read_bytes())
     for args in (["--ffn", "999"], ["--by", "nope"], ["--ffn", "half"]):
         code, _, err = _cli(capsys, "prune", str(tmp_path / "m"), str(tmp_path / "bad"), *args)
         assert _one_error_line(code, err), err

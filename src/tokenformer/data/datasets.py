@@ -31,7 +31,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError, TokenFormerError
-from ..io.files import atomic_dir, atomic_write_text
+from ..io.files import (
+    atomic_dir,
+    atomic_write_text,
+    check_folder_files,
+    has_regular_file,
+    regular_file,
+)
 from ..io.outputs import check_output
 from .tokenizer import (
     BYTES_MARKER,
@@ -77,11 +83,11 @@ class TokenDataset:
         if not path.is_dir():
             raise DataError(f"no prepared dataset at {path} (create one with tokenformer prepare)")
         meta_path = path / META_FILE
-        if not meta_path.is_file():
+        if not has_regular_file(meta_path, folder=path):
             raise DataError(f"{path} has no {META_FILE}: not a prepared dataset, or an "
                             f"interrupted one")
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
             dtype = meta["dtype"]
             vocab_size = int(meta["vocab_size"])
             counts = {s: int(meta[f"{s}_tokens"]) for s in SPLITS}
@@ -101,8 +107,9 @@ class TokenDataset:
         for split in SPLITS:
             file = path / f"{split}.bin"
             expected = counts[split] * itemsize
-            if not file.is_file() or file.stat().st_size != expected or expected == 0:
-                size = file.stat().st_size if file.is_file() else "missing"
+            present = has_regular_file(file, folder=path)
+            if not present or file.stat().st_size != expected or expected == 0:
+                size = file.stat().st_size if present else "missing"
                 raise DataError(f"{file} does not match {META_FILE} (expected {expected} bytes, "
                                 f"found {size}): the dataset is corrupt; prepare it again")
             arrays[split] = np.memmap(file, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
@@ -235,7 +242,8 @@ def _windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> torch.Tensor
 
 
 def _check_tokenizer_hash(path: Path, meta: dict) -> None:
-    file = next((path / f for f in (TOKENIZER_FILE, BYTES_MARKER) if (path / f).is_file()), None)
+    file = next((path / f for f in (TOKENIZER_FILE, BYTES_MARKER)
+                 if has_regular_file(path / f, folder=path)), None)
     if file is None:
         raise DataError(f"{path} holds no tokenizer ({TOKENIZER_FILE} or {BYTES_MARKER})")
     if _sha256(file) != meta.get("tokenizer_sha256"):
@@ -282,6 +290,7 @@ def _read_text(path: Path) -> str:
 
 
 def _file_document(path: Path) -> Document:
+    path = regular_file(path, "input")  # a text file, or a link to one: never a FIFO
     return Document(str(path), path.stat().st_size, lambda: _read_text(path))
 
 
@@ -298,7 +307,8 @@ def _documents(inputs: list[str | Path] | str | Path) -> list[Document]:
             if _is_hf_dataset(path):
                 docs += _hf_documents(path)
                 continue
-            files = sorted(p for p in path.rglob("*") if p.is_file()
+            # every entry but folders: a FIFO or a socket among them is refused, not skipped
+            files = sorted(p for p in path.rglob("*") if not p.is_dir()
                            and not any(part.startswith(".") for part in p.relative_to(path).parts))
             if not files:
                 raise DataError(f"input directory {path} holds no files")
@@ -323,6 +333,7 @@ def _hf_documents(path: Path) -> list[Document]:
     except ImportError:
         raise DataError(f"{path} is a saved Hugging Face dataset; reading it needs the "
                         f"'datasets' package: pip install 'tokenformer[datasets]'") from None
+    check_folder_files(path, links=True)  # datasets opens what it finds there: never a FIFO
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         parts = [loaded["train"]] if "train" in loaded else list(loaded.values())
@@ -515,7 +526,7 @@ def _indexed_prefix(path: Path) -> Path | None:
     if path.suffix not in (".bin", ".idx"):
         return None
     idx = path.with_suffix(".idx")
-    if not idx.is_file():
+    if not has_regular_file(idx, "index file"):
         return None
     with open(idx, "rb") as f:
         return path.with_suffix("") if f.read(len(_IDX_MAGIC)) == _IDX_MAGIC else None
@@ -532,8 +543,7 @@ def read_indexed_dataset(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     prefix = path.with_suffix("") if path.suffix in (".bin", ".idx") else path
     idx, bin_ = prefix.with_suffix(".idx"), prefix.with_suffix(".bin")
     for file in (idx, bin_):
-        if not file.is_file():
-            raise DataError(f"indexed dataset file not found: {file}")
+        regular_file(file, "indexed dataset file")
     raw = idx.read_bytes()
     header = len(_IDX_MAGIC) + 8 + 1 + 8 + 8
     if len(raw) < header or not raw.startswith(_IDX_MAGIC):
@@ -678,8 +688,7 @@ def _cache_key(tokenizer: str | Path) -> str:
         return f"bpe{vocab}"
     path = Path(spec)
     file = path / TOKENIZER_FILE if path.is_dir() else path
-    if not file.is_file():
-        raise ConfigError(f"tokenizer file not found: {path}")
+    regular_file(file, "tokenizer file", folder=path if path.is_dir() else None)
     return f"tok-{_sha256(file)[:16]}"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, DataError
+from ..io.files import regular_file
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -139,7 +141,12 @@ class ImageFolder(torch.utils.data.Dataset):
         self.samples: list[tuple[Path, int]] = []
         for name in split_classes:
             folder = self.root / split / name
-            files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+            with os.scandir(folder) as it:
+                entries = [e for e in it if Path(e.name).suffix.lower() in IMAGE_SUFFIXES]
+            for entry in entries:  # checked now, not at its first batch, which a FIFO would hang
+                if not entry.is_file(follow_symlinks=False):  # the listing's type: no stat
+                    regular_file(entry.path, "image")  # links are followed: a user's folder
+            files = sorted(Path(e.path) for e in entries)
             if not files:
                 raise DataError(f"{folder} holds no images (expected files ending in "
                                 f"{', '.join(IMAGE_SUFFIXES)})")

@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as _Tok
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ..errors import ConfigError
-from ..io.files import atomic_write, atomic_write_text
+from ..io.files import atomic_write, atomic_write_text, has_regular_file, regular_file
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTES_MARKER = "tokenizer_bytes.json"
@@ -57,10 +57,9 @@ class ByteTokenizer:
 class HFTokenizer:
     """A ``tokenizers`` tokenizer loaded from a ``tokenizer.json`` file (no network, ever)."""
 
-    def __init__(self, path: str | Path) -> None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"tokenizer file not found: {path}")
+    def __init__(self, path: str | Path, folder: str | Path | None = None) -> None:
+        """``folder``: the model or dataset folder ``path`` lies in (no links there)."""
+        path = regular_file(path, "tokenizer file", folder=folder)
         raw = path.read_bytes()
         try:
             self._tok = _Tok.from_str(raw.decode("utf-8"))
@@ -104,11 +103,12 @@ def load_tokenizer(spec: str | Path) -> Tokenizer:
     """``"bytes"``, a ``tokenizer.json`` path, or a model directory holding either."""
     if str(spec) == "bytes":
         return ByteTokenizer()
+
     path = Path(spec)
     if path.is_dir():
-        if (path / TOKENIZER_FILE).is_file():
-            return HFTokenizer(path / TOKENIZER_FILE)
-        if (path / BYTES_MARKER).is_file():
+        if has_regular_file(path / TOKENIZER_FILE, folder=path):
+            return HFTokenizer(path / TOKENIZER_FILE, folder=path)
+        if has_regular_file(path / BYTES_MARKER, folder=path):
             return ByteTokenizer()
         raise ConfigError(f"{path} holds no tokenizer ({TOKENIZER_FILE} or {BYTES_MARKER}); "
                           f"pass --tokenizer")
@@ -152,13 +152,14 @@ def resolve_tokenizer(model_spec: str | Path, config: Any,
     """The tokenizer for a model: ``tokenizer`` if given, else the one saved beside the model
     (its directory, or the directory of a checkpoint file), else bytes for a 257-token
     vocabulary; checked against the model's vocabulary (``config.padded_vocab_size``)."""
+
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
         path = Path(model_spec)
         folder = path if path.is_dir() else path.parent
-        if path.exists() and ((folder / TOKENIZER_FILE).is_file()
-                              or (folder / BYTES_MARKER).is_file()):
+        if path.exists() and any([has_regular_file(folder / name, folder=folder)
+                                  for name in (TOKENIZER_FILE, BYTES_MARKER)]):
             tok = load_tokenizer(folder)
         elif config.vocab_size == ByteTokenizer.vocab_size:
             tok = ByteTokenizer()

@@ -36,6 +36,7 @@ from ..data.datasets import TokenDataset
 from ..data.tokenizer import Tokenizer, resolve_tokenizer
 from ..errors import ConfigError, DataError
 from ..formats.loading import load_model
+from ..io.files import regular_file
 from ..models.config import TokenFormerConfig
 from ..models.lm import TokenFormerLM
 from .tasks import kjv
@@ -149,9 +150,7 @@ def _as_tokens(data: Any, config: TokenFormerConfig, bytes_per_token: float | No
 
 def read_text_tokens(path: str | Path, tokenizer: Tokenizer) -> tuple[np.ndarray, float]:
     """Token ids of a UTF-8 text file and its bytes per token."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"data file not found: {path}")
+    path = regular_file(path, "data file")
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8")
@@ -171,6 +170,8 @@ def evaluate_data(model_spec: str | Path, data: str | Path, *, tokenizer: str | 
     data = Path(data)
     if not data.exists():
         raise DataError(f"data not found: {data}")
+    if not data.is_dir():
+        regular_file(data, "data file")  # a FIFO or a device: refused before the model loads
     model = load_model(model_spec).to(device)
     if data.is_dir():
         tokens: Any = data

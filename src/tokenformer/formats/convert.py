@@ -17,13 +17,14 @@ from transformers import PreTrainedTokenizerFast
 from ..data.tokenizer import (
     BYTES_MARKER,
     TOKENIZER_FILE,
+    HFTokenizer,
     Tokenizer,
     load_tokenizer,
     resolve_tokenizer,
 )
 from ..errors import ConfigError
 from ..hf import TokenFormerForCausalLM, save_hf, to_hf_tokenizer
-from ..io.files import atomic_dir
+from ..io.files import atomic_dir, has_regular_file
 from ..models.lm import TokenFormerLM
 from ..models.official import inexpressible, official_config, save_official
 from .loading import load_model
@@ -52,9 +53,9 @@ def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | P
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
-        beside = (src if src.is_dir() else src.parent) / "tokenizer.json"
-        if beside.is_file():
-            tok = load_tokenizer(beside)
+        folder = src if src.is_dir() else src.parent
+        if has_regular_file(folder / "tokenizer.json", folder=folder):
+            tok = HFTokenizer(folder / "tokenizer.json", folder=folder)
     return save_hf(core, out_dir, tok, overwrite=overwrite, command=command)
 
 
@@ -91,7 +92,8 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
     if beyond:  # the official code would load the weights and compute another function
         raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
     tok: Tokenizer | None = None
-    beside = any((Path(model_dir) / name).is_file() for name in (TOKENIZER_FILE, BYTES_MARKER))
+    beside = any([has_regular_file(Path(model_dir) / name, folder=model_dir)
+                  for name in (TOKENIZER_FILE, BYTES_MARKER)])
     try:
         tok = resolve_tokenizer(model_dir, model.config, tokenizer)
     except ConfigError:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from ..io.checkpoint import verify_checkpoint
+from ..io.files import has_regular_file
 from ..models.baselines import load_model_dir
 from ..models.config import PRESETS, TokenFormerConfig
 from ..models.lm import CONFIG_NAME, WEIGHTS_NAME, TokenFormerLM
@@ -33,11 +34,13 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
     if not path.exists():
         raise CheckpointError(f"checkpoint not found: {path} (nor a preset name; presets: "
                               f"{', '.join(PRESETS)})")
-    if path.is_dir() and (path / WEIGHTS_NAME).is_file():
+    if path.is_dir() and has_regular_file(path / WEIGHTS_NAME, folder=path):
         verify_checkpoint(path)  # the manifest rule, before config.json is read to dispatch
         try:
-            model_type = json.loads((path / CONFIG_NAME).read_text()).get("model_type")
-        except (OSError, json.JSONDecodeError, AttributeError):
+            model_type = (json.loads((path / CONFIG_NAME).read_text(encoding="utf-8"))
+                          .get("model_type")
+                          if has_regular_file(path / CONFIG_NAME, folder=path) else None)
+        except (OSError, ValueError, AttributeError):  # the loader below says what is wrong
             model_type = None
         if model_type == "tokenformer":
             from ..hf import load_hf  # optional extra: imported only for an HF folder

@@ -47,7 +47,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from ..data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import atomic_dir
+from ..io.files import atomic_dir, check_folder_files
 from ..models.lm import TokenFormerLM, check_buildable
 from ..nn.pattention import BLOCK_PATTENTIONS
 from .modeling import (
@@ -150,6 +150,7 @@ def load_hf(path: str | Path, *, verify: bool = True, **kwargs: Any) -> TokenFor
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"model folder not found: {path}")
+    check_folder_files(path)  # transformers opens what it finds there: never a FIFO or a link
     if verify:
         verify_checkpoint(path)
     try:

@@ -41,7 +41,9 @@ from .files import (
     atomic_dir,
     atomic_write,
     atomic_write_text,
+    has_regular_file,
     read_marker,
+    regular_file,
     safe_torch_load,
     save_safetensors,
 )
@@ -180,8 +182,8 @@ def save_optimizer_state(directory: str | Path, optimizer: torch.optim.Optimizer
 
 
 def has_optimizer_state(directory: str | Path) -> bool:
-    return any((Path(directory) / name).is_file()
-               for name in (OPTIMIZER_NAME, LEGACY_OPTIMIZER_NAME))
+    return any([has_regular_file(Path(directory) / name, folder=directory)
+                for name in (OPTIMIZER_NAME, LEGACY_OPTIMIZER_NAME)])
 
 
 def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -200,11 +202,11 @@ def save_checkpoint(path: str | Path, model: nn.Module, optimizer: torch.optim.O
 
 def read_state(path: str | Path) -> dict[str, Any]:
     file = Path(path) / STATE_NAME
-    if not file.is_file():
+    if not has_regular_file(file, folder=path):
         raise CheckpointError(f"{path} is not a training checkpoint (no {STATE_NAME})")
     try:
-        state = json.loads(file.read_text())
-    except json.JSONDecodeError:
+        state = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError:  # not JSON, or not UTF-8
         raise CheckpointError(f"{file} is corrupt (not JSON)") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{file} is malformed (not a JSON object)")
@@ -214,9 +216,9 @@ def read_state(path: str | Path) -> dict[str, Any]:
 def _read_own(directory: Path, name: str, legacy: str) -> Any:
     """Our file ``name`` (safetensors + JSON), else the ``legacy`` torch.save file of earlier
     versions through ``torch.load(weights_only=True)`` only; None when neither exists."""
-    if (directory / name).is_file():
+    if has_regular_file(directory / name, folder=directory):
         return load_tree(directory / name)
-    if (directory / legacy).is_file():
+    if has_regular_file(directory / legacy, folder=directory):
         return safe_torch_load(directory / legacy, foreign=False)
     return None
 
@@ -246,7 +248,7 @@ def load_rng_state(path: str | Path) -> None:
 # ------------------------------------------------------------------------------ manifest
 def _sha256(file: Path) -> str:
     digest = hashlib.sha256()
-    with file.open("rb") as f:
+    with regular_file(file).open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -259,11 +261,12 @@ def _files(directory: Path) -> list[str]:
 
 
 def write_manifest(directory: str | Path) -> None:
-    """``manifest.json``: size and sha256 of every file of the checkpoint, written last."""
+    """``manifest.json``: size and sha256 of every file of the checkpoint, written last. A link or
+    a special file in it is refused (docs/reliability.md: a folder holds regular files only)."""
     directory = Path(directory)
-    files = {rel: {"size": (directory / rel).stat().st_size, "sha256": _sha256(directory / rel)}
-             for rel in _files(directory)
-             if rel != MANIFEST_NAME and not (directory / rel).is_symlink()}
+    files = {rel: {"size": regular_file(directory / rel, folder=directory).stat().st_size,
+                   "sha256": _sha256(directory / rel)}
+             for rel in _files(directory) if rel != MANIFEST_NAME}
     atomic_write_text(directory / MANIFEST_NAME, json.dumps(
         {"format": _MANIFEST_FORMAT, "files": files}, indent=1) + "\n")
 
@@ -287,14 +290,14 @@ def verify_checkpoint(path: str | Path) -> bool:
     manifest_file = path / MANIFEST_NAME
     if not path.is_dir():
         raise CheckpointError(f"checkpoint not found: {path}")
-    if not manifest_file.is_file():
+    if not has_regular_file(manifest_file, folder=path):
         why = _manifest_expected(path)
         if why:
             raise CheckpointError(f"{path} has no {MANIFEST_NAME} ({why}: incomplete or "
                                   f"tampered); nothing in it was read")
         return False
     try:
-        manifest = json.loads(manifest_file.read_text())
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
         files = manifest["files"]
         if manifest["format"] != _MANIFEST_FORMAT or not all(
                 _plain_relative(rel) and isinstance(e["size"], int) and isinstance(e["sha256"], str)
@@ -304,7 +307,8 @@ def verify_checkpoint(path: str | Path) -> bool:
         raise CheckpointError(f"{manifest_file} is corrupt") from None
     for rel, entry in files.items():
         file = path / rel
-        if file.is_symlink() or not file.is_file():
+        # a link or a FIFO is refused in words of its own, never opened, never called missing
+        if not has_regular_file(file, folder=path):
             raise CheckpointError(f"{path}: {rel} is missing (the manifest lists it)")
         size = file.stat().st_size
         if size != entry["size"]:
@@ -318,6 +322,9 @@ def verify_checkpoint(path: str | Path) -> bool:
     if (path / SHARDED).exists():
         unlisted += [SHARDED] if (path / SHARDED).is_symlink() else [
             rel for rel in (f"{SHARDED}/{r}" for r in _files(path / SHARDED)) if rel not in files]
+    for name in unlisted[:1]:
+        if name in READ_FILES:  # a FIFO or a link there is named as such, never opened
+            has_regular_file(path / name, folder=path)
     if unlisted:
         raise CheckpointError(f"{path}: {unlisted[0]} is not in the manifest (added after it "
                               f"was written?); refusing to read the folder")
@@ -494,10 +501,10 @@ class MetricsLog:
         """The lines :meth:`truncate` keeps; CheckpointError names a malformed line (a line cut
         short by a kill is expected only at the end, and dropped)."""
         path = Path(path)
-        if not path.is_file():
+        if not has_regular_file(path, folder=path.parent):
             return []
         kept = []
-        lines = path.read_text().splitlines()
+        lines = _read_lines(path)
         for number, line in enumerate(lines, 1):
             try:
                 record = json.loads(line)
@@ -517,12 +524,20 @@ class MetricsLog:
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """All records of a run's ``metrics.jsonl``."""
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
+    if not has_regular_file(path, folder=run_dir):
         raise CheckpointError(f"{run_dir} has no metrics.jsonl: not a training run directory")
     records = []
-    for line in path.read_text().splitlines():
+    for line in _read_lines(path):
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             continue
     return records
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path} is not UTF-8 text (byte {exc.start}): not a metrics "
+                              f"log written by tokenformer") from None

@@ -28,6 +28,7 @@ from .files import (
     MARKER,
     atomic_write_text,
     clean_stale_temps,
+    has_regular_file,
     link_error,
     read_marker,
     write_marker,
@@ -170,10 +171,12 @@ _held: dict[Path, list[Any]] = {}  # resolved folder -> [FileLock, depth]: re-en
 def _holder(directory: Path) -> str:
     """The lock holder's pid, from the sidecar it writes right after locking (waited for briefly:
     two runs started at once may ask before the holder has written it)."""
+
     for _ in range(20):
         try:
-            pid = (directory / LOCK_PID).read_text().strip()
-        except OSError:
+            pid = (directory / LOCK_PID).read_text().strip() if has_regular_file(
+                directory / LOCK_PID, folder=directory) else ""
+        except (OSError, ValueError, TokenFormerError):
             pid = ""
         if pid.isdigit():
             return f"pid {pid}"

@@ -33,6 +33,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
+from ..io.files import has_regular_file
 from .config import FIELD_RULES, TokenFormerConfig, check_fields, one_of
 from .lm import (
     CONFIG_NAME,
@@ -272,12 +273,13 @@ def model_class(arch: str) -> type[TokenFormerLM]:
 
 
 def _arch_of(directory: str | Path) -> str:
+
     config_file = Path(directory) / CONFIG_NAME
-    if not config_file.is_file():
+    if not has_regular_file(config_file, folder=directory):
         raise CheckpointError(f"{directory} is not a model directory (no {CONFIG_NAME})")
     try:
-        data = json.loads(config_file.read_text())
-    except json.JSONDecodeError:
+        data = json.loads(config_file.read_text(encoding="utf-8"))
+    except ValueError:  # not JSON, or not UTF-8
         raise CheckpointError(f"{config_file} is not valid JSON") from None
     return data.get("arch", "tokenformer") if isinstance(data, dict) else "tokenformer"
 

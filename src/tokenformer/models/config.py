@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..io.files import atomic_write_text
+from ..io.files import atomic_write_text, regular_file
 from ..nn.pattention import THETA_VARIANTS, default_scale
 
 BLOCK_NORMS = ("none", "weight", "bias", "both")
@@ -308,11 +308,10 @@ class TokenFormerConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> TokenFormerConfig:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        text = path.read_text()
+
+        path = regular_file(path, "config file")
         try:
+            text = path.read_text(encoding="utf-8")
             if path.suffix in (".yaml", ".yml"):
                 data = _read_yaml(text)
             else:

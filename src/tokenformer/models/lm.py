@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import atomic_write, atomic_write_text, save_safetensors
+from ..io.files import atomic_write, atomic_write_text, has_regular_file, save_safetensors
 from ..nn.pattention import Pattention
 from ..nn.pattention import top_k_tokens as _top_k_tokens
 from ..nn.product_keys import ProductKeyPattention
@@ -370,6 +370,7 @@ class TokenFormerLM(nn.Module):
         that has just done so), and the model its config describes against the weights file's
         header and the memory available (:func:`check_buildable`) before any tensor is made."""
 
+
         directory = Path(directory)
         if not directory.exists():
             raise CheckpointError(f"checkpoint not found: {directory}")
@@ -377,7 +378,7 @@ class TokenFormerLM(nn.Module):
 
             verify_checkpoint(directory)
         config_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
-        if not config_file.is_file() or not weights.is_file():
+        if not all([has_regular_file(f, folder=directory) for f in (config_file, weights)]):
             raise CheckpointError(f"{directory} is not a tokenformer model directory "
                                   f"(expected {CONFIG_NAME} and {WEIGHTS_NAME})")
         require_shape_keys(config_file, cls.config_class)

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import atomic_write, safe_torch_load
+from ..io.files import atomic_write, has_regular_file, safe_torch_load
 from ..nn.pattention import kind_names
 from .config import TokenFormerConfig
 
@@ -74,20 +74,21 @@ def _read_state_dict(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any
     """Find and read the weights (and config.json, if any) behind ``path``."""
     config_json = None
     if path.is_dir():
-        if (path / "config.json").is_file():
+        if has_regular_file(path / "config.json", folder=path):
             try:
-                config_json = json.loads((path / "config.json").read_text())
-            except json.JSONDecodeError as exc:
+                config_json = json.loads((path / "config.json").read_text(encoding="utf-8"))
+            except ValueError as exc:  # not JSON, or not UTF-8
                 raise CheckpointError(f"{path / 'config.json'} is malformed: {exc}") from None
         candidates = [path / "pytorch_model.bin", path / "mp_rank_00_model_states.pt"]
         latest = path / "latest"
-        if latest.is_file():
+        if has_regular_file(latest, folder=path):
             tag = latest.read_text(errors="replace").strip()
             if not tag or tag in (".", "..") or "/" in tag or "\\" in tag:
                 raise CheckpointError(f"{latest} names {tag[:80]!r}, not a folder beside it")
             candidates.append(path / tag / "mp_rank_00_model_states.pt")
         candidates += sorted(path.glob("global_step*/mp_rank_00_model_states.pt"))[-1:]
-        found = next((c for c in candidates if c.is_file()), None)
+        found = next((c for c in candidates if has_regular_file(c, "checkpoint", folder=path)),
+                     None)
         if found is None:
             raise CheckpointError(f"{path}: no pytorch_model.bin or DeepSpeed "
                                   f"mp_rank_00_model_states.pt found")

@@ -36,6 +36,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, DataError
 from ..io.checkpoint import verify_checkpoint
+from ..io.files import has_regular_file
 from .baselines import TransformerConfig
 from .config import FIELD_RULES, TokenFormerConfig, check_fields, flops_per_token, one_of
 from .lm import CONFIG_NAME, Block, LayerNorm, TokenFormerLM
@@ -388,10 +389,10 @@ def load_vision_model(directory: str | Path) -> _VisionTransformer:
 
     verify_checkpoint(directory)  # before its config.json is read to pick the class
     config_file = Path(directory) / CONFIG_NAME
-    if not config_file.is_file():
+    if not has_regular_file(config_file, folder=directory):
         raise CheckpointError(f"{directory} is not a vision model directory (no {CONFIG_NAME})")
     try:
-        keys = json.loads(config_file.read_text())
+        keys = json.loads(config_file.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise CheckpointError(f"{config_file} is malformed: {exc}") from None
     return (ViT if "intermediate_size" in keys else TokenFormerViT).load(directory, verify=False)

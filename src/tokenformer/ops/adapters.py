@@ -48,7 +48,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from ..formats.loading import load_model
 from ..io import checkpoint as ckpt
-from ..io.files import atomic_dir, atomic_write_text, save_safetensors
+from ..io.files import atomic_dir, atomic_write_text, has_regular_file, save_safetensors
 from ..models.lm import check_state_dict, check_tensors, header_shapes
 from ..nn.pattention import KINDS, Pattention, kind_names, pattention_kind
 from .growth import grow, grown_tokens
@@ -318,13 +318,14 @@ def read_adapter_config(directory: str | Path) -> dict[str, Any]:
     """The adapter's JSON, after its files were checked against the manifest."""
 
     directory = Path(directory)
-    if not (directory / ADAPTER_CONFIG).is_file() or not (directory / ADAPTER_WEIGHTS).is_file():
+    if not all([has_regular_file(directory / name, folder=directory)
+                for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)]):
         raise CheckpointError(f"{directory} is not an adapter directory (expected "
                               f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
     ckpt.verify_checkpoint(directory)
     try:
-        config = json.loads((directory / ADAPTER_CONFIG).read_text())
-    except (OSError, json.JSONDecodeError):
+        config = json.loads((directory / ADAPTER_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # not JSON, or not UTF-8
         raise CheckpointError(f"{directory / ADAPTER_CONFIG} is corrupt (not JSON)") from None
     if not isinstance(config, dict) or config.get("format") != ADAPTER_FORMAT:
         raise CheckpointError(f"{directory / ADAPTER_CONFIG} is not a {ADAPTER_FORMAT} file")

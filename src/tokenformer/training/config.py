@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..io.files import regular_file
 from ..io.process_group import STRATEGIES
 from ..models.baselines import ARCHS, TransformerConfig
 from ..models.config import NON_NEGATIVE, FieldRule, TokenFormerConfig, check_fields
@@ -259,9 +260,9 @@ def coerce_nested(values: dict[str, Any], key: str) -> dict[str, Any]:
 def config_path(spec: str | Path) -> Path:
     """A YAML file path, or the bare name of a config shipped with the package (``demo``)."""
     path = Path(spec)
-    if path.is_file():
-        return path
     shipped = CONFIGS_DIR / f"{path.stem if path.suffix in ('.yaml', '.yml') else spec}.yaml"
+    if (path.exists() or path.is_symlink()) and not (path.is_dir() and shipped.is_file()):
+        return regular_file(path, "config")  # never a FIFO, nor a folder named like the config
     if shipped.is_file():
         return shipped
     names = ", ".join(sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")))
@@ -274,14 +275,17 @@ def load_config(spec: str | Path | None = None,
     """Load a YAML config (a path or shipped name; ``None`` = defaults) and apply ``overrides``:
     ``{"lr": "3e-4", "model.ffn_tokens": 512}`` (dotted keys reach into ``model`` / ``baseline``;
     string values are parsed as the field's type)."""
-
     data: dict[str, Any] = {}
     if spec is not None:
         path = config_path(spec)
         try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
+            text = path.read_text(encoding="utf-8")
+            data = yaml.safe_load(text)
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"config {path} is malformed: {str(exc).splitlines()[0]}") from None
+        if data is None:  # an empty file (or only comments): a truncated config, never all defaults
+            raise ConfigError(f"config {path} is empty: give the keys to set (an empty mapping "
+                              f"{{}} means every default)")
         if not isinstance(data, dict):
             raise ConfigError(f"config {path} must be a mapping of keys to values")
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}

@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from ...data.tokenizer import BYTES_MARKER, TOKENIZER_FILE
+from ...data.tokenizer import BYTES_MARKER, TOKENIZER_FILE, HFTokenizer
 from ...errors import CheckpointError
 from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
-from ...io.files import atomic_dir, atomic_write_text
+from ...io.files import atomic_dir, atomic_write_text, has_regular_file
 from ...io.outputs import check_output
 from ...models.memory import check_memory
 from ...ops.growth import (
@@ -95,7 +95,7 @@ def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
                          optimizer: torch.optim.Optimizer, growth: dict[str, Any]) -> None:
 
     state_file = source / TRAINER_STATE_FILE
-    if not state_file.is_file():
+    if not has_regular_file(state_file, folder=source):
         return
     state = _read_json(state_file)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -109,8 +109,8 @@ def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # not JSON, or not UTF-8
         raise CheckpointError(f"{path} is corrupt (not JSON)") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path} is not a JSON object")
@@ -119,13 +119,19 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def copy_tokenizer(source: Path, target: Path) -> None:
     """Copy the tokenizer files saved beside a model directory (none for a checkpoint file), so
-    a model derived from it (grown, pruned, merged) keeps its tokenizer."""
+    a model derived from it (grown, pruned, merged) keeps its tokenizer. Each must be a regular
+    file inside the folder (a link is refused, never followed: docs/reliability.md) that parses:
+    an output is never given a tokenizer nothing can load."""
 
     if not source.is_dir():
         return
     for name in (TOKENIZER_FILE, BYTES_MARKER, "tokenizer_config.json",
                  "special_tokens_map.json"):
-        if (source / name).is_file():
+        if has_regular_file(source / name, "tokenizer file", folder=source):
+            if name == TOKENIZER_FILE:
+                HFTokenizer(source / name, folder=source)
+            else:
+                _read_json(source / name)
             shutil.copy2(source / name, target / name)
 
 
@@ -157,7 +163,7 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
     if all("param_names" in g for g in groups):
         return [list(g["param_names"]) for g in groups]
     state_file = directory / TRAINER_STATE_FILE
-    if state_file.is_file():
+    if has_regular_file(state_file, folder=directory):
         value = _read_json(state_file).get("param_groups")
         if (isinstance(value, list) and len(value) == len(groups)
                 and all(isinstance(g, list) for g in value)):

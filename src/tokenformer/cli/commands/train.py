@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ...errors import CheckpointError, ConfigError
 from ...io import checkpoint as ckpt
+from ...io.files import has_regular_file
 from ...io.outputs import check_output
 from ...models.baselines import TransformerConfig
 from ...models.config import TokenFormerConfig
@@ -72,7 +73,7 @@ def run_train(args: argparse.Namespace) -> int:
         if args.config is not None:
             raise ConfigError("--resume continues a run with its own config; drop --config")
         run_dir = Path(args.resume)
-        if not (run_dir / RUN_CONFIG).is_file():
+        if not has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
             raise ConfigError(f"{run_dir} is not a training run directory (no {RUN_CONFIG})")
         overrides["out"] = str(run_dir)
         cfg = load_config(run_dir / RUN_CONFIG, overrides)
