@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from test_cli_sweep import FifoWatch, _tiny_lm
+from test_sweep import FifoWatch, _tiny_lm
 
 from tokenformer.cli import main
 from tokenformer.data.tokenizer import train_bpe
