@@ -298,12 +298,12 @@ def test_million_layers_fail_fast_under_an_address_space_cap(million_layers):
 
 
 def test_model_beyond_available_memory_is_refused_before_building(tmp_path, monkeypatch):
-    """A config that does fit its file is still estimated (grow's check_memory) against the
-    memory available now before any tensor is made."""
-    grow_module = importlib.import_module("tokenformer.ops.growth")
+    """A config that does fit its file is still estimated (models.memory.check_memory) against
+    the memory available now before any tensor is made."""
+    memory = importlib.import_module("tokenformer.models.memory")
     folder = tiny().save(tmp_path / "m")
     forbid_building(monkeypatch)
-    monkeypatch.setattr(grow_module, "_available_memory", lambda: 1000)
+    monkeypatch.setattr(memory, "available_memory", lambda: 1000)
     with pytest.raises(CheckpointError, match=r"config.json: \d[\d,]* parameters need about "
                                               r".* GiB of memory; 0.0 GiB are available"):
         TokenFormerLM.load(folder)

@@ -491,7 +491,7 @@ def test_disk_full_through_transformers_is_said_too():
     from safetensors import SafetensorError
 
     from tokenformer.cli import describe_failure
-    from tokenformer.io.outputs import is_disk_full
+    from tokenformer.errors import is_disk_full
 
     assert describe_failure(SafetensorError(ENOSPC_MESSAGE)) == "no space left on device"
     assert not is_disk_full(SafetensorError("Error while deserializing header: (os error 2)"))

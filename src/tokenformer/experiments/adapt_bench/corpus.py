@@ -8,7 +8,7 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any
 
-from ... import data
+from ...data import datasets as data
 from ...errors import DataError
 
 CODE_PACKAGE, CODE_VERSION = "Jinja2", "3.1.6"
@@ -41,7 +41,7 @@ def code_dataset(cache_dir: str | Path | None = None, progress: bool | None = Tr
     root = Path(cache_dir) if cache_dir is not None else data.default_cache_dir()
     path = root / f"code-{CODE_PACKAGE.lower()}-{CODE_VERSION}-bytes"
     root.mkdir(parents=True, exist_ok=True)
-    with data._file_lock(root / ".code.lock"):
+    with data.file_lock(root / ".code.lock"):
         if (path / data.META_FILE).is_file():
             with contextlib.suppress(DataError):
                 dataset = data.TokenDataset.open(path)
