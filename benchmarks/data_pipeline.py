@@ -18,7 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, log, machine
 
-from tokenformer.data.datasets import default_dataset, kjv_text, unigram_entropy
+from tokenformer.data.corpus import default_dataset, kjv_text
+from tokenformer.data.datasets import unigram_entropy
 
 SHAPES = ((16, 256), (64, 256), (8, 1024))
 

@@ -29,7 +29,7 @@ from common import command_line, log, machine
 
 import tokenformer.hf as H
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.data.datasets import default_dataset
+from tokenformer.data.corpus import default_dataset
 from tokenformer.eval.evaluate import evaluate_text
 from tokenformer.formats.convert import convert_official
 from tokenformer.models.official import save_official

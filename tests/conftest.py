@@ -67,7 +67,8 @@ def theta_kernel_built():
 @pytest.fixture(scope="session")
 def dataset_dir(tmp_path_factory) -> Path:
     """A small byte-level prepared dataset: the first 200 kB of the embedded corpus."""
-    from tokenformer.data.datasets import kjv_text, prepare
+    from tokenformer.data.corpus import kjv_text
+    from tokenformer.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("data")
     (root / "text.txt").write_text(kjv_text()[:200_000])

@@ -90,7 +90,8 @@ def test_constraints_file_pins_the_lowest_tested_versions():
 
 # ------------------------------------------------------------------------------ import graph
 CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.files",
-        "tokenformer.io.checkpoint", "tokenformer.models.memory",
+        "tokenformer.io.checkpoint", "tokenformer.io.paths", "tokenformer.io.untrusted",
+        "tokenformer.models.memory",
         "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.fused",
         "tokenformer.nn.kernels", "tokenformer.nn.product_keys", "tokenformer.models",
         "tokenformer.models.lm", "tokenformer.models.config", "tokenformer.models.official"}

@@ -19,7 +19,7 @@ from tokenformer.cli import main
 from tokenformer.data.tokenizer import train_bpe
 from tokenformer.errors import CheckpointError, PathError
 from tokenformer.io import checkpoint as ckpt
-from tokenformer.io.files import has_regular_file, regular_file
+from tokenformer.io.paths import has_regular_file, regular_file
 from tokenformer.ops import adapters as ad
 
 SECRET = "user's private notes: not a tokenizer, never to be copied into a model\n"
@@ -28,7 +28,8 @@ SECRET = "user's private notes: not a tokenizer, never to be copied into a model
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory) -> dict[str, Path]:
     """A model folder (BPE tokenizer.json beside it), an adapter trained on it, a dataset."""
-    from tokenformer.data.datasets import kjv_text, prepare
+    from tokenformer.data.corpus import kjv_text
+    from tokenformer.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("parts")
     text = kjv_text()[:8_000]

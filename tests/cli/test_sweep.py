@@ -93,7 +93,8 @@ def pristine(tmp_path_factory) -> dict[str, Path]:
     import transformers  # noqa: F401  time limit (seconds on a busy machine)
     from PIL import Image
 
-    from tokenformer.data.datasets import kjv_text, prepare
+    from tokenformer.data.corpus import kjv_text
+    from tokenformer.data.prepare import prepare
     from tokenformer.data.tokenizer import train_bpe
     from tokenformer.models.official import official_config, save_official
     from tokenformer.models.vit import TokenFormerViT, TokenFormerViTConfig

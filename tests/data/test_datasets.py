@@ -18,13 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenformer.cli import main
-from tokenformer.data.datasets import (
-    TokenDataset,
-    default_dataset,
-    kjv_text,
-    prepare,
-    unigram_entropy,
-)
+from tokenformer.data.corpus import default_dataset, kjv_text
+from tokenformer.data.datasets import TokenDataset, unigram_entropy
+from tokenformer.data.prepare import prepare
 from tokenformer.errors import ConfigError, DataError
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"

@@ -110,11 +110,13 @@ def test_cli_eval_text_file_matches_hand_computed(model, model_dir, tmp_path, ca
 
 
 def test_cli_eval_prepared_folder(model, model_dir, tmp_path, capsys):
-    data = pytest.importorskip("tokenformer.data.datasets")
+    from tokenformer.data.datasets import TokenDataset
+    from tokenformer.data.prepare import prepare
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("".join(f"Line of text number {i}.\n" for i in range(200)))
-    data.prepare([corpus], "bytes", tmp_path / "prepared", val_fraction=0.1, progress=False)
-    dataset = data.TokenDataset.open(tmp_path / "prepared")
+    prepare([corpus], "bytes", tmp_path / "prepared", val_fraction=0.1, progress=False)
+    dataset = TokenDataset.open(tmp_path / "prepared")
     assert main(["eval", str(model_dir), "--data", str(tmp_path / "prepared"), "--json",
                  "--seq-len", "64", "--stride", "32"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -103,7 +103,7 @@ def test_variants_share_init_and_data_order(toy_runs, task):
 
 def test_lm_study_on_a_prepared_directory(tmp_path):
     """--data: the user's own corpus instead of the embedded one (here: a 4-letter alphabet)."""
-    from tokenformer.data.datasets import prepare
+    from tokenformer.data.prepare import prepare
 
     (tmp_path / "corpus.txt").write_text("abcd dcba " * 3000)
     prepare([tmp_path / "corpus.txt"], "bytes", tmp_path / "data", progress=False)

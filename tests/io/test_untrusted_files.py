@@ -98,7 +98,7 @@ def test_restricted_loader_stubs_foreign_objects_and_keeps_tensors(tmp_path, mar
     an argparse namespace as an inert stub); the payload beside them is a stub too."""
     import argparse
 
-    from tokenformer.io.files import safe_torch_load
+    from tokenformer.io.untrusted import safe_torch_load
 
     base = torch.arange(12.0).reshape(3, 4)
     obj = OrderedDict(view=base[:, 1:3], param=torch.nn.Parameter(torch.ones(2)),
@@ -123,7 +123,7 @@ def test_torchscript_and_tar_archives_are_refused(tmp_path):
     """torch.load(weights_only=False) would hand these to torch.jit.load / tarfile."""
     import tarfile
 
-    from tokenformer.io.files import safe_torch_load
+    from tokenformer.io.untrusted import safe_torch_load
 
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), tmp_path / "script.pt")
     with pytest.raises(CheckpointError, match="TorchScript"):

@@ -64,7 +64,8 @@ def model_dir(tmp_path_factory) -> Path:
 def bpe_datasets(tmp_path_factory) -> dict[int, Path]:
     """Prepared datasets of a small text with 300- and 1000-token BPE vocabularies: too many
     tokens for the 257-token tiny model (whose embedding has 384 rows)."""
-    from tokenformer.data.datasets import kjv_text, prepare
+    from tokenformer.data.corpus import kjv_text
+    from tokenformer.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("bpe")
     (root / "text.txt").write_text(kjv_text()[:60_000])
@@ -203,11 +204,11 @@ def test_prune_default_corpus_with_a_larger_tokenizer_is_refused(capsys, tmp_pat
                                                                 bpe_datasets, monkeypatch):
     """``prune --tokenizer bpe:300``: the embedded corpus prepared with it (stood in for by the
     small BPE dataset: preparing the whole corpus takes a while) is checked the same way."""
-    from tokenformer.data import datasets as data
+    from tokenformer.data import corpus, datasets
 
     asked = []
-    monkeypatch.setattr(data, "default_dataset", lambda tokenizer, **kw: (
-        asked.append(tokenizer), data.TokenDataset.open(bpe_datasets[300]))[1])
+    monkeypatch.setattr(corpus, "default_dataset", lambda tokenizer, **kw: (
+        asked.append(tokenizer), datasets.TokenDataset.open(bpe_datasets[300]))[1])
     refused(capsys, "prune", model_dir, tmp_path / "p", "--ffn", "64", "--tokenizer", "bpe:300",
             match=f"the data at {bpe_datasets[300]} uses a 300-token vocabulary")
     assert asked == ["bpe:300"] and not (tmp_path / "p").exists()

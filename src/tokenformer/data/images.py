@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, DataError
-from ..io.files import regular_file
+from ..io.paths import regular_file
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

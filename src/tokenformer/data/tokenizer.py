@@ -19,7 +19,8 @@ from tokenizers import Tokenizer as _Tok
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from ..errors import ConfigError
-from ..io.files import atomic_write, atomic_write_text, has_regular_file, regular_file
+from ..io.files import atomic_write, atomic_write_text
+from ..io.paths import has_regular_file, regular_file
 
 TOKENIZER_FILE = "tokenizer.json"
 BYTES_MARKER = "tokenizer_bytes.json"

@@ -36,7 +36,7 @@ from ..data.datasets import TokenDataset
 from ..data.tokenizer import Tokenizer, resolve_tokenizer
 from ..errors import ConfigError, DataError
 from ..formats.loading import load_model
-from ..io.files import regular_file
+from ..io.paths import regular_file
 from ..models.config import TokenFormerConfig
 from ..models.lm import TokenFormerLM
 from .tasks import kjv

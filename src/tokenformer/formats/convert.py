@@ -24,7 +24,8 @@ from ..data.tokenizer import (
 )
 from ..errors import ConfigError
 from ..hf import TokenFormerForCausalLM, save_hf, to_hf_tokenizer
-from ..io.files import atomic_dir, has_regular_file
+from ..io.files import atomic_dir
+from ..io.paths import has_regular_file
 from ..models.lm import TokenFormerLM
 from ..models.official import inexpressible, official_config, save_official
 from .loading import load_model

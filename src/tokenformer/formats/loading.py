@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import has_regular_file
+from ..io.paths import has_regular_file
 from ..models.baselines import load_model_dir
 from ..models.config import PRESETS, TokenFormerConfig
 from ..models.lm import CONFIG_NAME, WEIGHTS_NAME, TokenFormerLM

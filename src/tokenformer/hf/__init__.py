@@ -47,7 +47,8 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from ..data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import atomic_dir, check_folder_files
+from ..io.files import atomic_dir
+from ..io.paths import check_folder_files
 from ..models.lm import TokenFormerLM, check_buildable
 from ..nn.pattention import BLOCK_PATTENTIONS
 from .modeling import (

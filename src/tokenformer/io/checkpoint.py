@@ -37,16 +37,9 @@ from safetensors import safe_open
 from torch import nn
 
 from ..errors import CheckpointError, ConfigError
-from .files import (
-    atomic_dir,
-    atomic_write,
-    atomic_write_text,
-    has_regular_file,
-    read_marker,
-    regular_file,
-    safe_torch_load,
-    save_safetensors,
-)
+from .files import atomic_dir, atomic_write, atomic_write_text, read_marker, save_safetensors
+from .paths import has_regular_file, regular_file
+from .untrusted import safe_torch_load
 
 CHECKPOINTS = "checkpoints"
 FINAL = "final"

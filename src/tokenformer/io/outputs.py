@@ -28,11 +28,11 @@ from .files import (
     MARKER,
     atomic_write_text,
     clean_stale_temps,
-    has_regular_file,
     link_error,
     read_marker,
     write_marker,
 )
+from .paths import has_regular_file
 from .process_group import World, max_across
 
 LOCK = ".tokenformer.lock"

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import has_regular_file
+from ..io.paths import has_regular_file
 from .config import FIELD_RULES, TokenFormerConfig, check_fields, one_of
 from .lm import (
     CONFIG_NAME,

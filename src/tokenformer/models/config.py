@@ -22,7 +22,8 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..io.files import atomic_write_text, regular_file
+from ..io.files import atomic_write_text
+from ..io.paths import regular_file
 from ..nn.pattention import THETA_VARIANTS, default_scale
 
 BLOCK_NORMS = ("none", "weight", "bias", "both")

@@ -22,7 +22,8 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import atomic_write, atomic_write_text, has_regular_file, save_safetensors
+from ..io.files import atomic_write, atomic_write_text, save_safetensors
+from ..io.paths import has_regular_file
 from ..nn.pattention import Pattention
 from ..nn.pattention import top_k_tokens as _top_k_tokens
 from ..nn.product_keys import ProductKeyPattention

@@ -19,7 +19,9 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import atomic_write, has_regular_file, safe_torch_load
+from ..io.files import atomic_write
+from ..io.paths import has_regular_file
+from ..io.untrusted import safe_torch_load
 from ..nn.pattention import kind_names
 from .config import TokenFormerConfig
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, DataError
 from ..io.checkpoint import verify_checkpoint
-from ..io.files import has_regular_file
+from ..io.paths import has_regular_file
 from .baselines import TransformerConfig
 from .config import FIELD_RULES, TokenFormerConfig, check_fields, flops_per_token, one_of
 from .lm import CONFIG_NAME, Block, LayerNorm, TokenFormerLM

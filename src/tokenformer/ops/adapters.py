@@ -48,7 +48,8 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from ..formats.loading import load_model
 from ..io import checkpoint as ckpt
-from ..io.files import atomic_dir, atomic_write_text, has_regular_file, save_safetensors
+from ..io.files import atomic_dir, atomic_write_text, save_safetensors
+from ..io.paths import has_regular_file
 from ..models.lm import check_state_dict, check_tensors, header_shapes
 from ..nn.pattention import KINDS, Pattention, kind_names, pattention_kind
 from .growth import grow, grown_tokens

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
-from ..io.files import regular_file
+from ..io.paths import regular_file
 from ..io.process_group import STRATEGIES
 from ..models.baselines import ARCHS, TransformerConfig
 from ..models.config import NON_NEGATIVE, FieldRule, TokenFormerConfig, check_fields

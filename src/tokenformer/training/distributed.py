@@ -37,8 +37,8 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..io.checkpoint import SHARDED, verify_checkpoint, write_manifest
-from ..io.files import restricted_unpickler
 from ..io.process_group import World, barrier
+from ..io.untrusted import restricted_unpickler
 from ..models.baselines import build_from_dir_config
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..data import datasets
+from ..data import corpus, datasets
 from ..errors import ConfigError
 from ..io.checkpoint import FINAL
 from ..io.files import atomic_write_text
@@ -72,7 +72,7 @@ def open_dataset(cfg: TrainConfig, progress: bool = True) -> Any:
     prepared directory."""
 
     if cfg.data == "default":
-        return datasets.default_dataset(cfg.tokenizer, progress=progress)
+        return corpus.default_dataset(cfg.tokenizer, progress=progress)
     return datasets.TokenDataset.open(cfg.data)
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ...data.datasets import default_dataset, prepare, summary, unigram_entropy
+from ...data.corpus import default_dataset
+from ...data.datasets import summary, unigram_entropy
+from ...data.prepare import prepare
 from ...errors import ConfigError
 from ..options import DeprecatedFlag
 

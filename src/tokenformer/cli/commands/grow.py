@@ -14,8 +14,9 @@ from ...data.tokenizer import BYTES_MARKER, TOKENIZER_FILE, HFTokenizer
 from ...errors import CheckpointError
 from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
-from ...io.files import atomic_dir, atomic_write_text, has_regular_file
+from ...io.files import atomic_dir, atomic_write_text
 from ...io.outputs import check_output
+from ...io.paths import has_regular_file
 from ...models.memory import check_memory
 from ...ops.growth import (
     STRATEGIES,

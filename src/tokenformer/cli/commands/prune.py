@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ...data import datasets as data_
+from ...data import corpus, datasets
 from ...errors import CheckpointError
 from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
@@ -25,8 +25,8 @@ def calibration_ids(model: torch.nn.Module, data: str = "default", tokenizer: st
     """Input ids [B, T] for calibration: evenly spread windows of a prepared dataset's training
     split (``default``: the embedded corpus, prepared with ``tokenizer``)."""
 
-    dataset = (data_.default_dataset(tokenizer, progress=False) if data == "default"
-               else data_.TokenDataset.open(data))
+    dataset = (corpus.default_dataset(tokenizer, progress=False) if data == "default"
+               else datasets.TokenDataset.open(data))
     dataset.check_vocab(model.config.vocab_size, "train")  # as adapt and train check it
     seq = min(batch[1], model.config.max_seq_len)
     windows = next(iter(dataset.eval_windows("train", seq, batch[0], max_batches=1)))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ...errors import CheckpointError, ConfigError
 from ...io import checkpoint as ckpt
-from ...io.files import has_regular_file
 from ...io.outputs import check_output
+from ...io.paths import has_regular_file
 from ...models.baselines import TransformerConfig
 from ...models.config import TokenFormerConfig
 from ...training.config import RUN_CONFIG, TrainConfig, load_config

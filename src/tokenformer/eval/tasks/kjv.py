@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 # absolute: lm-eval loads this file by its path, outside the package
-from tokenformer.data.datasets import kjv_text
+from tokenformer.data.corpus import kjv_text
 
 TAIL_FRACTION = 0.02
 MAX_DOCS = 200

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from ... import __version__
-from ...data.datasets import TokenDataset, default_dataset
+from ...data.corpus import default_dataset
+from ...data.datasets import TokenDataset
 from ...errors import ConfigError, DivergedError
 from ...io.checkpoint import read_metrics
 from ...io.progress import inner_progress

@@ -8,7 +8,7 @@ import importlib.metadata
 from pathlib import Path
 from typing import Any
 
-from ...data import datasets as data
+from ...data import corpus, datasets, prepare
 from ...errors import DataError
 
 CODE_PACKAGE, CODE_VERSION = "Jinja2", "3.1.6"
@@ -38,21 +38,21 @@ def code_text() -> str:
 def code_dataset(cache_dir: str | Path | None = None, progress: bool | None = True) -> Any:
     """The code corpus byte-tokenized (the KJV base's tokenizer), last 10 % held out, cached
     beside the embedded corpus."""
-    root = Path(cache_dir) if cache_dir is not None else data.default_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else corpus.default_cache_dir()
     path = root / f"code-{CODE_PACKAGE.lower()}-{CODE_VERSION}-bytes"
     root.mkdir(parents=True, exist_ok=True)
-    with data.file_lock(root / ".code.lock"):
-        if (path / data.META_FILE).is_file():
+    with corpus.file_lock(root / ".code.lock"):
+        if (path / datasets.META_FILE).is_file():
             with contextlib.suppress(DataError):
-                dataset = data.TokenDataset.open(path)
+                dataset = datasets.TokenDataset.open(path)
                 if dataset.meta.get("sources") == [CODE_SOURCE]:
                     return dataset
         text = code_text()
-        doc = data.Document(CODE_SOURCE, len(text.encode("utf-8")), lambda: text)
-        return data.prepare_documents([doc], "bytes", path, val_fraction=0.1, progress=progress,
+        doc = prepare.Document(CODE_SOURCE, len(text.encode("utf-8")), lambda: text)
+        return prepare.prepare_documents([doc], "bytes", path, val_fraction=0.1, progress=progress,
                                       overwrite=True, sources=[CODE_SOURCE])
 
 
 def kjv_dataset(progress: bool | None) -> Any:
     """The embedded King James Bible, byte-tokenized: the bases' pretraining corpus."""
-    return data.default_dataset("bytes", progress=progress)
+    return corpus.default_dataset("bytes", progress=progress)

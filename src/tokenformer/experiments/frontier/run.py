@@ -30,9 +30,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ... import __version__
-from ...data.datasets import TokenDataset, default_dataset
+from ...data.corpus import default_dataset
+from ...data.datasets import TokenDataset
 from ...errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
-from ...io.files import atomic_write, atomic_write_text, safe_torch_load
+from ...io.files import atomic_write, atomic_write_text
+from ...io.untrusted import safe_torch_load
 from ...models.baselines import TransformerConfig, model_class
 from ...models.config import TokenFormerConfig
 from ...nn import kernels

