@@ -38,15 +38,23 @@ def test_the_layer_contracts_hold():
         assert contract in done.stdout
 
 
-def test_an_upward_import_breaks_the_layers_contract(tmp_path):
-    """nn/ is below training/: an import of the trainer from Pattention's module must fail the
-    contracts, naming that import."""
+def lint_with_an_added_import(tmp_path: Path, module: str, line: str
+                              ) -> subprocess.CompletedProcess:
+    """The contracts on a copy of the package whose ``module`` (a path below tokenformer/) ends
+    with the import ``line``."""
     shutil.copytree(SRC / "tokenformer", tmp_path / "src" / "tokenformer",
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    module = tmp_path / "src" / "tokenformer" / "nn" / "pattention.py"
-    module.write_text(module.read_text() + "\nfrom ..training.loop import fit  # noqa: E402\n")
-    done = lint_imports(tmp_path, tmp_path / "src")
+    path = tmp_path / "src" / "tokenformer" / module
+    path.write_text(path.read_text() + f"\n{line}  # noqa: E402\n")
+    return lint_imports(tmp_path, tmp_path / "src")
+
+
+def test_an_upward_import_breaks_the_layers_contract(tmp_path):
+    """nn/ is below training/: an import of the trainer from Pattention's module must fail the
+    contracts, naming that import."""
+    done = lint_with_an_added_import(tmp_path, "nn/pattention.py",
+                                     "from ..training.loop import fit")
     assert done.returncode != 0
     assert "layers: each imports only from the layers below it BROKEN" in done.stdout
     assert "tokenformer.nn.pattention -> tokenformer.training.loop" in done.stdout
@@ -55,12 +63,8 @@ def test_an_upward_import_breaks_the_layers_contract(tmp_path):
 def test_a_cycle_inside_a_folder_breaks_the_contracts(tmp_path):
     """models/official.py importing the LM (models/lm.py imports it) is a cycle between two
     modules of one folder, which the layers alone do not see."""
-    shutil.copytree(SRC / "tokenformer", tmp_path / "src" / "tokenformer",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    module = tmp_path / "src" / "tokenformer" / "models" / "official.py"
-    module.write_text(module.read_text() + "\nfrom .lm import TokenFormerLM  # noqa: E402\n")
-    done = lint_imports(tmp_path, tmp_path / "src")
+    done = lint_with_an_added_import(tmp_path, "models/official.py",
+                                     "from .lm import TokenFormerLM")
     assert done.returncode != 0
     assert "no import cycles: the modules of every folder import each other one way BROKEN" \
         in done.stdout
