@@ -124,7 +124,7 @@ def test_new_heads_are_copies_of_old_heads() -> None:
 
 def test_width_refuses_what_it_cannot_do_exactly() -> None:
     model = tokenformer()
-    with pytest.raises(GrowthError, match="not a whole multiple of 32.*64, 96, 128"):
+    with pytest.raises(GrowthError, match=r"not a whole multiple of 32.*64, 96, 128"):
         grow(model, hidden=48)
     with pytest.raises(GrowthError, match="whole multiple"):
         grow(model, hidden="1.5x")
@@ -280,6 +280,18 @@ def test_stack_refusals_and_product_keys() -> None:
     with pytest.raises(GrowthError, match="product-key"):
         grow(product, layers=3)
     assert grow(product, layers=3, strategy="official").config.num_layers == 3
+
+
+def test_an_inserted_block_never_shares_storage_even_with_copy_false() -> None:
+    """copy=False shares what does not grow with the input model, but an inserted block's tensors
+    copied from its template (block norms here) are its own: the old code handed both blocks one
+    storage, so every update of one parameter moved the other."""
+    model = trained_like(tokenformer(block_norm="both"))
+    grown = grow(model, layers=3, copy=False)  # old0 new old1: block 1 is templated on block 0
+    template, inserted = grown.layers[0].input_layernorm, grown.layers[1].input_layernorm
+    assert torch.equal(template.weight, inserted.weight)
+    assert template.weight.data_ptr() != inserted.weight.data_ptr()
+    assert template.weight.data_ptr() == model.layers[0].input_layernorm.weight.data_ptr()
 
 
 def test_identity_blocks_of_a_baseline_are_exact_and_train() -> None:

@@ -232,9 +232,12 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
     old parameter of the same name (so weight-decay groups survive). Per-parameter state tensors
     shaped like the parameter (AdamW's ``exp_avg``/``exp_avg_sq``) keep their old rows, new rows
     are zero; scalar state (``step``) is kept. A block inserted by depth growth gets zero moments
-    and the step count of the block before it. ``reset_optimizer=True`` gives fresh state (what
-    the released code does). With ``copy=False`` state that does not grow is shared with
-    ``optimizer``, which must then be discarded.
+    and the step count of the block before it; a stacked block (``how="stack"``) a copy of its
+    source block's state. Width growth tiles every moment like the gradient it averages and
+    scales it as that gradient scales: ``exp_avg`` by r⁻ᶜ, ``exp_avg_sq`` by r⁻²ᶜ, c the number of
+    copied (not split) axes (:mod:`tokenformer.ops.cloning`). ``reset_optimizer=True`` gives
+    fresh state (what the released code does). With ``copy=False`` state that does not grow is
+    shared with ``optimizer``, which must then be discarded.
 
     ``new_row_moments="mean"`` starts the second moment (``exp_avg_sq``) of every new row at the
     mean over the old rows of the same tensor (per column) instead of zero; the first moment

@@ -214,8 +214,16 @@ def run(args: argparse.Namespace) -> None:
     rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
     optimizer = ("reset" if summary["reset_optimizer"] else "carried over") \
         if summary["optimizer"] else "none found"
-    depth = f", {summary['how']} blocks" if args.layers is not None else ""
-    print(f"grew {args.checkpoint} -> {summary['out']} ({summary['strategy']}{depth})")
+    parts = []
+    if args.hidden is not None:
+        noise = f", noise {args.width_noise:g}" if args.width_noise else ""
+        parts.append(f"width {args.hidden} by duplication{noise}")
+    if args.layers is not None:
+        parts.append(f"layers {args.layers} " + ("stacked" if args.how == "stack" else
+                                                  f"by inserted blocks ({args.strategy})"))
+    if any(getattr(args, kind) is not None for kind in ("qkv", "proj", "ffn")):
+        parts.append(f"{args.strategy} tokens")
+    print(f"grew {args.checkpoint} -> {summary['out']} ({'; '.join(parts) or 'a copy'})")
     for line in size_lines(summary["config_before"], summary["grown_config"]):
         print(line)
     print(f"max |Δlogit| {summary['max_abs_logit_change']:.3g} on a fixed 2x32 probe batch "
