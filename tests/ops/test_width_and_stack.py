@@ -399,6 +399,16 @@ def test_cli_refuses_in_one_line_and_writes_nothing(checkpoint, tmp_path, capsys
     assert not out.exists()
 
 
+def test_cli_output_is_positional_or_out_not_two(checkpoint, tmp_path, capsys) -> None:
+    assert main(["grow", str(checkpoint), str(tmp_path / "a"), "--out", str(tmp_path / "b"),
+                 "--hidden", "2x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "two outputs" in err and "\n" not in err
+    assert main(["grow", str(checkpoint), "--hidden", "2x"]) == 2
+    assert "output directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
 def test_cli_refuses_widening_a_product_key_model(tmp_path, capsys) -> None:
     source = tmp_path / "pk"
     tokenformer(ffn_tokens=64, ffn_keys="product", ffn_product_k=8).save(source)

@@ -221,7 +221,9 @@ def run(args: argparse.Namespace) -> None:
     if args.layers is not None:
         parts.append(f"layers {args.layers} " + ("stacked" if args.how == "stack" else
                                                   f"by inserted blocks ({args.strategy})"))
-    if any(getattr(args, kind) is not None for kind in ("qkv", "proj", "ffn")):
+    if not hasattr(summary["config_before"], "qkv_tokens") and args.ffn is not None:
+        parts.append(f"mlp {args.ffn} by duplication")  # a baseline: no parameter tokens
+    elif any(getattr(args, kind) is not None for kind in ("qkv", "proj", "ffn")):
         parts.append(f"{args.strategy} tokens")
     print(f"grew {args.checkpoint} -> {summary['out']} ({'; '.join(parts) or 'a copy'})")
     for line in size_lines(summary["config_before"], summary["grown_config"]):
