@@ -138,6 +138,8 @@ def test_width_refuses_what_it_cannot_do_exactly() -> None:
     with pytest.raises(GrowthError, match="width_noise"):
         grow(model, ffn="2x", width_noise=0.1)  # no width growth to break the symmetry of
     with pytest.raises(GrowthError, match="width_noise"):
+        grow(model, hidden="1x", heads=4, width_noise=0.1)  # 1x duplicates nothing
+    with pytest.raises(GrowthError, match="width_noise"):
         grow(model, hidden="2x", width_noise=-1.0)
     product = tokenformer(ffn_tokens=64, ffn_keys="product", ffn_product_k=8)
     with pytest.raises(GrowthError, match="product-key"):

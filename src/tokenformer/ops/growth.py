@@ -481,7 +481,7 @@ def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | 
         if product and r > 1:
             raise GrowthError(product_key_refusal("widen"))
         config = widened_config(config, r, heads, r_ffn)
-    elif width_noise:
+    if width_noise and r == r_ffn == 1:
         raise GrowthError("width_noise breaks the symmetry of duplicated units: it needs a width "
                           "growth (hidden=2x, or ffn= of a Transformer baseline)")
     new_layers = resolve_size(layers, config.num_layers, "layers")
