@@ -543,8 +543,8 @@ def test_cli_grow(checkpoint, tmp_path, capsys) -> None:
     (["--ffn", "12"], "cannot shrink"),
     (["--ffn", "two"], "malformed"),
     (["--qkv", "1.3x"], "whole number"),
-    (["--hidden", "64"], "hidden size"),
-    (["--heads", "8"], "heads"),
+    (["--hidden", "48"], "not a whole multiple"),
+    (["--heads", "8"], "head size"),
     (["--vocab", "500"], "vocabulary"),
     (["--layers", "3", "--positions", "7"], "positions"),
 ])

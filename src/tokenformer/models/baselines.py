@@ -34,7 +34,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
 from ..io.paths import has_regular_file
-from .config import FIELD_RULES, TokenFormerConfig, check_fields, one_of
+from .config import FIELD_RULES, TokenFormerConfig, check_fields, embedding_parameters, one_of
 from .lm import (
     CONFIG_NAME,
     Attention,
@@ -43,6 +43,7 @@ from .lm import (
     RotaryEmbedding,
     TokenFormerLM,
     check_buildable,
+    output_head,
 )
 
 ARCHS = ("tokenformer", "transformer", "transformer++")
@@ -77,6 +78,8 @@ class TransformerConfig:
     """biases in the linear layers (None: True for transformer, False for transformer++)"""
     layernorm_eps: float = 1e-5
     """norm ε"""
+    tie_embeddings: bool = True
+    """the output head is the embedding matrix; false: a separate [padded vocab, hidden] head"""
     vocab_multiple: int = 128
     """the embedding's rows are rounded up to a multiple of this"""
     init_std: float = 0.02
@@ -127,7 +130,7 @@ class TransformerConfig:
         """Exact parameter count, from shapes alone (nothing is allocated)."""
         final_norm = self.hidden_size if self.gated else 2 * self.hidden_size
         body = self.num_layers * self.block_parameters() + final_norm
-        return body if non_embedding else body + self.padded_vocab_size * self.hidden_size
+        return body if non_embedding else body + embedding_parameters(self)
 
     def projection_flops(self) -> tuple[float, float]:
         """Forward FLOPs per token of one block's Q/K/V/O Linears and MLP (for flops_per_token)."""
@@ -220,6 +223,7 @@ class TransformerLM(TokenFormerLM):
         self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(TransformerBlock(config, i) for i in range(config.num_layers))
         self.final_norm = _norm(config, "both")
+        self.lm_head = output_head(config)
         self.rotary = RotaryEmbedding(config.rotary_dim, config.max_seq_len, config.rotary_base)
         nn.init.normal_(self.word_embeddings.weight, std=config.init_std)
 

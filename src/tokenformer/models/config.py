@@ -194,6 +194,9 @@ class TokenFormerConfig:
     """LayerNorm ε"""
     block_norm: str = "none"
     """learnable parts of the block LayerNorms: none (official), weight, bias or both"""
+    tie_embeddings: bool = True
+    """the output head is the embedding matrix (official); false: a separate [padded vocab,
+    hidden] head"""
     vocab_multiple: int = 128
     """the embedding's rows are rounded up to a multiple of this"""
     init_std: float = 0.02
@@ -266,7 +269,7 @@ class TokenFormerConfig:
     def num_parameters(self, non_embedding: bool = False) -> int:
         """Exact parameter count, from shapes alone (nothing is allocated)."""
         body = self.num_layers * self.block_parameters() + 2 * self.hidden_size
-        return body if non_embedding else body + self.padded_vocab_size * self.hidden_size
+        return body if non_embedding else body + embedding_parameters(self)
 
     def projection_flops(self) -> tuple[float, float]:
         """Forward FLOPs per token of one block's attention Pattentions and FFN Pattention."""
@@ -342,6 +345,13 @@ def _read_yaml(text: str) -> Any:
                                  re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
                                  list("-+0123456789."))
     return yaml.load(text, Loader=Loader)  # a SafeLoader: builds plain data only
+
+
+def embedding_parameters(config: Any) -> int:
+    """The embedding table, and the output head when it is not tied to it (both [padded vocab,
+    hidden]): what ``num_parameters(non_embedding=True)`` leaves out."""
+    tables = 1 if getattr(config, "tie_embeddings", True) else 2
+    return tables * config.padded_vocab_size * config.hidden_size
 
 
 def _official(L: int, d: int, heads: int, qkv: int, proj: int, ffn: int, seq: int) -> dict:

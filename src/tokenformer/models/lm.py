@@ -242,6 +242,16 @@ class BodyOutput:
     hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
+def output_head(config: Any) -> nn.Linear | None:
+    """None when the head is the embedding matrix (``tie_embeddings``, the official layout), else
+    a bias-free [padded vocab, hidden] Linear with the embedding's init."""
+    if getattr(config, "tie_embeddings", True):
+        return None
+    head = nn.Linear(config.hidden_size, config.padded_vocab_size, bias=False)
+    nn.init.normal_(head.weight, std=config.init_std)
+    return head
+
+
 class TokenFormerLM(nn.Module):
     """TokenFormer language model (official architecture, spec §2).
 
@@ -258,6 +268,7 @@ class TokenFormerLM(nn.Module):
         self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config, i) for i in range(config.num_layers))
         self.final_norm = LayerNorm(config.hidden_size, config.layernorm_eps, "both")
+        self.lm_head = output_head(config)
         self.rotary = RotaryEmbedding(config.rotary_dim, config.max_seq_len, config.rotary_base)
         nn.init.normal_(self.word_embeddings.weight, std=config.init_std)
 
@@ -285,7 +296,8 @@ class TokenFormerLM(nn.Module):
         x = body.last_hidden_state
         if logits_to_keep > 0:
             x = x[:, -logits_to_keep:]
-        logits = F.linear(x, self.word_embeddings.weight)
+        head = self.word_embeddings if self.lm_head is None else self.lm_head
+        logits = F.linear(x, head.weight)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
@@ -342,7 +354,10 @@ class TokenFormerLM(nn.Module):
     # ------------------------------------------------------------------ sizes
     def num_parameters(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
-        return n - self.word_embeddings.weight.numel() if non_embedding else n
+        if non_embedding:  # the embedding table, and an untied head (as num_parameters counts)
+            n -= self.word_embeddings.weight.numel()
+            n -= self.lm_head.weight.numel() if self.lm_head is not None else 0
+        return n
 
     def pattentions(self) -> dict[str, Pattention]:
         """Every Pattention by qualified name (what growth and inspection iterate over)."""

@@ -45,6 +45,14 @@ the branch identically zero; they start training on step 2. A lone token (count 
 ``official`` inserts freshly initialised blocks. Non-Pattention tensors of a new block (norm
 weights, if any) are copied from the block before it.
 
+Width (``hidden=``, :mod:`tokenformer.ops.cloning`): the hidden size times a whole number r by
+duplication (HyperCloning), heads r·H of the old size, exact for every Θ variant, tied or untied
+head, TokenFormer and the Transformer baselines (whose ``ffn=`` is then the MLP width, duplicated
+the same way). Stacking (``how="stack"``, G_stack of "Stacking Your Transformers", Du et al.
+2024): block i of the grown model is a copy of old block i mod L, the whole trained stack repeated
+in order ([0..L−1, 0..L−1] for 2x); not function-preserving. A request runs as up to three
+stages, each carrying the optimizer: width, then stacking, then tokens and identity blocks.
+
 The grown model is a new instance of the same class (``type(model)(new_config)``), so the same code
 grows :class:`~tokenformer.TokenFormerLM` and the vision model; the input model is not modified.
 :func:`grow_with_optimizer` also returns an optimizer carrying the AdamW moments over.
@@ -57,6 +65,7 @@ import inspect
 import math
 import numbers
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,24 +74,27 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import GrowthError
+from ..models.baselines import TransformerConfig
+from ..models.config import TokenFormerConfig
 from ..nn.pattention import KINDS, Pattention, default_scale, kind_names
+from .cloning import carry_moment, product_key_refusal, widen_tensor, widened_config, width_axes
 
 STRATEGIES = ("exact", "paper", "official")
+# Depth: insert identity blocks (between the old ones, at positions) or stack the trained blocks.
+HOWS = ("identity", "stack")
 # The Pattentions whose output is added to the residual stream: zero them for an identity block.
 BRANCH_OUTPUTS = kind_names("proj") + kind_names("ffn")
 
 _CANNOT_GROW = {
-    "hidden size": "the hidden size is the width of every token (the residual stream, the "
-                   "embeddings and every key and value parameter token), so adding parameter "
-                   "tokens cannot change it",
-    "number of heads": "heads split the hidden size inside the token-token attention, which has "
-                       "no parameter tokens, so adding tokens cannot change how many there are",
+    "hidden size": "grow the hidden size with hidden= (a whole multiple like '2x': width by "
+                   "duplication)",
+    "number of heads": "heads follow the hidden size (heads= may only restate r·heads: the "
+                       "head size is kept)",
     "vocabulary": "the vocabulary is the embedding table fixed by the tokenizer, not a "
                   "Pattention, so adding parameter tokens cannot change it",
 }
-_ALIASES = {"hidden": "hidden size", "hidden_size": "hidden size", "d_model": "hidden size",
-            "width": "hidden size", "heads": "number of heads", "num_heads": "number of heads",
-            "vocab": "vocabulary", "vocab_size": "vocabulary"}
+_ALIASES = {"hidden_size": "hidden size", "d_model": "hidden size", "width": "hidden size",
+            "num_heads": "number of heads", "vocab": "vocabulary", "vocab_size": "vocabulary"}
 _MULTIPLIER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*[xX×]\s*$")
 
 
@@ -124,6 +136,28 @@ def resolve_size(spec: int | str | None, current: int, what: str) -> int:
     return new
 
 
+def width_factor(spec: int | str | None, current: int, what: str) -> int:
+    """The whole multiple r a width request asks for: ``"2x"``, ``"4x"``, or an absolute size
+    that is r times ``current``; None is 1. Anything else is one GrowthError saying what is
+    possible (768 → 1024 is not: duplication makes whole copies)."""
+    if spec is None:
+        return 1
+    request = size_request(spec, current)
+    if request is None:
+        raise GrowthError(f"{what}: malformed size {spec!r}; give a whole multiple like '2x' or "
+                          f"a size like {2 * current}")
+    if request < current:
+        raise GrowthError(f"{what}: cannot shrink from {current} to {request:g}; width growth "
+                          f"only duplicates units (a factor of at least 1x)")
+    ratio = request / current
+    if abs(ratio - round(ratio)) > 1e-9:
+        raise GrowthError(
+            f"{what}: {current} → {request:g} is not a whole multiple of {current}; width growth "
+            f"duplicates every unit, so the new size must be {current}·r "
+            f"({', '.join(str(current * r) for r in (2, 3, 4))}, ...)")
+    return round(ratio)
+
+
 def default_positions(old_layers: int, new_layers: int) -> list[int]:
     """Indices in the grown model of ``new_layers - old_layers`` inserted blocks, spread evenly:
     old block i is followed by round((i+1)·k/L) − round(i·k/L) new ones (k added, L old)."""
@@ -147,27 +181,43 @@ class _Growth:
     # counts come from there, while its contents are new.
     source: dict[str, str]
     inserted: set[str]
+    # How an optimizer state tensor of a parameter carries over, when not by rows:
+    # carry(new name, state key, old value) -> new value (width: tiled and rescaled moments;
+    # stacking: copies).
+    carry: Callable[[str, str, torch.Tensor], torch.Tensor] | None = None
 
 
 def grow(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | None = None,
-         ffn: int | str | None = None, layers: int | str | None = None, strategy: str = "exact",
-         positions: list[int] | None = None, generator: torch.Generator | None = None,
-         copy: bool = True, progress: bool = False, **unsupported: object) -> nn.Module:
+         ffn: int | str | None = None, layers: int | str | None = None,
+         hidden: int | str | None = None, heads: int | None = None, how: str = "identity",
+         width_noise: float = 0.0, strategy: str = "exact", positions: list[int] | None = None,
+         generator: torch.Generator | None = None, copy: bool = True, progress: bool = False,
+         **unsupported: object) -> nn.Module:
     """Return a larger copy of ``model`` (same class); ``model`` itself is left untouched.
 
     ``qkv``/``proj``/``ffn``: new token count of those Pattentions, absolute (``1536``) or a
-    multiplier (``"2x"``); ``layers``: new total block count, new blocks at ``positions`` (indices
-    in the grown model, default spread evenly). ``strategy`` is ``exact`` (function preserved),
-    ``paper`` or ``official``; the module docstring gives the math. ``generator`` (a CPU
-    ``torch.Generator``) seeds the new random rows. ``copy=False`` shares every tensor that does
+    multiplier (``"2x"``); for a Transformer baseline ``ffn`` is its MLP width, a whole multiple.
+    ``hidden``: a whole multiple of the hidden size (``"2x"``, or ``1536`` from 768), by exact
+    duplication; ``heads`` follows it (r·H, head size kept). ``width_noise``: std, relative to
+    each tensor's RMS, of the zero-sum noise that breaks the copies' symmetry
+    (:mod:`tokenformer.ops.cloning`; still exact). ``layers``: new total block count;
+    ``how="identity"`` inserts identity blocks at ``positions`` (indices in the grown model,
+    default spread evenly), ``how="stack"`` repeats the trained stack in order (block i = old
+    block i mod L). ``strategy`` is ``exact`` (function preserved), ``paper`` or ``official`` for
+    new tokens and inserted blocks; the module docstring gives the math. ``generator`` (a CPU
+    ``torch.Generator``) seeds every random draw. ``copy=False`` shares every tensor that does
     not grow with ``model`` instead of copying it (half the memory traffic; training the grown
     model then changes ``model``, so only use it when ``model`` is discarded). Raises
-    :class:`GrowthError` for shrinking, malformed sizes, or requests to grow what tokens cannot
-    grow (hidden size, heads, vocabulary).
+    :class:`GrowthError` for shrinking, malformed or impossible sizes (non-whole width
+    multiples, heads that change the head size), or requests to grow what cannot grow.
     """
-    return _grow(model, qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
-                 positions=positions, generator=generator, copy=copy, progress=progress,
-                 unsupported=unsupported).model
+    grown = model
+    for _, growth in _growths(model, qkv=qkv, proj=proj, ffn=ffn, layers=layers, hidden=hidden,
+                              heads=heads, how=how, width_noise=width_noise, strategy=strategy,
+                              positions=positions, generator=generator, copy=copy,
+                              progress=progress, unsupported=unsupported):
+        grown = growth.model
+    return grown
 
 
 NEW_ROW_MOMENTS: tuple[str, ...] = ("zero", "mean")
@@ -182,9 +232,12 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
     old parameter of the same name (so weight-decay groups survive). Per-parameter state tensors
     shaped like the parameter (AdamW's ``exp_avg``/``exp_avg_sq``) keep their old rows, new rows
     are zero; scalar state (``step``) is kept. A block inserted by depth growth gets zero moments
-    and the step count of the block before it. ``reset_optimizer=True`` gives fresh state (what
-    the released code does). With ``copy=False`` state that does not grow is shared with
-    ``optimizer``, which must then be discarded.
+    and the step count of the block before it; a stacked block (``how="stack"``) a copy of its
+    source block's state. Width growth tiles every moment like the gradient it averages and
+    scales it as that gradient scales: ``exp_avg`` by r⁻ᶜ, ``exp_avg_sq`` by r⁻²ᶜ, c the number of
+    copied (not split) axes (:mod:`tokenformer.ops.cloning`). ``reset_optimizer=True`` gives
+    fresh state (what the released code does). With ``copy=False`` state that does not grow is
+    shared with ``optimizer``, which must then be discarded.
 
     ``new_row_moments="mean"`` starts the second moment (``exp_avg_sq``) of every new row at the
     mean over the old rows of the same tensor (per column) instead of zero; the first moment
@@ -195,16 +248,54 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
     if new_row_moments not in NEW_ROW_MOMENTS:
         raise GrowthError(f"new_row_moments must be one of {', '.join(NEW_ROW_MOMENTS)}, "
                           f"got {new_row_moments!r}")
-    growth = _grow(model, **grow_kwargs)  # type: ignore[arg-type]
+    known = set(inspect.signature(grow).parameters) - {"model", "unsupported"}
+    unsupported = {k: grow_kwargs.pop(k) for k in list(grow_kwargs) if k not in known}
     copy = bool(grow_kwargs.get("copy", True))
-    return growth.model, _carry_optimizer(model, optimizer, growth, reset_optimizer, copy,
-                                          new_row_moments)
+    grown = model
+    for old, growth in _growths(model, unsupported=unsupported,
+                                **grow_kwargs):  # type: ignore[arg-type]
+        optimizer = _carry_optimizer(old, optimizer, growth, reset_optimizer, copy,
+                                     new_row_moments)
+        grown, copy = growth.model, False  # later stages own their input: nothing to protect
+    return grown, optimizer
+
+
+def _growths(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, hidden=None,
+             heads=None, how="identity", width_noise=0.0, strategy="exact", positions=None,
+             generator=None, copy=True, progress=False, unsupported=None
+             ) -> Iterator[tuple[nn.Module, _Growth]]:
+    """The stages of one growth request, each (its input model, its growth): width, then stacking,
+    then tokens and identity blocks (a same-size copy when nothing is asked). Everything is
+    checked (:func:`plan_growth`) before the first stage runs."""
+    refuse_unsupported(unsupported or {})
+    config = model.config
+    plan_growth(config, qkv=qkv, proj=proj, ffn=ffn, layers=layers, hidden=hidden, heads=heads,
+                how=how, width_noise=width_noise, strategy=strategy, positions=positions)
+    baseline = isinstance(config, TransformerConfig)
+    r = width_factor(hidden, config.hidden_size, "hidden")
+    r_ffn = width_factor(ffn, config.intermediate_size, "ffn") if baseline else 1
+    current, stages = model, 0
+    if r > 1 or r_ffn > 1:
+        growth = _widen(current, r, heads, r_ffn, width_noise, generator, copy, progress)
+        yield current, growth
+        current, copy, stages = growth.model, False, stages + 1
+    new_layers = resolve_size(layers, config.num_layers, "layers")
+    if how == "stack" and new_layers > config.num_layers:
+        growth = _stack(current, new_layers, copy, progress)
+        yield current, growth
+        current, copy, stages = growth.model, False, stages + 1
+    tokens = not baseline and any(spec is not None for spec in (qkv, proj, ffn))
+    if tokens or (how == "identity" and new_layers > config.num_layers) or not stages:
+        yield current, _grow(current, qkv=None if baseline else qkv,
+                             proj=None if baseline else proj, ffn=None if baseline else ffn,
+                             layers=layers if how == "identity" else None, strategy=strategy,
+                             positions=positions, generator=generator, copy=copy,
+                             progress=progress)
 
 
 def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strategy="exact",
-          positions=None, generator=None, copy=True, progress=False, unsupported=None
-          ) -> _Growth:
-    refuse_unsupported(unsupported or {})
+          positions=None, generator=None, copy=True, progress=False) -> _Growth:
+    """Tokens and identity blocks (the stage :func:`grow` has always had)."""
     config = model.config
     new_config = plan_growth(config, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
                              strategy=strategy, positions=positions)
@@ -228,17 +319,87 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
             return _new_block_tokens(module, old, branch, generator)
         return grown_tokens(old, module, strategy, generator, copy)
 
-    return rebuild(model, new_config, tokens_for, source_of, copy=copy, progress=progress,
-                   desc="grow")
+    growth = rebuild(model, new_config, tokens_for, source_of, copy=copy, progress=progress,
+                     desc="grow")
+    if isinstance(config, TransformerConfig):  # Linear blocks: no Pattention to hand to tokens_for
+        for index in sorted(inserted_layers):
+            _init_linear_block(growth.model.layers[index], new_config, strategy, generator)
+    return growth
+
+
+def _init_linear_block(block: nn.Module, config: Any, strategy: str,
+                       generator: torch.Generator | None) -> None:
+    """A Transformer baseline's inserted block: Linear weights drawn with the model's init, biases
+    zero; under exact/paper its two branch outputs (attention.proj, mlp.down) are zero, so the
+    block is the identity (their gradients are not zero: they train from step 1)."""
+    with torch.no_grad():
+        for name, module in block.named_modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            branch = name in ("attention.proj", "mlp.down")
+            if branch and strategy != "official":
+                module.weight.zero_()
+            else:
+                std = config.value_init_std if branch else config.init_std
+                _fill_normal(module.weight, std, generator)
+            if module.bias is not None:
+                module.bias.zero_()
+
+
+def _widen(model: nn.Module, r: int, heads: int | None, r_ffn: int, noise: float,
+           generator: torch.Generator | None, copy: bool, progress: bool) -> _Growth:
+    """Width by duplication (:mod:`tokenformer.ops.cloning`); every tensor is new."""
+    axes = width_axes(model)
+    factors = {"d": r, "f": r_ffn}
+    new_config = widened_config(model.config, r, heads, r_ffn)
+
+    def widen(name: str, old: torch.Tensor) -> torch.Tensor:
+        return widen_tensor(old, axes.get(name, ()), factors, noise, generator)
+
+    def tokens_for(name: str, module: Pattention, old: Pattention
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        return (widen(f"{name}.key_param_tokens", old.key_param_tokens),
+                widen(f"{name}.value_param_tokens", old.value_param_tokens))
+
+    growth = rebuild(model, new_config, tokens_for, tensor_for=widen, copy=copy,
+                     progress=progress, desc="widen")
+    growth.carry = lambda name, key, value: carry_moment(axes[name], factors)(key, value)
+    return growth
+
+
+def _stack(model: nn.Module, new_layers: int, copy: bool, progress: bool) -> _Growth:
+    """G_stack: block i of the grown model is a copy of old block i mod L (the copies beyond the
+    first L count as inserted); the optimizer state of each copy is a copy of its source's."""
+    old_layers = model.config.num_layers
+    prefix = _layers_prefix(model)
+
+    def source_of(name: str) -> tuple[str, bool]:
+        if not name.startswith(prefix):
+            return name, False
+        index, rest = name[len(prefix):].split(".", 1)
+        return f"{prefix}{int(index) % old_layers}.{rest}", int(index) >= old_layers
+
+    def tokens_for(name: str, module: Pattention, old: Pattention
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        fresh = copy or source_of(name)[1]  # a second copy never shares the first's storage
+        return tuple(t.detach().clone() if fresh else t.detach()  # type: ignore[return-value]
+                     for t in (old.key_param_tokens, old.value_param_tokens))
+
+    growth = rebuild(model, dataclasses.replace(model.config, num_layers=new_layers), tokens_for,
+                     source_of, copy=copy, progress=progress, desc="stack")
+    growth.carry = lambda name, key, value: value.clone()
+    return growth
 
 
 def rebuild(model: nn.Module, new_config: Any, tokens_for: Any, source_of: Any = None, *,
-            copy: bool = True, progress: bool = False, desc: str = "resize") -> _Growth:
+            tensor_for: Any = None, copy: bool = True, progress: bool = False,
+            desc: str = "resize") -> _Growth:
     """The one place token surgery happens (growth and :mod:`tokenformer.ops.pruning`): a new model
     of ``type(model)`` built for ``new_config`` whose every Pattention gets the K and V that
     ``tokens_for(name, new_module, old_module)`` returns, every other tensor copied (or shared,
-    ``copy=False``) from the old tensor ``source_of(name) -> (old name, is_new)`` names
-    (default: the same name). Per-module settings not in the config (``impl``) carry over."""
+    ``copy=False``, except into an inserted block) from the old tensor ``source_of(name) ->
+    (old name, is_new)`` names (default: the same name), or, given ``tensor_for(name, old)``,
+    what it returns. Per-module settings not in the config (``impl``) carry over."""
     source_of = source_of or (lambda name: (name, False))
     # Built on the meta device (no init cost), then every tensor is assigned below.
     with torch.device("meta"):
@@ -265,10 +426,14 @@ def rebuild(model: nn.Module, new_config: Any, tokens_for: Any, source_of: Any =
         if name in state:
             continue
         old = old_state[old_name]
+        if tensor_for is not None:
+            old = tensor_for(name, old)
         if old.shape != meta.shape:
             raise GrowthError(f"cannot resize {name}: shape {tuple(old.shape)} would have to "
                               f"become {tuple(meta.shape)}, which token surgery does not do")
-        state[name] = old.detach().clone() if copy else old.detach()
+        # An inserted block's tensors are its own even when the rest is shared: two parameters
+        # on one storage would each apply the other's updates.
+        state[name] = old.detach() if tensor_for or not (copy or is_new) else old.detach().clone()
     new.load_state_dict(state, strict=True, assign=True)
     # Non-persistent buffers (e.g. rotary tables) are not in a state dict: carry them over.
     old_buffers = dict(model.named_buffers())
@@ -285,17 +450,57 @@ def rebuild(model: nn.Module, new_config: Any, tokens_for: Any, source_of: Any =
 
 def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | None = None,
                 ffn: int | str | None = None, layers: int | str | None = None,
-                strategy: str = "exact", positions: list[int] | None = None) -> Any:
+                hidden: int | str | None = None, heads: int | None = None,
+                how: str = "identity", width_noise: float = 0.0, strategy: str = "exact",
+                positions: list[int] | None = None) -> Any:
     """The config :func:`grow` would produce, computed without touching a tensor: every request
-    (sizes, strategy, positions) is checked here, so a plan can be refused before any work."""
+    (sizes, width multiples, heads, strategy, how, positions) is checked here, so a plan can be
+    refused before any work."""
     if strategy not in STRATEGIES:
         raise GrowthError(f"unknown growth strategy {strategy!r}; choose one of "
                           f"{', '.join(STRATEGIES)}")
+    if how not in HOWS:
+        raise GrowthError(f"unknown depth growth how={how!r}; choose identity (insert identity "
+                          f"blocks) or stack (repeat the trained blocks in order)")
+    if isinstance(width_noise, bool) or not isinstance(width_noise, (int, float)) \
+            or not 0 <= width_noise < math.inf:
+        raise GrowthError(f"width_noise must be a number >= 0 (std relative to each tensor's "
+                          f"RMS), got {width_noise!r}")
+    baseline = isinstance(config, TransformerConfig)
+    product = getattr(config, "ffn_keys", "dense") == "product"
+    if baseline and (qkv is not None or proj is not None):
+        raise GrowthError("a Transformer baseline has no parameter tokens: its attention width "
+                          "is the hidden size (grow it with hidden=) and its MLP width is ffn=")
+    r = width_factor(hidden, config.hidden_size, "hidden")
+    r_ffn = width_factor(ffn, config.intermediate_size, "ffn") if baseline else 1
+    if r > 1 or r_ffn > 1 or heads is not None:
+        if not isinstance(config, (TokenFormerConfig, TransformerConfig)):
+            raise GrowthError(f"width growth duplicates the units of a language model "
+                              f"(TokenFormer or a Transformer baseline), not a "
+                              f"{type(config).__name__} model")
+        if product and r > 1:
+            raise GrowthError(product_key_refusal("widen"))
+        config = widened_config(config, r, heads, r_ffn)
+    if width_noise and r == r_ffn == 1:
+        raise GrowthError("width_noise breaks the symmetry of duplicated units: it needs a width "
+                          "growth (hidden=2x, or ffn= of a Transformer baseline)")
+    new_layers = resolve_size(layers, config.num_layers, "layers")
+    if how == "stack":
+        if positions is not None:
+            raise GrowthError("positions place inserted identity blocks; how=stack repeats the "
+                              "whole stack in order (block i is old block i mod L)")
+        config = dataclasses.replace(config, num_layers=new_layers)
+    else:
+        _layer_plan(config.num_layers, new_layers, positions)
+        if product and new_layers > config.num_layers and strategy != "official":
+            raise GrowthError("an identity block needs a branch that is zero for every input, "
+                              "which a product-key FFN's top-k cannot give; use how=stack or "
+                              "strategy=official")
+    if baseline:
+        return dataclasses.replace(config, num_layers=new_layers)
     sizes = {kind: resolve_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
              for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
     refuse_product_ffn(config, sizes["ffn"], "grow")
-    new_layers = resolve_size(layers, config.num_layers, "layers")
-    _layer_plan(config.num_layers, new_layers, positions)
     return _grown_config(config, sizes, new_layers, strategy)
 
 
@@ -331,13 +536,41 @@ def _grown_config(config: Any, sizes: dict[str, int], num_layers: int, strategy:
 
 
 def refuse_unsupported(requests: dict[str, object]) -> None:
-    """Raise GrowthError for any growth request other than qkv/proj/ffn/layers, explaining why."""
+    """Raise GrowthError for any growth request grow() does not take, explaining why."""
     for key in requests:
         if key in _ALIASES:
             what = _ALIASES[key]
-            raise GrowthError(f"cannot grow the {what}: {_CANNOT_GROW[what]}")
-        raise GrowthError(f"grow() got an unknown argument {key!r}; it grows qkv, proj, ffn "
-                          f"and layers")
+            raise GrowthError(f"cannot grow the {what} with {key}=: {_CANNOT_GROW[what]}")
+        raise GrowthError(f"grow() got an unknown argument {key!r}; it grows qkv, proj, ffn, "
+                          f"hidden (heads follow) and layers")
+
+
+REQUEST_KEYS = ("hidden", "heads", "layers", "how", "qkv", "proj", "ffn", "strategy",
+                "width_noise")
+
+
+def parse_growth_request(text: str) -> dict[str, Any]:
+    """``"hidden=2x,layers=2x,how=stack"`` → :func:`grow`'s keyword arguments (sizes stay text:
+    :func:`plan_growth` checks them; ``heads`` is a count, ``width_noise`` a number)."""
+    usage = (f"growth request {text!r} is malformed: expected key=value,... with keys "
+             f"{', '.join(REQUEST_KEYS)} (e.g. hidden=2x,layers=2x,how=stack)")
+    kwargs: dict[str, Any] = {}
+    for item in str(text).split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or key not in REQUEST_KEYS or not value or key in kwargs:
+            raise GrowthError(usage)
+        if key == "heads":
+            if not value.isdecimal() or int(value) < 1:
+                raise GrowthError(f"heads={value!r} must be a positive count")
+            kwargs[key] = int(value)
+        elif key == "width_noise":
+            try:
+                kwargs[key] = float(value)
+            except ValueError:
+                raise GrowthError(f"width_noise={value!r} must be a number") from None
+        else:
+            kwargs[key] = value
+    return kwargs
 
 
 def _layer_plan(old_layers: int, new_layers: int, positions: list[int] | None
@@ -482,7 +715,9 @@ def _carry_optimizer(old_model: nn.Module, optimizer: torch.optim.Optimizer, gro
         is_new = name in growth.inserted
         state = {}
         for key, value in optimizer.state[old_param].items():
-            if torch.is_tensor(value) and value.shape == old_param.shape:
+            if torch.is_tensor(value) and value.shape == old_param.shape and growth.carry:
+                state[key] = growth.carry(name, key, value)
+            elif torch.is_tensor(value) and value.shape == old_param.shape:
                 state[key] = (torch.zeros_like(names_param, dtype=value.dtype) if is_new
                               else _with_rows(value, names_param.shape[0], copy))
                 if (new_row_moments == "mean" and key == "exp_avg_sq" and not is_new

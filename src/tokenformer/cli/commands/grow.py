@@ -1,4 +1,5 @@
-"""``tokenformer grow``: grow a checkpoint by adding parameter tokens or blocks."""
+"""``tokenformer grow``: grow a checkpoint: parameter tokens, width by duplication, blocks
+(identity or stacked)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from typing import Any
 import torch
 
 from ...data.tokenizer import BYTES_MARKER, TOKENIZER_FILE, HFTokenizer
-from ...errors import CheckpointError
+from ...errors import CheckpointError, ConfigError
 from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir, atomic_write_text
 from ...io.outputs import check_output
 from ...io.paths import has_regular_file
+from ...models.config import flops_per_token
 from ...models.memory import check_memory
 from ...ops.growth import (
+    HOWS,
     STRATEGIES,
     grow_with_optimizer,
     max_logit_change,
@@ -36,12 +39,14 @@ TRAINER_STATE_FILE = ckpt.STATE_NAME
 
 def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
                     proj: int | str | None = None, ffn: int | str | None = None,
-                    layers: int | str | None = None, strategy: str = "exact",
-                    positions: list[int] | None = None, seed: int = 0,
+                    layers: int | str | None = None, hidden: int | str | None = None,
+                    heads: int | None = None, how: str = "identity", width_noise: float = 0.0,
+                    strategy: str = "exact", positions: list[int] | None = None, seed: int = 0,
                     reset_optimizer: bool = False, overwrite: bool = False,
                     progress: bool = True,
                     **unsupported: Any) -> dict[str, Any]:
-    """Load ``checkpoint`` (our model directory or an official checkpoint), grow it, write ``out``.
+    """Load ``checkpoint`` (our model directory or an official checkpoint), grow it
+    (:func:`tokenformer.ops.growth.grow`'s arguments), write ``out``.
 
     The optimizer state beside the weights (``optimizer.safetensors``, or an earlier version's
     ``optimizer.pt``) is carried over (or reset with ``reset_optimizer``), and the trainer's
@@ -59,14 +64,14 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     check_output(out, [source], command="grow", overwrite=overwrite)
     model = load_model(source)  # a folder is checked against its manifest first
     carried = source.is_dir() and ckpt.has_optimizer_state(source) and not reset_optimizer
-    # Before any tensor is made: the grown weights, a working copy, and two moments if carried.
-    if hasattr(model.config, "qkv_tokens"):  # a TokenFormer: tokens can grow
-        check_memory(plan_growth(model.config, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
-                                 strategy=strategy, positions=positions),
-                     4 if carried else 2, "the grown model")
-    kwargs = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
-                  positions=positions, generator=torch.Generator().manual_seed(seed),
-                  copy=False, progress=progress, **unsupported)  # the input model is only read
+    request = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, hidden=hidden, heads=heads,
+                   how=how, width_noise=width_noise, strategy=strategy, positions=positions)
+    # Before any tensor is made: the whole request checked, then the memory for the grown
+    # weights, a working copy, and two moments if carried.
+    planned = plan_growth(model.config, **request)
+    check_memory(planned, 4 if carried else 2, "the grown model")
+    kwargs = dict(request, generator=torch.Generator().manual_seed(seed), copy=False,
+                  progress=progress, **unsupported)  # the input model is only read
     optimizer = None
     if source.is_dir() and ckpt.has_optimizer_state(source):
         optimizer = _optimizer_from_checkpoint(model, source)
@@ -80,16 +85,16 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
         if optimizer is not None:
             ckpt.save_optimizer_state(tmp, optimizer)
             _write_trainer_state(source, tmp, grown, optimizer, {
-                "from": str(source), "strategy": strategy, "qkv": qkv, "proj": proj,
-                "ffn": ffn, "layers": layers, "positions": positions, "seed": seed,
+                "from": str(source), **request, "seed": seed,
                 "reset_optimizer": reset_optimizer})
         copy_tokenizer(source, tmp)
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
             "max_abs_logit": largest, "optimizer": optimizer is not None,
-            "reset_optimizer": reset_optimizer, "strategy": strategy,
-            "config": grown.config.to_dict()}
+            "reset_optimizer": reset_optimizer, "strategy": strategy, "how": how,
+            "config_before": model.config, "config": grown.config.to_dict(),
+            "grown_config": grown.config}
 
 
 def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
@@ -176,37 +181,92 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
                           f"without carrying it over")
 
 
+def size_lines(before: Any, after: Any, seq_len: int | None = None) -> list[str]:
+    """Shape, parameters and FLOPs per token of a model before and after a growth, one line each
+    (``tokenformer grow`` and ``tokenformer info --grow``); any LM config, TokenFormer or
+    baseline."""
+
+    def change(a: Any, b: Any) -> str:
+        return f"{a} -> {b}" if a != b else f"{a}"
+
+    shape = [("layers", "num_layers"), ("hidden", "hidden_size"), ("heads", "num_heads")]
+    shape += ([("qkv", "qkv_tokens"), ("proj", "proj_tokens"), ("ffn", "ffn_tokens")]
+              if hasattr(before, "qkv_tokens") else [("mlp", "intermediate_size")])
+    lines = ["shape        " + "   ".join(
+        f"{label} {change(getattr(before, key), getattr(after, key))}" for label, key in shape)]
+    n0, n1 = before.num_parameters(), after.num_parameters()
+    lines.append(f"parameters   {n0:,} -> {n1:,} (x{n1 / n0:.3g})")
+    for mode, training in (("forward", False), ("training", True)):
+        f0 = flops_per_token(before, seq_len, training)["total"]
+        f1 = flops_per_token(after, seq_len, training)["total"]
+        lines.append(f"FLOPs/token  {f0:.4g} -> {f1:.4g} {mode} (x{f1 / f0:.3g}, context "
+                     f"{seq_len or before.max_seq_len})")
+    return lines
+
+
 def run(args: argparse.Namespace) -> None:
-    unsupported = {key: value for key in ("hidden_size", "num_heads", "vocab_size")
+    if args.out is not None and args.out_dir is not None and args.out != args.out_dir:
+        raise ConfigError(f"two outputs given ({args.out_dir} and --out {args.out}); give one")
+    out = args.out or args.out_dir
+    if out is None:
+        raise ConfigError("give the output directory: tokenformer grow IN OUT (or --out OUT)")
+    unsupported = {key: value for key in ("vocab_size",)
                    if (value := getattr(args, key)) is not None}
-    summary = grow_checkpoint(args.checkpoint, args.out, qkv=args.qkv, proj=args.proj,
-                              ffn=args.ffn, layers=args.layers, strategy=args.strategy,
-                              positions=args.positions, seed=args.seed,
+    summary = grow_checkpoint(args.checkpoint, out, qkv=args.qkv, proj=args.proj,
+                              ffn=args.ffn, layers=args.layers, hidden=args.hidden,
+                              heads=args.heads, how=args.how, width_noise=args.width_noise,
+                              strategy=args.strategy, positions=args.positions, seed=args.seed,
                               reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
                               progress=not args.no_progress, **unsupported)
-    c = summary["config"]
-    before, after = summary["params_before"], summary["params_after"]
     rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
     optimizer = ("reset" if summary["reset_optimizer"] else "carried over") \
         if summary["optimizer"] else "none found"
-    print(f"grew {args.checkpoint} -> {summary['out']} ({summary['strategy']})")
-    print(f"tokens       qkv {c['qkv_tokens']}   proj {c['proj_tokens']}   ffn {c['ffn_tokens']}"
-          f"   layers {c['num_layers']}")
-    print(f"parameters   {before:,} -> {after:,} (+{after - before:,})")
+    parts = []
+    if args.hidden is not None:
+        noise = f", noise {args.width_noise:g}" if args.width_noise else ""
+        parts.append(f"width {args.hidden} by duplication{noise}")
+    if args.layers is not None:
+        parts.append(f"layers {args.layers} " + ("stacked" if args.how == "stack" else
+                                                  f"by inserted blocks ({args.strategy})"))
+    if not hasattr(summary["config_before"], "qkv_tokens") and args.ffn is not None:
+        parts.append(f"mlp {args.ffn} by duplication")  # a baseline: no parameter tokens
+    elif any(getattr(args, kind) is not None for kind in ("qkv", "proj", "ffn")):
+        parts.append(f"{args.strategy} tokens")
+    print(f"grew {args.checkpoint} -> {summary['out']} ({'; '.join(parts) or 'a copy'})")
+    for line in size_lines(summary["config_before"], summary["grown_config"]):
+        print(line)
     print(f"max |Δlogit| {summary['max_abs_logit_change']:.3g} on a fixed 2x32 probe batch "
           f"(relative {rel:.3g})")
     print(f"optimizer    {optimizer}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("grow", help="grow a checkpoint by adding parameter tokens or blocks")
+    p = sub.add_parser("grow", help="grow a checkpoint: parameter tokens, width (duplication), "
+                                    "blocks (identity or stacked)")
     p.add_argument("checkpoint", help="model directory (ours, or a training checkpoint) or an "
                                       "official checkpoint")
+    p.add_argument("out_dir", nargs="?", default=None, metavar="OUT",
+                   help="output directory (must not exist); or --out")
     for kind in ("qkv", "proj", "ffn"):
         p.add_argument(f"--{kind}", default=None, metavar="N|Kx",
-                       help=f"new {kind} token count, absolute or a multiplier like 2x")
+                       help=f"new {kind} token count, absolute or a multiplier like 2x"
+                            + (" (a Transformer baseline: its MLP width, a whole multiple)"
+                               if kind == "ffn" else ""))
+    p.add_argument("--hidden", default=None, metavar="N|Kx",
+                   help="new hidden size, a whole multiple (2x, 4x, or 1536 from 768): exact "
+                        "width growth by duplication (docs/growth.md)")
+    p.add_argument("--heads", type=int, default=None, metavar="N",
+                   help="heads after --hidden (default and only exact value: r times the old, "
+                        "head size kept)")
+    p.add_argument("--width-noise", type=float, default=0.0, metavar="STD",
+                   help="zero-sum noise on the duplicated units, std relative to each tensor's "
+                        "RMS (breaks their symmetry; the function stays exact; default 0, "
+                        "HyperCloning used 0.32)")
     p.add_argument("--layers", default=None, metavar="N|Kx",
-                   help="new total number of blocks (new blocks are the identity under exact)")
+                   help="new total number of blocks (see --how)")
+    p.add_argument("--how", choices=HOWS, default="identity",
+                   help="new blocks: identity (inserted at --positions; exact under the exact "
+                        "strategy) or stack (the trained blocks repeated in order, G_stack)")
     p.add_argument("--positions", type=comma_list(int, "block indices"), default=None,
                    help="comma-separated indices of the new blocks in the grown model "
                         "(default: spread evenly)")
@@ -214,13 +274,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the new random rows")
     p.add_argument("--reset-optimizer", action="store_true",
                    help="fresh optimizer state instead of carrying it over (the released code)")
-    # Accepted only to explain why they cannot be grown by tokens.
-    p.add_argument("--hidden", dest="hidden_size", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--heads", dest="num_heads", default=None, help=argparse.SUPPRESS)
+    # Accepted only to explain why it cannot be grown.
     p.add_argument("--vocab", dest="vocab_size", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--out", required=True, help="output directory (must not exist)")
+    p.add_argument("--out", default=None, help="output directory (must not exist)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace --out if an earlier tokenformer grow wrote it (never a folder "
-                        "it did not write)")
+                   help="replace the output if an earlier tokenformer grow wrote it (never a "
+                        "folder it did not write)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -11,14 +11,17 @@ import torch
 from ...data.tokenizer import resolve_tokenizer
 from ...errors import ConfigError
 from ...formats.loading import load_model
-from ...models.config import PRESETS, TokenFormerConfig, flops_per_token
+from ...models.config import PRESETS, TokenFormerConfig, embedding_parameters, flops_per_token
 from ...ops.adapters import load_adapted
+from ...ops.growth import parse_growth_request, plan_growth
 from ..options import device, non_negative_float, positive
+from .grow import size_lines
 
 
-def info(spec: str, seq_len: int | None = None) -> str:
+def info(spec: str, seq_len: int | None = None, grow: str | None = None) -> str:
     """A human-readable summary of a preset, config file or checkpoint: sizes, parameters, FLOPs
-    per token."""
+    per token; with ``grow`` (``"hidden=2x,layers=2x,how=stack"``, grow's keyword arguments) the
+    sizes before and after that growth, checked as ``tokenformer grow`` checks it."""
     if spec in PRESETS and not Path(spec).exists():
         config = TokenFormerConfig.from_name(spec)
     elif Path(spec).suffix in (".json", ".yaml", ".yml"):  # never a weights file
@@ -26,7 +29,26 @@ def info(spec: str, seq_len: int | None = None) -> str:
     else:
         config = load_model(spec).config
     T = seq_len or config.max_seq_len
+    if grow is not None:  # checked first: a refused request prints nothing but its one line
+        grown = plan_growth(config, **parse_growth_request(grow))
     fwd, train = flops_per_token(config, T), flops_per_token(config, T, training=True)
+    d = config.hidden_size
+    if not hasattr(config, "qkv_tokens"):  # a Transformer baseline: no parameter tokens
+        lines = [f"model        {config.name} ({config.arch})",
+                 f"layers       {config.num_layers}   hidden {d}   heads {config.num_heads}   "
+                 f"mlp {config.intermediate_size}",
+                 f"parameters   {config.num_parameters():,} total",
+                 f"FLOPs/token  {fwd['total']:.4g} forward, {train['total']:.4g} training "
+                 f"(context {T})"]
+    else:
+        lines = _tokenformer_lines(config, T, fwd, train)
+    if grow is not None:
+        lines += ["", f"growth       {grow}", *size_lines(config, grown, T)]
+    return "\n".join(lines)
+
+
+def _tokenformer_lines(config: TokenFormerConfig, T: int, fwd: dict[str, float],
+                       train: dict[str, float]) -> list[str]:
     d = config.hidden_size
     lines = [
         f"model        {config.name}",
@@ -52,10 +74,11 @@ def info(spec: str, seq_len: int | None = None) -> str:
         ("layer total", config.block_parameters(), fwd["per_layer"]),
         (f"× {config.num_layers} layers", config.num_layers * config.block_parameters(),
          config.num_layers * fwd["per_layer"]),
-        ("embedding / tied head", config.padded_vocab_size * d, fwd["head"]),
+        ("embedding / tied head" if config.tie_embeddings else "embedding + head",
+         embedding_parameters(config), fwd["head"]),
     ]
     lines += [f"{name:<24}{params:>14,}{flops:>18.4g}" for name, params, flops in table]
-    return "\n".join(lines)
+    return lines
 
 
 def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
@@ -92,7 +115,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "official checkpoint")
     p.add_argument("--seq-len", type=positive(int), default=None,
                    help="context length for the attention FLOPs (default: the model's)")
-    p.set_defaults(func=lambda a: print(info(a.model, a.seq_len)))
+    p.add_argument("--grow", default=None, metavar="KEY=VALUE,...",
+                   help="also show the sizes after this growth, with tokenformer grow's "
+                        "options as keys: hidden, heads, layers, how, qkv, proj, ffn, strategy "
+                        "(e.g. hidden=2x,layers=2x,how=stack)")
+    p.set_defaults(func=lambda a: print(info(a.model, a.seq_len, a.grow)))
 
     p = sub.add_parser("generate", help="generate text from a checkpoint (or a random preset)")
     p.add_argument("model", help="model directory, official checkpoint, or preset name")
