@@ -8,9 +8,14 @@ to K and V. Three recipes for the new rows (spec §5):
     ``*_scale`` fields reset to None). For ``l2_norm_gelu`` with old scores a ∈ Rⁿ and new scores
     b = 0, Θ on the old tokens becomes GELU(a/‖a‖·√(n+m)): every old pre-activation is multiplied
     by √((n+m)/n) and, GELU not being homogeneous, the function changes.
-``official``
-    What the released code does: new keys N(0, init_std²), new values N(0, value_init_std²) with
-    the *grown* config's value init, factor follows the new n. Changes the function.
+``official-init`` (alias ``official``)
+    What the released code does to the new rows: new keys N(0, init_std²), new values
+    N(0, value_init_std²) with the *grown* config's value init, factor follows the new n. Changes
+    the function. The optimizer is carried, like every recipe but the next.
+``official-released``
+    The released 354M → 757M training as released: ``official-init``'s rows, plus a fresh
+    optimizer (:func:`grow_with_optimizer` resets it), and in a run a warmup restart and a new
+    decay over the remaining steps (:mod:`tokenformer.training.schedule`).
 ``exact``
     The grown model computes the same function (to fp32 rounding), and every new token gets a
     non-zero gradient on the first step. Per Θ variant, with the factor s held at its pre-growth
@@ -45,6 +50,12 @@ the branch identically zero; they start training on step 2. A lone token (count 
 ``official`` inserts freshly initialised blocks. Non-Pattention tensors of a new block (norm
 weights, if any) are copied from the block before it.
 
+Old tokens (``freeze_old``, ``noise_old``): the rows of every parameter-token tensor that existed
+before the growth (same tensor, same row, same width; not in an inserted block) are recorded on
+the grown model (:func:`old_tokens`). ``noise_old`` adds N(0, (noise_old·rms)²) to them, rms over
+the old rows of each tensor; ``freeze_old`` (steps, or ``"forever"``) is recorded for the trainer,
+which keeps those rows bitwise unchanged (:mod:`tokenformer.training.freezing`).
+
 The grown model is a new instance of the same class (``type(model)(new_config)``), so the same code
 grows :class:`~tokenformer.TokenFormerLM` and the vision model; the input model is not modified.
 :func:`grow_with_optimizer` also returns an optimizer carrying the AdamW moments over.
@@ -57,6 +68,7 @@ import inspect
 import math
 import numbers
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,7 +79,13 @@ from tqdm.auto import tqdm
 from ..errors import GrowthError
 from ..nn.pattention import KINDS, Pattention, default_scale, kind_names
 
-STRATEGIES = ("exact", "paper", "official")
+# Growth recipes, by name. "official" is the earlier name of "official-init" (kept so saved plans,
+# configs and docs stay valid); "official-released" also resets the optimizer and, in a run,
+# restarts the schedule (training.schedule).
+RECIPES = ("exact", "paper", "official-init", "official-released")
+RECIPE_ALIASES = {"official": "official-init"}
+STRATEGIES = (*RECIPES, *RECIPE_ALIASES)  # every name grow(strategy=...) accepts
+RELEASED = "official-released"
 # The Pattentions whose output is added to the residual stream: zero them for an identity block.
 BRANCH_OUTPUTS = kind_names("proj") + kind_names("ffn")
 
@@ -152,22 +170,26 @@ class _Growth:
 def grow(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | None = None,
          ffn: int | str | None = None, layers: int | str | None = None, strategy: str = "exact",
          positions: list[int] | None = None, generator: torch.Generator | None = None,
-         copy: bool = True, progress: bool = False, **unsupported: object) -> nn.Module:
+         copy: bool = True, progress: bool = False, freeze_old: int | str | bool | None = None,
+         noise_old: float = 0.0, **unsupported: object) -> nn.Module:
     """Return a larger copy of ``model`` (same class); ``model`` itself is left untouched.
 
     ``qkv``/``proj``/``ffn``: new token count of those Pattentions, absolute (``1536``) or a
     multiplier (``"2x"``); ``layers``: new total block count, new blocks at ``positions`` (indices
-    in the grown model, default spread evenly). ``strategy`` is ``exact`` (function preserved),
-    ``paper`` or ``official``; the module docstring gives the math. ``generator`` (a CPU
-    ``torch.Generator``) seeds the new random rows. ``copy=False`` shares every tensor that does
-    not grow with ``model`` instead of copying it (half the memory traffic; training the grown
-    model then changes ``model``, so only use it when ``model`` is discarded). Raises
-    :class:`GrowthError` for shrinking, malformed sizes, or requests to grow what tokens cannot
-    grow (hidden size, heads, vocabulary).
+    in the grown model, default spread evenly). ``strategy`` is a recipe: ``exact`` (function
+    preserved), ``paper``, ``official-init`` (alias ``official``) or ``official-released``; the
+    module docstring gives the math. ``generator`` (a CPU ``torch.Generator``) seeds the new
+    random rows. ``copy=False`` shares every tensor that does not grow with ``model`` instead of
+    copying it (half the memory traffic; training the grown model then changes ``model``, so
+    only use it when ``model`` is discarded). ``noise_old`` (a std relative to each tensor's rms)
+    perturbs the old tokens; ``freeze_old`` (steps or ``"forever"``) is recorded for the trainer
+    (:class:`OldTokens`). Raises :class:`GrowthError` for shrinking, malformed sizes, or requests
+    to grow what tokens cannot grow (hidden size, heads, vocabulary).
     """
-    return _grow(model, qkv=qkv, proj=proj, ffn=ffn, layers=layers, strategy=strategy,
-                 positions=positions, generator=generator, copy=copy, progress=progress,
-                 unsupported=unsupported).model
+    return _grow_old_tokens(model, freeze_old, noise_old, qkv=qkv, proj=proj, ffn=ffn,
+                            layers=layers, strategy=strategy, positions=positions,
+                            generator=generator, copy=copy, progress=progress,
+                            unsupported=unsupported).model
 
 
 NEW_ROW_MOMENTS: tuple[str, ...] = ("zero", "mean")
@@ -183,8 +205,8 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
     shaped like the parameter (AdamW's ``exp_avg``/``exp_avg_sq``) keep their old rows, new rows
     are zero; scalar state (``step``) is kept. A block inserted by depth growth gets zero moments
     and the step count of the block before it. ``reset_optimizer=True`` gives fresh state (what
-    the released code does). With ``copy=False`` state that does not grow is shared with
-    ``optimizer``, which must then be discarded.
+    the released code does; recipe ``official-released`` always does). With ``copy=False`` state
+    that does not grow is shared with ``optimizer``, which must then be discarded.
 
     ``new_row_moments="mean"`` starts the second moment (``exp_avg_sq``) of every new row at the
     mean over the old rows of the same tensor (per column) instead of zero; the first moment
@@ -195,9 +217,11 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
     if new_row_moments not in NEW_ROW_MOMENTS:
         raise GrowthError(f"new_row_moments must be one of {', '.join(NEW_ROW_MOMENTS)}, "
                           f"got {new_row_moments!r}")
-    growth = _grow(model, **grow_kwargs)  # type: ignore[arg-type]
+    freeze_old, noise_old = grow_kwargs.pop("freeze_old", None), grow_kwargs.pop("noise_old", 0.0)
+    growth = _grow_old_tokens(model, freeze_old, noise_old, **grow_kwargs)
     copy = bool(grow_kwargs.get("copy", True))
-    return growth.model, _carry_optimizer(model, optimizer, growth, reset_optimizer, copy,
+    reset = reset_optimizer or resets_optimizer(str(grow_kwargs.get("strategy", "exact")))
+    return growth.model, _carry_optimizer(model, optimizer, growth, reset, copy,
                                           new_row_moments)
 
 
@@ -208,6 +232,7 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
     config = model.config
     new_config = plan_growth(config, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
                              strategy=strategy, positions=positions)
+    strategy = row_init(strategy)  # the recipes differ below only in how new rows are drawn
     old_layers, new_layers = config.num_layers, new_config.num_layers
     layer_source = _layer_plan(old_layers, new_layers, positions)
 
@@ -288,9 +313,7 @@ def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | 
                 strategy: str = "exact", positions: list[int] | None = None) -> Any:
     """The config :func:`grow` would produce, computed without touching a tensor: every request
     (sizes, strategy, positions) is checked here, so a plan can be refused before any work."""
-    if strategy not in STRATEGIES:
-        raise GrowthError(f"unknown growth strategy {strategy!r}; choose one of "
-                          f"{', '.join(STRATEGIES)}")
+    strategy = row_init(canonical_recipe(strategy))
     sizes = {kind: resolve_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
              for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
     refuse_product_ffn(config, sizes["ffn"], "grow")
@@ -443,6 +466,117 @@ def _new_block_tokens(new: Pattention, like: Pattention, branch_output: bool,
     elif n == 1:  # a lone token can only give zero output with a zero value
         values = torch.zeros(1, ref_v.shape[1])
     return keys.to(ref_k), values.to(ref_v)
+
+
+# ---------------------------------------------------------------- recipes and old tokens
+def canonical_recipe(name: str, *, warn: bool = True) -> str:
+    """The recipe ``name`` stands for (``official`` → ``official-init``, with a
+    DeprecationWarning unless ``warn`` is False); GrowthError for an unknown name."""
+    if name in RECIPE_ALIASES:
+        if warn:
+            warnings.warn(recipe_alias_note(name), DeprecationWarning, stacklevel=2)
+        return RECIPE_ALIASES[name]
+    if name not in RECIPES:
+        raise GrowthError(f"unknown growth strategy {name!r}; choose one of "
+                          f"{', '.join(RECIPES)} ({', '.join(RECIPE_ALIASES)}: an old name)")
+    return name
+
+
+def recipe_alias_note(name: str) -> str:
+    """The one-line note for an old recipe name."""
+    return (f"growth strategy {name!r} is now called {RECIPE_ALIASES[name]!r} (the released "
+            f"initialisation, optimizer carried); {RELEASED!r} is the released training recipe "
+            f"(also a fresh optimizer, a warmup restart and a new decay)")
+
+
+def row_init(strategy: str) -> str:
+    """How a recipe draws new rows: ``exact``, ``paper`` or ``official`` (both official-*)."""
+    name = canonical_recipe(strategy, warn=False)
+    return "official" if name.startswith("official") else name
+
+
+def resets_optimizer(strategy: str) -> bool:
+    """Whether the recipe starts a fresh optimizer (and, in a run, restarts the schedule)."""
+    return canonical_recipe(strategy, warn=False) == RELEASED
+
+
+FOREVER = "forever"
+TOKEN_TENSORS = ("key_param_tokens", "value_param_tokens")
+
+
+@dataclass(frozen=True)
+class OldTokens:
+    """What a growth kept: the first ``rows[name]`` rows of the grown model's parameter-token
+    tensor ``name`` existed before it (same tensor, same rows, same width; not an inserted
+    block), and the ``freeze`` asked for: None, a number of steps, or :data:`FOREVER`."""
+
+    rows: dict[str, int]
+    freeze: int | str | None = None
+
+
+def old_tokens(model: nn.Module) -> OldTokens | None:
+    """The :class:`OldTokens` :func:`grow` recorded on the model it returned (None otherwise)."""
+    return getattr(model, "_old_tokens", None)
+
+
+def freeze_request(value: object) -> int | str | None:
+    """``freeze_old`` as None (no freeze), a positive step count or :data:`FOREVER`; accepts
+    None/False/0, a count (an int or its digits), ``"forever"`` or True."""
+    if value is None or value is False or value == 0 or value == "0":
+        return None
+    if value is True or value == FOREVER:
+        return FOREVER
+    count = size_request(value, 0)
+    if not isinstance(count, int) or count < 0:
+        raise GrowthError(f"freeze_old must be a number of steps or {FOREVER!r}, got {value!r}")
+    return count
+
+
+def _noise_level(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            math.isfinite(value) and value >= 0):
+        raise GrowthError(f"noise_old must be a number >= 0 (a std relative to each tensor's "
+                          f"rms), got {value!r}")
+    return float(value)
+
+
+def _grow_old_tokens(model: nn.Module, freeze_old: object, noise_old: object,
+                     **grow_kwargs: Any) -> _Growth:
+    """:func:`_grow`, then the old tokens recorded on the grown model (and noised)."""
+    freeze, noise = freeze_request(freeze_old), _noise_level(noise_old)  # before any work
+    growth = _grow(model, **grow_kwargs)
+    old_params = dict(model.named_parameters())
+    rows = {}
+    for name, param in growth.model.named_parameters():
+        old = old_params.get(growth.source.get(name, ""))
+        if (name.rpartition(".")[2] in TOKEN_TENSORS and name not in growth.inserted
+                and old is not None and old.shape[1:] == param.shape[1:]):
+            rows[name] = min(old.shape[0], param.shape[0])
+    if (freeze is not None or noise) and not rows:
+        raise GrowthError("freeze_old and noise_old act on the parameter tokens a growth keeps; "
+                          "this growth keeps none (no token tensor kept its width)")
+    if noise:
+        _noise_old_rows(growth.model, rows, noise, grow_kwargs.get("generator"))
+    growth.model._old_tokens = OldTokens(rows, freeze)
+    return growth
+
+
+@torch.no_grad()
+def _noise_old_rows(model: nn.Module, rows: dict[str, int], noise: float,
+                    generator: torch.Generator | None) -> None:
+    """Add N(0, (noise·rms)²) to the old rows of each tensor (rms over those rows). Out of place:
+    with ``copy=False`` a tensor that did not grow is the input model's own."""
+    params = dict(model.named_parameters())
+    for name, n in rows.items():
+        param = params[name]
+        old = param.detach()[:n]
+        rms = float(old.double().pow(2).mean().sqrt())
+        if rms == 0:
+            continue
+        delta = torch.empty(old.shape).normal_(0.0, noise * rms, generator=generator)
+        new = param.detach().clone()
+        new[:n] += delta.to(new)
+        param.data = new
 
 
 # --------------------------------------------------------------------------------- optimizer
