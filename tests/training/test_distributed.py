@@ -27,8 +27,10 @@ def common(dataset_dir: Path) -> list[str]:
             "--checkpoint-interval", "2", "--samples", "0", "--threads", "1", "--no-progress"]
 
 
-# DDP also grows the model mid-run (random new tokens: every rank must draw the same ones).
-GROWTH = {"ddp": ["3:qkv=2x,ffn=2x,layers=3,strategy=paper"], "fsdp": []}
+# DDP also grows the model mid-run (random new tokens and noise on the old ones: every rank must
+# draw the same; frozen old tokens: every rank restores the same rows).
+GROWTH = {"ddp": ["3:qkv=2x,ffn=2x,layers=3,strategy=paper,freeze_old=forever,noise_old=0.01"],
+          "fsdp": []}
 
 
 def single(dataset_dir: Path, out: Path, grow_at: list[str]) -> list[dict]:

@@ -8,9 +8,14 @@ to K and V. Three recipes for the new rows (spec §5):
     ``*_scale`` fields reset to None). For ``l2_norm_gelu`` with old scores a ∈ Rⁿ and new scores
     b = 0, Θ on the old tokens becomes GELU(a/‖a‖·√(n+m)): every old pre-activation is multiplied
     by √((n+m)/n) and, GELU not being homogeneous, the function changes.
-``official``
-    What the released code does: new keys N(0, init_std²), new values N(0, value_init_std²) with
-    the *grown* config's value init, factor follows the new n. Changes the function.
+``official-init`` (alias ``official``)
+    What the released code does to the new rows: new keys N(0, init_std²), new values
+    N(0, value_init_std²) with the *grown* config's value init, factor follows the new n. Changes
+    the function. The optimizer is carried, like every recipe but the next.
+``official-released``
+    The released 354M → 757M training as released: ``official-init``'s rows, plus a fresh
+    optimizer (:func:`grow_with_optimizer` resets it), and in a run a warmup restart and a new
+    decay over the remaining steps (:mod:`tokenformer.training.schedule`).
 ``exact``
     The grown model computes the same function (to fp32 rounding), and every new token gets a
     non-zero gradient on the first step. Per Θ variant, with the factor s held at its pre-growth
@@ -53,6 +58,12 @@ the same way). Stacking (``how="stack"``, G_stack of "Stacking Your Transformers
 in order ([0..L−1, 0..L−1] for 2x); not function-preserving. A request runs as up to three
 stages, each carrying the optimizer: width, then stacking, then tokens and identity blocks.
 
+Old tokens (``freeze_old``, ``noise_old``): the rows of every parameter-token tensor that existed
+before the growth (same tensor, same row, same width; not in an inserted block) are recorded on
+the grown model (:func:`old_tokens`). ``noise_old`` adds N(0, (noise_old·rms)²) to them, rms over
+the old rows of each tensor; ``freeze_old`` (steps, or ``"forever"``) is recorded for the trainer,
+which keeps those rows bitwise unchanged (:mod:`tokenformer.training.freezing`).
+
 The grown model is a new instance of the same class (``type(model)(new_config)``), so the same code
 grows :class:`~tokenformer.TokenFormerLM` and the vision model; the input model is not modified.
 :func:`grow_with_optimizer` also returns an optimizer carrying the AdamW moments over.
@@ -65,6 +76,7 @@ import inspect
 import math
 import numbers
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +91,13 @@ from ..models.config import TokenFormerConfig
 from ..nn.pattention import KINDS, Pattention, default_scale, kind_names
 from .cloning import carry_moment, product_key_refusal, widen_tensor, widened_config, width_axes
 
-STRATEGIES = ("exact", "paper", "official")
+# Growth recipes, by name. "official" is the earlier name of "official-init" (kept so saved plans,
+# configs and docs stay valid); "official-released" also resets the optimizer and, in a run,
+# restarts the schedule (training.schedule).
+RECIPES = ("exact", "paper", "official-init", "official-released")
+RECIPE_ALIASES = {"official": "official-init"}
+STRATEGIES = (*RECIPES, *RECIPE_ALIASES)  # every name grow(strategy=...) accepts
+RELEASED = "official-released"
 # Depth: insert identity blocks (between the old ones, at positions) or stack the trained blocks.
 HOWS = ("identity", "stack")
 # The Pattentions whose output is added to the residual stream: zero them for an identity block.
@@ -192,6 +210,7 @@ def grow(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | No
          hidden: int | str | None = None, heads: int | None = None, how: str = "identity",
          width_noise: float = 0.0, strategy: str = "exact", positions: list[int] | None = None,
          generator: torch.Generator | None = None, copy: bool = True, progress: bool = False,
+         freeze_old: int | str | bool | None = None, noise_old: float = 0.0,
          **unsupported: object) -> nn.Module:
     """Return a larger copy of ``model`` (same class); ``model`` itself is left untouched.
 
@@ -203,21 +222,23 @@ def grow(model: nn.Module, *, qkv: int | str | None = None, proj: int | str | No
     (:mod:`tokenformer.ops.cloning`; still exact). ``layers``: new total block count;
     ``how="identity"`` inserts identity blocks at ``positions`` (indices in the grown model,
     default spread evenly), ``how="stack"`` repeats the trained stack in order (block i = old
-    block i mod L). ``strategy`` is ``exact`` (function preserved), ``paper`` or ``official`` for
-    new tokens and inserted blocks; the module docstring gives the math. ``generator`` (a CPU
+    block i mod L). ``strategy`` is a recipe for new tokens and inserted blocks: ``exact``
+    (function preserved), ``paper``, ``official-init`` (alias ``official``) or
+    ``official-released``; the module docstring gives the math. ``generator`` (a CPU
     ``torch.Generator``) seeds every random draw. ``copy=False`` shares every tensor that does
     not grow with ``model`` instead of copying it (half the memory traffic; training the grown
-    model then changes ``model``, so only use it when ``model`` is discarded). Raises
+    model then changes ``model``, so only use it when ``model`` is discarded). ``noise_old`` (a
+    std relative to each tensor's rms) perturbs the old tokens; ``freeze_old`` (steps or
+    ``"forever"``) is recorded for the trainer (:class:`OldTokens`); both only for a growth of
+    tokens or identity blocks. Raises
     :class:`GrowthError` for shrinking, malformed or impossible sizes (non-whole width
     multiples, heads that change the head size), or requests to grow what cannot grow.
     """
-    grown = model
-    for _, growth in _growths(model, qkv=qkv, proj=proj, ffn=ffn, layers=layers, hidden=hidden,
-                              heads=heads, how=how, width_noise=width_noise, strategy=strategy,
-                              positions=positions, generator=generator, copy=copy,
-                              progress=progress, unsupported=unsupported):
-        grown = growth.model
-    return grown
+    return grow_with_optimizer(model, None, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
+                               hidden=hidden, heads=heads, how=how, width_noise=width_noise,
+                               strategy=strategy, positions=positions, generator=generator,
+                               copy=copy, progress=progress, freeze_old=freeze_old,
+                               noise_old=noise_old, **unsupported)[0]
 
 
 NEW_ROW_MOMENTS: tuple[str, ...] = ("zero", "mean")
@@ -236,8 +257,9 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
     source block's state. Width growth tiles every moment like the gradient it averages and
     scales it as that gradient scales: ``exp_avg`` by r⁻ᶜ, ``exp_avg_sq`` by r⁻²ᶜ, c the number of
     copied (not split) axes (:mod:`tokenformer.ops.cloning`). ``reset_optimizer=True`` gives
-    fresh state (what the released code does). With ``copy=False`` state that does not grow is
-    shared with ``optimizer``, which must then be discarded.
+    fresh state (what the released code does; recipe ``official-released`` always does). With
+    ``copy=False`` state that does not grow is shared with ``optimizer``, which must then be
+    discarded. ``optimizer=None``: no optimizer (what :func:`grow` passes); None is returned.
 
     ``new_row_moments="mean"`` starts the second moment (``exp_avg_sq``) of every new row at the
     mean over the old rows of the same tensor (per column) instead of zero; the first moment
@@ -250,13 +272,23 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
                           f"got {new_row_moments!r}")
     known = set(inspect.signature(grow).parameters) - {"model", "unsupported"}
     unsupported = {k: grow_kwargs.pop(k) for k in list(grow_kwargs) if k not in known}
+    freeze = freeze_request(grow_kwargs.pop("freeze_old", None))  # checked before any work
+    noise = _noise_level(grow_kwargs.pop("noise_old", 0.0))
+    if (freeze is not None or noise) and (grow_kwargs.get("hidden") is not None
+                                          or grow_kwargs.get("how", "identity") == "stack"):
+        raise GrowthError("freeze_old and noise_old act on the parameter tokens a growth of tokens "
+                          "or identity blocks keeps; not with hidden= or how=stack")
     copy = bool(grow_kwargs.get("copy", True))
+    reset = reset_optimizer or resets_optimizer(str(grow_kwargs.get("strategy", "exact")))
     grown = model
-    for old, growth in _growths(model, unsupported=unsupported,
-                                **grow_kwargs):  # type: ignore[arg-type]
-        optimizer = _carry_optimizer(old, optimizer, growth, reset_optimizer, copy,
-                                     new_row_moments)
+    stages = list(_growths(model, unsupported=unsupported,
+                           **grow_kwargs))  # type: ignore[arg-type]
+    for old, growth in stages:
+        if optimizer is not None:
+            optimizer = _carry_optimizer(old, optimizer, growth, reset, copy, new_row_moments)
         grown, copy = growth.model, False  # later stages own their input: nothing to protect
+    if len(stages) == 1:  # tokens and identity blocks: which rows are old is well defined
+        _record_old_tokens(*stages[0], freeze, noise, grow_kwargs.get("generator"))
     return grown, optimizer
 
 
@@ -299,6 +331,7 @@ def _grow(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, strat
     config = model.config
     new_config = plan_growth(config, qkv=qkv, proj=proj, ffn=ffn, layers=layers,
                              strategy=strategy, positions=positions)
+    strategy = row_init(strategy)  # the recipes differ below only in how new rows are drawn
     old_layers, new_layers = config.num_layers, new_config.num_layers
     layer_source = _layer_plan(old_layers, new_layers, positions)
 
@@ -456,9 +489,7 @@ def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | 
     """The config :func:`grow` would produce, computed without touching a tensor: every request
     (sizes, width multiples, heads, strategy, how, positions) is checked here, so a plan can be
     refused before any work."""
-    if strategy not in STRATEGIES:
-        raise GrowthError(f"unknown growth strategy {strategy!r}; choose one of "
-                          f"{', '.join(STRATEGIES)}")
+    strategy = row_init(canonical_recipe(strategy))
     if how not in HOWS:
         raise GrowthError(f"unknown depth growth how={how!r}; choose identity (insert identity "
                           f"blocks) or stack (repeat the trained blocks in order)")
@@ -676,6 +707,116 @@ def _new_block_tokens(new: Pattention, like: Pattention, branch_output: bool,
     elif n == 1:  # a lone token can only give zero output with a zero value
         values = torch.zeros(1, ref_v.shape[1])
     return keys.to(ref_k), values.to(ref_v)
+
+
+# ---------------------------------------------------------------- recipes and old tokens
+def canonical_recipe(name: str, *, warn: bool = True) -> str:
+    """The recipe ``name`` stands for (``official`` → ``official-init``, with a
+    DeprecationWarning unless ``warn`` is False); GrowthError for an unknown name."""
+    if name in RECIPE_ALIASES:
+        if warn:
+            warnings.warn(recipe_alias_note(name), DeprecationWarning, stacklevel=2)
+        return RECIPE_ALIASES[name]
+    if name not in RECIPES:
+        raise GrowthError(f"unknown growth strategy {name!r}; choose one of "
+                          f"{', '.join(RECIPES)} ({', '.join(RECIPE_ALIASES)}: an old name)")
+    return name
+
+
+def recipe_alias_note(name: str) -> str:
+    """The one-line note for an old recipe name."""
+    return (f"growth strategy {name!r} is now called {RECIPE_ALIASES[name]!r} (the released "
+            f"initialisation, optimizer carried); {RELEASED!r} is the released training recipe "
+            f"(also a fresh optimizer, a warmup restart and a new decay)")
+
+
+def row_init(strategy: str) -> str:
+    """How a recipe draws new rows: ``exact``, ``paper`` or ``official`` (both official-*)."""
+    name = canonical_recipe(strategy, warn=False)
+    return "official" if name.startswith("official") else name
+
+
+def resets_optimizer(strategy: str) -> bool:
+    """Whether the recipe starts a fresh optimizer (and, in a run, restarts the schedule)."""
+    return canonical_recipe(strategy, warn=False) == RELEASED
+
+
+FOREVER = "forever"
+TOKEN_TENSORS = ("key_param_tokens", "value_param_tokens")
+
+
+@dataclass(frozen=True)
+class OldTokens:
+    """What a growth kept: the first ``rows[name]`` rows of the grown model's parameter-token
+    tensor ``name`` existed before it (same tensor, same rows, same width; not an inserted
+    block), and the ``freeze`` asked for: None, a number of steps, or :data:`FOREVER`."""
+
+    rows: dict[str, int]
+    freeze: int | str | None = None
+
+
+def old_tokens(model: nn.Module) -> OldTokens | None:
+    """The :class:`OldTokens` :func:`grow` recorded on the model it returned (None otherwise)."""
+    return getattr(model, "_old_tokens", None)
+
+
+def freeze_request(value: object) -> int | str | None:
+    """``freeze_old`` as None (no freeze), a positive step count or :data:`FOREVER`; accepts
+    None/False/0, a count (an int or its digits), ``"forever"`` or True."""
+    if value is None or value is False or value == 0 or value == "0":
+        return None
+    if value is True or value == FOREVER:
+        return FOREVER
+    count = size_request(value, 0)
+    if not isinstance(count, int) or count < 0:
+        raise GrowthError(f"freeze_old must be a number of steps or {FOREVER!r}, got {value!r}")
+    return count
+
+
+def _noise_level(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (
+            math.isfinite(value) and value >= 0):
+        raise GrowthError(f"noise_old must be a number >= 0 (a std relative to each tensor's "
+                          f"rms), got {value!r}")
+    return float(value)
+
+
+def _record_old_tokens(model: nn.Module, growth: _Growth, freeze: int | str | None,
+                       noise: float, generator: torch.Generator | None) -> None:
+    """Record on the grown model which rows of its parameter tokens ``model`` had (and noise
+    them): the rows a growth of tokens or identity blocks kept, for ``freeze_old``/``noise_old``
+    (checked by :func:`freeze_request` and :func:`_noise_level` before the growth ran)."""
+    old_params = dict(model.named_parameters())
+    rows = {}
+    for name, param in growth.model.named_parameters():
+        old = old_params.get(growth.source.get(name, ""))
+        if (name.rpartition(".")[2] in TOKEN_TENSORS and name not in growth.inserted
+                and old is not None and old.shape[1:] == param.shape[1:]):
+            rows[name] = min(old.shape[0], param.shape[0])
+    if (freeze is not None or noise) and not rows:
+        raise GrowthError("freeze_old and noise_old act on the parameter tokens a growth keeps; "
+                          "this growth keeps none (no token tensor kept its width)")
+    if noise:
+        _noise_old_rows(growth.model, rows, noise, generator)
+    growth.model._old_tokens = OldTokens(rows, freeze)
+
+
+@torch.no_grad()
+def _noise_old_rows(model: nn.Module, rows: dict[str, int], noise: float,
+                    generator: torch.Generator | None) -> None:
+    """Add N(0, (noise·rms)²) to the old rows of each tensor (rms over those rows). Out of place:
+    with ``copy=False`` a tensor that did not grow is the input model's own."""
+    params = dict(model.named_parameters())
+    for name, n in rows.items():
+        param = params[name]
+        old = param.detach()[:n]
+        rms = float(old.double().pow(2).mean().sqrt())
+        if rms == 0:
+            continue
+        delta = torch.empty(old.shape).normal_(0.0, noise * rms, generator=generator)
+        new = param.detach().clone()
+        new[:n] += delta.to(new)
+        param.data = new
 
 
 # --------------------------------------------------------------------------------- optimizer

@@ -5,8 +5,9 @@ vision training and plots (docs/training.md, docs/architecture.md).
 the ``--grow-at`` language (:mod:`.growth_events`), the learning-rate schedule (:mod:`.schedule`),
 the optimizer (:mod:`.optim`), one optimizer step (:mod:`.step`), where it runs
 (:mod:`.execution`), the records (:mod:`.recording`), evaluation (:mod:`.evaluation`),
-checkpoints (:mod:`.checkpointing`), signals (:mod:`.signals`) and growth during a run
-(:mod:`.growth`). :mod:`.lm` is ``tokenformer train``'s front end and :mod:`.report` its summary.
+checkpoints (:mod:`.checkpointing`), signals (:mod:`.signals`), growth during a run
+(:mod:`.growth`) and old tokens frozen after one (:mod:`.freezing`). :mod:`.lm` is
+``tokenformer train``'s front end and :mod:`.report` its summary.
 """
 
 from .config import TrainConfig, load_config

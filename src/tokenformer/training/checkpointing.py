@@ -45,14 +45,18 @@ class Checkpointer:
         self.events, self.save_extra = events, save_extra
 
     def save(self, step: int, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-             names: list[list[str]], counters: dict[str, Any]) -> None:
-        """Write the checkpoint of ``step`` to ``path`` (every rank calls it)."""
+             names: list[list[str]], counters: dict[str, Any],
+             frozen: dict[str, Any] | None = None) -> None:
+        """Write the checkpoint of ``step`` to ``path`` (every rank calls it); ``frozen``: the
+        frozen rows in force (:meth:`.freezing.FrozenRows.to_state`)."""
         world = self.world
         state = {"format": TRAINER_FORMAT, "step": step, **counters,
                  "param_groups": names, "world_size": world.world_size,
                  "strategy": world.strategy, "growth": [e.spec for e in self.events
                                                        if e.step <= step],
                  "train_config": self.cfg.to_dict()}
+        if frozen is not None:
+            state["frozen_rows"] = frozen
         try:
             if world.strategy == "fsdp":
                 def rest(tmp: Path) -> None:
@@ -74,16 +78,17 @@ class Checkpointer:
 
     def after_step(self, done: int, stopper: StopOnSignal, model: nn.Module,
                    optimizer: torch.optim.Optimizer, names: list[list[str]],
-                   counters: dict[str, Any]) -> None:
+                   counters: dict[str, Any], frozen: dict[str, Any] | None = None) -> None:
         """After ``done`` steps: the final, a periodic or a stop checkpoint when due; a stop then
         raises :class:`Interrupted`."""
         cfg, run_dir, world = self.cfg, self.run_dir, self.world
         signum = stopper.requested(world)  # the same on every rank: all save or none
         periodic = cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
         if done == cfg.steps:
-            self.save(done, run_dir / ckpt.FINAL, model, optimizer, names, counters)
+            self.save(done, run_dir / ckpt.FINAL, model, optimizer, names, counters, frozen)
         elif periodic or signum:
-            self.save(done, ckpt.step_dir(run_dir, done), model, optimizer, names, counters)
+            self.save(done, ckpt.step_dir(run_dir, done), model, optimizer, names, counters,
+                      frozen)
             if world.is_main:
                 ckpt.prune_checkpoints(run_dir, cfg.keep_last)
         if signum and done < cfg.steps:

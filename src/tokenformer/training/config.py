@@ -26,7 +26,7 @@ from ..models.baselines import ARCHS, TransformerConfig
 from ..models.config import NON_NEGATIVE, FieldRule, TokenFormerConfig, check_fields
 from ..nn.pattention import PATTENTION_IMPLS
 from .execution import parse_device
-from .growth_events import growth_events
+from .growth_events import run_growth_events
 from .schedule import SCHEDULES
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
@@ -85,12 +85,19 @@ class TrainConfig:
     grad_clip: float = 1.0
     """clip the global gradient norm to this (0: off)"""
     grow_at: list[str] = field(default_factory=list)
-    """growth inside the run: STEP:qkv=..,proj=..,ffn=..,layers=..,strategy=.. (--grow-at)"""
+    """growth inside the run: STEP:qkv=..,proj=..,ffn=..,layers=..,strategy=..,lr=.. (--grow-at,
+    docs/training.md)"""
     growth_lr: str = "continue"
     """continue: one schedule over the run; restart: warmup + decay per stage"""
     growth_optimizer: str = "carry"
     """AdamW moments at a growth: carry (new rows zero), carry-mean (new rows' second moments at
     the old rows' mean, grow.grow_with_optimizer) or reset"""
+    growth_freeze_old: str = "0"
+    """every growth's freeze_old unless its --grow-at sets one: the old parameter tokens get no
+    update for this many steps, or forever (0: they train)"""
+    growth_noise_old: float = 0.0
+    """every growth's noise_old unless its --grow-at sets one: noise added to the old parameter
+    tokens, a std relative to each tensor's rms (0: none)"""
     # execution
     device: str = "auto"
     """auto, cpu, cuda or cuda:N"""
@@ -177,8 +184,11 @@ class TrainConfig:
                               f"{self.grad_accum}")
         if not isinstance(self.model, dict) or not isinstance(self.baseline, dict):
             raise ConfigError("model and baseline must be mappings of config keys")
-        growth_events(self.grow_at, self.steps)  # malformed --grow-at fails here, before anything
-        # is written
+        # a malformed --grow-at fails here, before anything is written
+        for event in run_growth_events(self):
+            if event.lr is not None and event.lr < self.min_lr:
+                raise ConfigError(f"--grow-at {event.spec!r}: lr {event.lr:g} is below min_lr "
+                                  f"{self.min_lr:g}, where every decay ends")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

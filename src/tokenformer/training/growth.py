@@ -25,9 +25,10 @@ def grow_in_run(model: nn.Module, optimizer: torch.optim.Optimizer, event: Growt
           evaluate: Callable[[nn.Module], dict[str, float]] | None,
           counters: dict[str, Any]
           ) -> tuple[nn.Module, torch.optim.Optimizer, nn.Module, dict[str, Any]]:
-    """Grow model and optimizer at ``event`` (the new rows drawn from a generator seeded by the
-    run's seed and the step: the same on every rank and on resume); ``evaluate`` before and after;
-    the event's record."""
+    """Grow model and optimizer at ``event`` (the new rows, and ``noise_old``, drawn from a
+    generator seeded by the run's seed and the step: the same on every rank and on resume);
+    ``evaluate`` before and after; the event's record. The optimizer is reset when
+    ``growth_optimizer`` is ``reset`` or the recipe is ``official-released``."""
 
     before = evaluate(model) if evaluate else {}
     params_before = sum(p.numel() for p in model.parameters())

@@ -1,91 +1,231 @@
 """The ``--grow-at`` mini-language: ``STEP:key=value,...`` specs become checked growth events.
 
 ``500:qkv=2x,proj=2x,ffn=512,layers=6,strategy=exact`` is a :class:`GrowthEvent`, checked against
-the run's steps and, before the first step, against the model (:func:`check_growth_plan`).
+the run's steps and, before the first step, against the model (:func:`check_growth_plan`). Keys:
+
+* sizes, passed to :func:`tokenformer.ops.growth.grow`: ``qkv``, ``proj``, ``ffn``, ``layers``,
+  ``hidden``, ``heads`` (a count or a multiplier like ``2x``), ``how`` (``identity``, ``stack``),
+  ``width_noise`` (zero-sum noise on duplicated units, std relative to each tensor's rms);
+* ``strategy`` (or ``recipe``): ``exact``, ``paper``, ``official-init``, ``official-released``
+  (``official``: the old name of ``official-init``);
+* old tokens: ``freeze_old`` (steps, or ``forever``), ``noise_old`` (std relative to each tensor's
+  rms);
+* the schedule: ``lr`` (the peak of the stages from this growth on) and ``lr_ramp`` (steps over
+  which the peak moves there; default 0, at once).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, TokenFormerError
 from ..models.memory import check_memory
-from ..ops.growth import STRATEGIES, plan_growth
+from ..ops.growth import (
+    FOREVER,
+    RECIPE_ALIASES,
+    RECIPES,
+    canonical_recipe,
+    freeze_request,
+    plan_growth,
+    recipe_alias_note,
+    resets_optimizer,
+)
+from .schedule import Stage
 
-GROW_KEYS = ("qkv", "proj", "ffn", "layers", "strategy")
+if TYPE_CHECKING:
+    from .config import TrainConfig
+
+SIZE_KEYS = ("qkv", "proj", "ffn", "layers", "hidden", "heads")
+OLD_TOKEN_KEYS = ("freeze_old", "noise_old")  # also a frontier chain's options
+GROW_KEYS = (*SIZE_KEYS, "how", "width_noise", "strategy", "recipe", *OLD_TOKEN_KEYS, "lr",
+             "lr_ramp")
+# What grow() takes beside the sizes that plan_growth does not check.
+_NOT_PLANNED = ("freeze_old", "noise_old")
+_WORD = re.compile(r"^[a-z][a-z_-]*$")
 
 
 @dataclass(frozen=True)
 class GrowthEvent:
-    """One growth of a run: before optimizer step ``step``, ``grow_with_optimizer(**kwargs)``."""
+    """One growth of a run: before optimizer step ``step``, ``grow_with_optimizer(**kwargs)``;
+    ``lr``/``lr_ramp``: the peak learning rate from then on (None: unchanged); ``note``: a line
+    for the user (an old recipe name)."""
 
     step: int
     kwargs: dict[str, Any]
     spec: str
+    lr: float | None = None
+    lr_ramp: int = 0
+    note: str = ""
+
+    @property
+    def stage(self) -> Stage:
+        """What this growth does to the schedule: a restart for ``official-released``."""
+        return Stage(self.step, resets_optimizer(self.kwargs.get("strategy", "exact")), self.lr,
+                     self.lr_ramp)
+
+    @property
+    def freeze_end(self) -> float:
+        """The step the old tokens frozen by this growth train again (inf: never; the step
+        itself: no freeze)."""
+        freeze = freeze_request(self.kwargs.get("freeze_old"))
+        return math.inf if freeze == FOREVER else self.step + (freeze or 0)
 
 
 def parse_grow_at(spec: str) -> GrowthEvent:
-    """``"STEP:qkv=2x,ffn=512,layers=6,strategy=exact"`` → GrowthEvent."""
+    """``"STEP:qkv=2x,ffn=512,layers=6,strategy=exact,lr=5e-4"`` → GrowthEvent."""
     usage = (f"--grow-at {spec!r} is malformed: expected STEP:key=value,... with keys "
              f"{', '.join(GROW_KEYS)} (e.g. 500:qkv=2x,proj=2x,ffn=2x,strategy=exact)")
     step_text, sep, rest = str(spec).partition(":")
     if not sep or not step_text.strip().isdecimal() or not rest.strip():
         raise ConfigError(usage)
+    kwargs = parse_options(rest, f"--grow-at {spec!r}", GROW_KEYS, usage)
+    note = ""
+    if "recipe" in kwargs:
+        if "strategy" in kwargs:
+            raise ConfigError(f"--grow-at {spec!r}: recipe and strategy name the same thing; "
+                              f"give one")
+        kwargs["strategy"] = kwargs.pop("recipe")
+    if kwargs.get("strategy") in RECIPE_ALIASES:
+        note = recipe_alias_note(kwargs["strategy"])
+        kwargs["strategy"] = canonical_recipe(kwargs["strategy"], warn=False)
+    lr, ramp = kwargs.pop("lr", None), kwargs.pop("lr_ramp", 0)
+    if ramp and lr is None:
+        raise ConfigError(f"--grow-at {spec!r}: lr_ramp needs lr= (the peak to ramp to)")
+    return GrowthEvent(int(step_text), kwargs, str(spec), lr, ramp, note)
+
+
+def parse_options(text: str, where: str, keys: Sequence[str], usage: str) -> dict[str, Any]:
+    """``key=value,...`` (keys among ``keys``) with each value checked and converted; one
+    ConfigError line naming ``where`` for anything wrong."""
     kwargs: dict[str, Any] = {}
-    for item in rest.split(","):
+    for item in text.split(","):
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
-        if not eq or key not in GROW_KEYS or not value or key in kwargs:
+        if not eq or key not in keys or not value or key in kwargs:
             raise ConfigError(usage)
-        if key == "strategy":
-            if value not in STRATEGIES:
-                raise ConfigError(f"--grow-at {spec!r}: unknown strategy {value!r}; choose one "
-                                  f"of {', '.join(STRATEGIES)}")
-            kwargs[key] = value
-        elif value.isdecimal() and int(value) > 0:
-            kwargs[key] = int(value)
-        elif value.endswith("x") and _is_positive_float(value[:-1]):
-            if float(value[:-1]) < 1:
-                raise ConfigError(f"--grow-at {spec!r}: {key}={value} would shrink the model; "
-                                  f"growth only adds (use a multiplier >= 1x)")
-            kwargs[key] = value
-        else:
-            raise ConfigError(f"--grow-at {spec!r}: {key}={value!r} must be a positive integer "
-                              f"or a multiplier like 2x")
-    return GrowthEvent(int(step_text), kwargs, str(spec))
+        kwargs[key] = _value(key, value, where)
+    return kwargs
 
 
-def _is_positive_float(text: str) -> bool:
+def _value(key: str, value: str, where: str) -> Any:
+    if key in ("strategy", "recipe"):
+        if value not in RECIPES and value not in RECIPE_ALIASES:
+            raise ConfigError(f"{where}: unknown {key} {value!r}; choose one of "
+                              f"{', '.join(RECIPES)}")
+        return value
+    if key == "how":
+        if not _WORD.match(value):
+            raise ConfigError(f"{where}: how={value!r} must be a word like identity or stack")
+        return value
+    if key == "freeze_old":
+        if value != FOREVER and not value.isdecimal():
+            raise ConfigError(f"{where}: freeze_old={value!r} must be a number of steps or "
+                              f"{FOREVER}")
+        return value if value == FOREVER else int(value)
+    if key in ("noise_old", "width_noise", "lr"):
+        number = _float(value)
+        if number is None or number < 0 or (key == "lr" and number == 0):
+            raise ConfigError(f"{where}: {key}={value!r} must be a number "
+                              f"{'> 0' if key == 'lr' else '>= 0'}")
+        return number
+    if key == "lr_ramp":
+        if not value.isdecimal():
+            raise ConfigError(f"{where}: lr_ramp={value!r} must be a number of steps")
+        return int(value)
+    if value.isdecimal() and int(value) > 0:  # a size
+        return int(value)
+    if value.endswith("x") and (factor := _float(value[:-1])) is not None and factor > 0:
+        if factor < 1:
+            raise ConfigError(f"{where}: {key}={value} would shrink the model; growth only "
+                              f"adds (use a multiplier >= 1x)")
+        return value
+    raise ConfigError(f"{where}: {key}={value!r} must be a positive integer or a multiplier "
+                      f"like 2x")
+
+
+def _float(text: str) -> float | None:
     try:
-        return float(text) > 0
+        number = float(text)
     except ValueError:
-        return False
+        return None
+    return number if math.isfinite(number) else None
 
 
-def growth_events(specs: Sequence[str], steps: int) -> list[GrowthEvent]:
-    """The ``--grow-at`` specs of a run of ``steps`` steps as events, by step; a step outside the
-    run or two growths at one step are refused."""
-    events = sorted((parse_grow_at(s) for s in specs), key=lambda e: e.step)
+def growth_events(specs: Sequence[str], steps: int, *, freeze_old: str = "0",
+                  noise_old: float = 0.0) -> list[GrowthEvent]:
+    """The ``--grow-at`` specs of a run of ``steps`` steps as events, by step, each without its
+    own ``freeze_old``/``noise_old`` given the run's (``growth_freeze_old``/``growth_noise_old``).
+    Refused: a step outside the run, two growths at one step, a freeze that would outlast the
+    next growth (which ends it) unless that growth freezes at least as long."""
+    defaults = parse_options(f"freeze_old={freeze_old},noise_old={noise_old}",
+                             "growth_freeze_old/growth_noise_old", OLD_TOKEN_KEYS,
+                             f"growth_freeze_old must be a number of steps or {FOREVER}, and "
+                             f"growth_noise_old a number >= 0")
+    defaults = {k: v for k, v in defaults.items() if v}  # 0: off, as if not given
+    events = []
+    for spec in specs:
+        event = parse_grow_at(spec)
+        for key, value in defaults.items():
+            event.kwargs.setdefault(key, value)
+        events.append(event)
+    events.sort(key=lambda e: e.step)
     for event in events:
         if not 0 < event.step < steps:
             raise ConfigError(f"--grow-at {event.spec!r}: the step must be in 1..{steps - 1}")
     if len({e.step for e in events}) != len(events):
         raise ConfigError("--grow-at: two growths at the same step; merge them into one")
+    for a, b in itertools.pairwise(events):
+        if a.freeze_end > b.step and b.freeze_end < a.freeze_end:
+            raise ConfigError(
+                f"--grow-at {a.spec!r}: its freeze_old outlasts the growth at step {b.step}, "
+                f"which ends it; freeze for at most {b.step - a.step} steps, or give the growth "
+                f"at {b.step} a freeze_old at least as long (it freezes every older token)")
     return events
+
+
+def run_growth_events(cfg: TrainConfig) -> list[GrowthEvent]:
+    """:func:`growth_events` of a training config."""
+    return growth_events(cfg.grow_at, cfg.steps, freeze_old=cfg.growth_freeze_old,
+                         noise_old=cfg.growth_noise_old)
 
 
 def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
     """Apply every growth to the model config in order, before the first step: a shrink, an
-    unknown strategy, an impossible multiple or a model too large for memory fails now, not after
-    the steps before it."""
+    unknown strategy, an impossible multiple, old-token options on a growth that keeps no
+    tokens, or a model too large for memory fails now, not after the steps before it."""
 
+    for event in events:
+        if not _old_token_options(event):
+            continue
+        if not hasattr(config, "qkv_tokens"):
+            raise ConfigError(f"--grow-at {event.spec!r}: freeze_old and noise_old act on "
+                              f"parameter tokens; a {getattr(config, 'arch', 'baseline')} model "
+                              f"has none")
     if not events or not hasattr(config, "qkv_tokens"):
         return
     for event in events:
+        planned = {k: v for k, v in event.kwargs.items() if k not in _NOT_PLANNED}
         try:
-            config = plan_growth(config, **event.kwargs)
-            check_memory(config, 4, "the grown model")  # weights, gradients, two moments
+            grown = plan_growth(config, **planned)
+            check_memory(grown, 4, "the grown model")  # weights, gradients, two moments
         except TokenFormerError as exc:
             raise ConfigError(f"--grow-at {event.spec!r}: {exc}") from None
+        if _old_token_options(event) and event.kwargs.get("how") == "stack":
+            raise ConfigError(f"--grow-at {event.spec!r}: freeze_old and noise_old act on the "
+                              f"tokens a growth of tokens or identity blocks keeps, not on a "
+                              f"stacked copy (how=stack)")
+        if _old_token_options(event) and grown.hidden_size != config.hidden_size:
+            raise ConfigError(f"--grow-at {event.spec!r}: freeze_old and noise_old act on the "
+                              f"tokens a growth keeps; changing the hidden size changes every "
+                              f"token's width, so none is kept")
+        config = grown
+
+
+def _old_token_options(event: GrowthEvent) -> bool:
+    return (freeze_request(event.kwargs.get("freeze_old")) is not None
+            or bool(event.kwargs.get("noise_old")))

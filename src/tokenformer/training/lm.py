@@ -26,7 +26,7 @@ from .config import RUN_CONFIG, TrainConfig
 from .distributed import consolidate_checkpoint
 from .evaluation import lm_evaluator
 from .execution import resolve_device
-from .growth_events import check_growth_plan, growth_events
+from .growth_events import check_growth_plan, run_growth_events
 from .loop import FitResult, fit
 from .recording import METRICS
 from .report import report
@@ -118,7 +118,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "
                               f"{model_config.max_seq_len}")
         dataset.check_model(model_config.vocab_size, cfg.seq_len)
-        check_growth_plan(model_config, growth_events(cfg.grow_at, cfg.steps))
+        events = run_growth_events(cfg)
+        check_growth_plan(model_config, events)
+        if world.is_main:
+            for note in dict.fromkeys(e.note for e in events if e.note):
+                print_fn(f"note: {note}")
         if cfg.batch_size % (world.world_size * cfg.grad_accum):
             raise ConfigError(f"batch_size {cfg.batch_size} must be divisible by world size "
                               f"{world.world_size} × grad_accum {cfg.grad_accum}")

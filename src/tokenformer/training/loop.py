@@ -29,8 +29,9 @@ from .checkpointing import Checkpointer, restore
 from .config import TrainConfig
 from .evaluation import EvalFn, Evaluation
 from .execution import autocast_for, prepare_module
+from .freezing import FrozenRows
 from .growth import grow_in_run
-from .growth_events import growth_events
+from .growth_events import run_growth_events
 from .optim import group_names, make_optimizer
 from .recording import Callback, Recorder
 from .schedule import lr_at, set_lr
@@ -80,6 +81,7 @@ def fit(
     world: World | None = None,
     device: torch.device | str | None = None,
     progress: bool | None = None,
+    freeze: FrozenRows | None = None,
 ) -> FitResult:
     """Train ``model`` from ``start_step`` to ``cfg.steps``; see the module docstring.
 
@@ -88,7 +90,9 @@ def fit(
     every rank at ``eval_interval``, ``eval_at``, around growths and at the end. ``flops_fn``
     counts the training FLOPs of a batch (default: :func:`lm_flops`). ``resume_from`` (a
     checkpoint directory) restores model, optimizer, RNG, step and counters, and ``model``'s class
-    loads it. ``callbacks`` see every metrics record and the current model.
+    loads it. ``callbacks`` see every metrics record and the current model. ``freeze`` keeps
+    rows of ``model`` unchanged until its step (:mod:`.freezing`; a growth with ``freeze_old``
+    replaces it, and a checkpoint carries it to the resumed run).
 
     With ``out_dir`` the run folder is locked for the call (:mod:`tokenformer.io.outputs`), and
     SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
@@ -101,21 +105,23 @@ def fit(
         return _fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer,
                     start_step=start_step, out_dir=out_dir, resume_from=resume_from,
                     callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
-                    device=device, progress=progress, stopper=stopper)
+                    device=device, progress=progress, stopper=stopper, freeze=freeze)
 
 
 def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: EvalFn | None,
          optimizer: torch.optim.Optimizer | None, start_step: int, out_dir: str | Path | None,
          resume_from: str | Path | None, callbacks: Sequence[Callback],
          flops_fn: FlopsFn | None, save_extra: Callable[[Path], None] | None, world: World,
-         device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal
-         ) -> FitResult:
+         device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal,
+         freeze: FrozenRows | None) -> FitResult:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     flops_fn = flops_fn or lm_flops
-    events = growth_events(cfg.grow_at, cfg.steps)
-    if events and world.strategy == "fsdp":
-        raise ConfigError("growth inside a run is not supported with strategy fsdp; use ddp")
+    events = run_growth_events(cfg)
+    if (events or freeze is not None) and world.strategy == "fsdp":
+        raise ConfigError("growth inside a run (and frozen rows) is not supported with strategy "
+                          "fsdp; use ddp")
     growth_steps = [e.step for e in events]
+    stages = [e.stage for e in events]
     run_dir = Path(out_dir) if out_dir is not None else None
     model = model.to(device)
     counters = None
@@ -124,12 +130,17 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
             raise ConfigError("pass either an optimizer or resume_from, not both")
         model, optimizer, state = restore(type(model), Path(resume_from), cfg, world, device)
         start_step = state["step"]
+        frozen = state.get("frozen_rows")
+        freeze = (FrozenRows.from_state(frozen, str(resume_from)) if frozen is not None
+                  else None)
         counters = {k: state[k] for k in ("tokens", "flops", "train_time", "elapsed")}
     module = prepare_module(model, cfg, world, device)
     if optimizer is None:
         optimizer = make_optimizer(model, cfg)
     # Named now: after an FSDP forward the root's parameters may be unsharded stand-ins.
     names = group_names(model, optimizer)
+    if freeze is not None:
+        freeze.attach(model, optimizer)
     recorder = Recorder(cfg, world, run_dir=run_dir, start_step=start_step,
                         resumed=resume_from is not None, counters=counters, callbacks=callbacks,
                         progress=progress)
@@ -148,14 +159,21 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
                     model, optimizer, event, cfg, world, device,
                     evaluation if eval_fn is not None else None, recorder.counters)
                 names = group_names(model, optimizer)
+                freeze = FrozenRows.after_growth(model, step)  # ends an earlier freeze
+                if freeze is not None:
+                    freeze.attach(model, optimizer)
+                    record["frozen_until"] = "forever" if freeze.until is None else freeze.until
                 recorder.emit(record, model)
-            lr = lr_at(step, cfg, growth_steps)
+            if freeze is not None and not freeze.active(step):
+                freeze = None  # the old tokens train again (and the saved copy is freed)
+            lr = lr_at(step, cfg, stages)
             set_lr(optimizer, lr)
             t0 = time.perf_counter()
             batch = batch_fn(step)
             loss, grad_norm = train_step(module, model, optimizer, batch,
                                          grad_accum=cfg.grad_accum, grad_clip=cfg.grad_clip,
-                                         world=world, device=device, autocast=autocast)
+                                         world=world, device=device, autocast=autocast,
+                                         freeze=freeze)
             dt = time.perf_counter() - t0
             tokens = count_tokens(batch) * world.world_size
             done = step + 1
@@ -168,7 +186,8 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
             if evaluation.due(done):
                 recorder.evaluation(done, evaluation(model), model)
             if checkpoints is not None:
-                checkpoints.after_step(done, stopper, model, optimizer, names, recorder.counters)
+                checkpoints.after_step(done, stopper, model, optimizer, names, recorder.counters,
+                                       freeze.to_state() if freeze is not None else None)
     finally:
         recorder.close()
     c = recorder.counters

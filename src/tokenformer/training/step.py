@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from ..io.process_group import World, mean_across
 from ..models.config import flops_per_token
 from .distributed import no_gradient_sync
+from .freezing import FrozenRows
 
 
 def micro_batches(batch: dict[str, torch.Tensor], n: int) -> list[dict[str, torch.Tensor]]:
@@ -31,10 +32,11 @@ def micro_batches(batch: dict[str, torch.Tensor], n: int) -> list[dict[str, torc
 def train_step(module: nn.Module, model: nn.Module, optimizer: torch.optim.Optimizer,
                batch: dict[str, torch.Tensor], *, grad_accum: int, grad_clip: float,
                world: World, device: torch.device,
-               autocast: Callable[[], AbstractContextManager]
-               ) -> tuple[float, torch.Tensor | None]:
+               autocast: Callable[[], AbstractContextManager],
+               freeze: FrozenRows | None = None) -> tuple[float, torch.Tensor | None]:
     """One update of ``model`` (through ``module``, its wrapped/compiled form) on ``batch``:
-    the mean loss over ranks and the gradient norm before clipping (None without clipping)."""
+    the mean loss over ranks and the gradient norm before clipping (None without clipping).
+    ``freeze``: rows that get no gradient (before clipping) and no update (restored after it)."""
     micro = micro_batches(batch, grad_accum)
     loss_sum = torch.zeros((), device=device)
     for i, mb in enumerate(micro):
@@ -42,9 +44,13 @@ def train_step(module: nn.Module, model: nn.Module, optimizer: torch.optim.Optim
             loss = module(**mb).loss / len(micro)
         loss.backward()
         loss_sum += loss.detach().float()
+    if freeze is not None:
+        freeze.zero_grads()
     grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
                  if grad_clip > 0 else None)
     optimizer.step()
+    if freeze is not None:
+        freeze.restore()
     optimizer.zero_grad(set_to_none=True)
     loss_value = mean_across(loss_sum, world)
     if device.type == "cuda":

@@ -13,6 +13,12 @@ seed 0, one branch at the end); the final runs of that size use the argmin (the 
 the grid when the argmin sits on an edge). A chain uses the LR of its final size for its whole
 run: the LR does not move at growth.
 
+A chain is named by its growth recipe, optionally with old-token options in the ``--grow-at``
+syntax: ``exact``, ``official-init:freeze_old=forever``, ``paper:noise_old=0.01,freeze_old=200``
+(:func:`chain_spec`). ``official`` (the default arm, named before the recipes were) is
+``official-init``. ``official-released`` is not a chain here: it restarts the LR schedule at each
+growth, outside the one WSD family every run of this experiment follows.
+
 Families: ``tokenformer``, ``transformer++`` (matched to each TokenFormer size in non-embedding
 parameters) and the product-key TokenFormers ``tokenformer-pk16``/``-pk64`` (each size's FFN
 replaced by product keys over ≈ 16×/64× its tokens at the dense FLOPs per token; issue 18, preset
@@ -30,7 +36,8 @@ from typing import Any
 from ...errors import ConfigError
 from ...models.baselines import matched_config
 from ...models.config import TokenFormerConfig, flops_per_token
-from ...ops.growth import NEW_ROW_MOMENTS, STRATEGIES
+from ...ops.growth import NEW_ROW_MOMENTS, RELEASED, STRATEGIES
+from ...training.growth_events import OLD_TOKEN_KEYS, parse_options
 from ..common.report import markdown_table
 
 SCHEDULE_FAMILY = "wsd"
@@ -42,7 +49,9 @@ FAMILIES = (*DENSE_FAMILIES, *PRODUCT_KEY_FAMILIES)  # every family a preset may
 # a product-key size's FFN forward FLOPs/token may differ from the dense size's by at most this
 # (k is an integer: one more selected token changes the FFN's count by 2d + Θ's work)
 PK_FLOPS_TOLERANCE = 0.01
-CHAINS = (*STRATEGIES, "exact-anneal")  # growth recipes of TokenFormer chains
+# growth recipes of TokenFormer chains (each may add old-token options: chain_spec)
+CHAINS = (*(s for s in STRATEGIES if s != RELEASED), "exact-anneal")
+DEFAULT_CHAINS = ("exact", "paper", "official", "exact-anneal")  # the presets' arms
 WIDENINGS = ("zero", "net2net")  # MLP widening of the Transformer++ chain
 MAX_EPOCHS = 4.0  # no run may see the training split more often than this
 
@@ -76,7 +85,7 @@ class Preset:
     max_extensions: int = 2  # grid points the runner may add beyond an edge, per side
     seeds: int = 3
     families: tuple[str, ...] = DENSE_FAMILIES
-    chains: tuple[str, ...] = CHAINS
+    chains: tuple[str, ...] = DEFAULT_CHAINS
     widenings: tuple[str, ...] = WIDENINGS
     # cumulative fraction of max_budget at which the chains grow, one per growth: the chain is
     # S1 → S2 → … → S(len + 1)
@@ -125,8 +134,7 @@ class Preset:
             if family not in FAMILIES:
                 raise ConfigError(f"frontier: unknown family {family!r}")
         for chain in self.chains:
-            if chain not in CHAINS:
-                raise ConfigError(f"frontier: unknown chain {chain!r}; choose from {CHAINS}")
+            chain_spec(chain)
         if (self.chains and "tokenformer" not in self.families) or (
                 self.widenings and "transformer++" not in self.families):
             raise ConfigError("frontier: a chain needs its family's from-scratch sizes")
@@ -134,6 +142,23 @@ class Preset:
             raise ConfigError(f"frontier: new_row_moments must be one of {NEW_ROW_MOMENTS}")
         if not 0 < self.decay_fraction < 1 or self.seeds < 1:
             raise ConfigError("frontier: decay_fraction in (0, 1) and seeds >= 1")
+
+
+def chain_spec(chain: str) -> tuple[str, dict[str, Any]]:
+    """A chain's recipe and its old-token options (``freeze_old``, ``noise_old``):
+    ``"exact:freeze_old=100"`` → ``("exact", {"freeze_old": 100})``."""
+    recipe, _, options = chain.partition(":")
+    if recipe == RELEASED:
+        raise ConfigError(f"frontier: chain {chain!r}: {RELEASED} restarts the LR schedule at "
+                          f"each growth, outside this experiment's one WSD family; use "
+                          f"official-init here (tokenformer train --grow-at runs {RELEASED})")
+    if recipe not in CHAINS:
+        raise ConfigError(f"frontier: unknown chain {chain!r}; choose from {CHAINS}, each "
+                          f"optionally followed by :freeze_old=N|forever,noise_old=X")
+    usage = (f"frontier: chain {chain!r} is malformed: expected RECIPE or RECIPE:key=value,... "
+             f"with keys {', '.join(OLD_TOKEN_KEYS)}")
+    return recipe, (parse_options(options, f"frontier: chain {chain!r}", OLD_TOKEN_KEYS, usage)
+                    if options else {})
 
 
 _CPU = Preset(name="full")

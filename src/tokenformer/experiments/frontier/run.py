@@ -39,11 +39,12 @@ from ...models.baselines import TransformerConfig, model_class
 from ...models.config import TokenFormerConfig
 from ...nn import kernels
 from ...nn.pattention import KINDS, default_scale, pattention_kind
-from ...ops.growth import grow_with_optimizer
+from ...ops.growth import canonical_recipe, grow_with_optimizer
 from ...ops.widening import optimizer_for, widen_mlp
 from ...training.config import TrainConfig
 from ...training.evaluation import lm_evaluator
 from ...training.execution import resolve_device
+from ...training.freezing import FrozenRows
 from ...training.lm import lm_batches
 from ...training.loop import fit
 from ...training.optim import group_names, make_optimizer
@@ -133,31 +134,37 @@ def _apply_anneal(model: Any, anneal: dict[str, Any] | None, step: int, steps: i
             setattr(model.config, f"{kind}_scale", None)
 
 
-def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
-          ) -> tuple[Any, Any, dict[str, Any] | None]:
-    """Grow to ``stage``'s size with the run's recipe; returns the anneal record (or None)."""
+def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage,
+          state: dict[str, Any]) -> tuple[Any, Any]:
+    """Grow to ``stage``'s size with the run's recipe and old-token options; the anneal record
+    (or None) and the frozen rows (or None) go into ``state``."""
 
 
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
     if run.kind == "widen":
         model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
                                      run.recipe, generator=generator)
-        return model.to(ctx.device).train(), optimizer, None
+        state.update(anneal=None, frozen_rows=None)
+        return model.to(ctx.device).train(), optimizer
 
     c = stage.config
-    strategy = "exact" if run.recipe == "exact-anneal" else run.recipe
+    recipe, options = plan_.chain_spec(run.recipe)
+    strategy = "exact" if recipe == "exact-anneal" else canonical_recipe(recipe, warn=False)
     model, optimizer = grow_with_optimizer(
         model, optimizer, new_row_moments=ctx.preset.new_row_moments, generator=generator,
-        qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens, strategy=strategy)
+        qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens, strategy=strategy, **options)
     model = model.to(ctx.device).train()
+    freeze = FrozenRows.after_growth(model, stage.start)
+    state["frozen_rows"] = freeze.to_state() if freeze is not None else None
     anneal = None
-    if run.recipe == "exact-anneal":
+    if recipe == "exact-anneal":
         cfg = model.config
         anneal = {"step": stage.start,
                   "held": {k: cfg.theta_scale(k) for k in KINDS},
                   "target": {k: default_scale(cfg.norm, getattr(cfg, f"{k}_tokens"))
                              for k in KINDS}}
-    return model, optimizer, anneal
+    state["anneal"] = anneal
+    return model, optimizer
 
 
 def _state_path(ctx: Context, run: Run) -> Path:
@@ -272,8 +279,7 @@ def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
                     state["branches"].append(_branch(ctx, run, lr, model, optimizer, branch,
                                                      state))
             if stop in stage_at:
-                model, optimizer, anneal = _grow(ctx, run, model, optimizer, stage_at[stop])
-                state["anneal"] = anneal
+                model, optimizer = _grow(ctx, run, model, optimizer, stage_at[stop], state)
                 _apply_anneal(model, state["anneal"], stop, p.anneal_steps)
             state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
                          param_groups=group_names(model, optimizer),
@@ -310,8 +316,12 @@ def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
 
+    # frozen old tokens (a chain's freeze_old), for the steps of this segment that need it
+    frozen = state.get("frozen_rows")  # absent from states written before chains had options
+    freeze = FrozenRows.from_state(frozen, str(_state_path(ctx, run))) if frozen else None
     result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
-                 device=ctx.device, progress=False, callbacks=[on_record])
+                 device=ctx.device, progress=False, callbacks=[on_record],
+                 freeze=freeze if freeze is not None and freeze.active(start) else None)
     timing["train_time"] += result.train_time
     return result
 
