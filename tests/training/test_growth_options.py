@@ -300,12 +300,10 @@ def test_old_token_options_with_stacking_or_width_are_refused_before_the_first_s
 
 
 # ------------------------------------------------------------------------------ kill and resume
-def test_killed_inside_a_freeze_resumes_bit_for_bit(tmp_path, dataset_dir):
-    args = ["--config", "tiny", "--data", str(dataset_dir), "--steps", "12",
-            "--checkpoint-interval", "2", "--eval-interval", "0", "--threads", "1",
-            "--samples", "0", "--eval-batches", "1", "--no-progress", "--schedule", "wsd",
-            "--grow-at", "5:ffn=2x,qkv=2x,strategy=official-released,freeze_old=6,"
-                         "noise_old=0.05,lr=2e-3,lr_ramp=3"]
+def kill_and_resume(args: list[str], tmp_path, kill_after: int):
+    """Train ``args`` uninterrupted into ``full``, and again into ``killed`` killed with SIGKILL
+    after ``kill_after`` train records then resumed; assert both runs' losses, LRs and final
+    weights are identical. Returns (full, killed, final model)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert cli(["train", *args, "--out", str(full)]) == 0  # the uninterrupted reference
@@ -316,8 +314,7 @@ def test_killed_inside_a_freeze_resumes_bit_for_bit(tmp_path, dataset_dir):
     metrics = killed / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
-        # the old tokens are frozen for steps 5..10: die after a checkpoint inside that window
-        if metrics.is_file() and metrics.read_text().count('"type": "train"') >= 8:
+        if metrics.is_file() and metrics.read_text().count('"type": "train"') >= kill_after:
             break
         time.sleep(0.002)
     os.kill(proc.pid, signal.SIGKILL)
@@ -335,8 +332,17 @@ def test_killed_inside_a_freeze_resumes_bit_for_bit(tmp_path, dataset_dir):
     assert train_records(killed) == train_records(full)  # exact equality, every step
     a, b = TokenFormerLM.load(full / "final"), TokenFormerLM.load(killed / "final")
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
-    # a checkpoint inside the freeze carries it (every token tensor's rows before the growth);
-    # the final one, after it, does not
+    return full, killed, a
+
+
+def test_killed_inside_a_freeze_resumes_bit_for_bit(tmp_path, dataset_dir):
+    args = ["--config", "tiny", "--data", str(dataset_dir), "--steps", "12",
+            "--checkpoint-interval", "2", "--eval-interval", "0", "--threads", "1",
+            "--samples", "0", "--eval-batches", "1", "--no-progress", "--schedule", "wsd",
+            "--grow-at", "5:ffn=2x,qkv=2x,strategy=official-released,freeze_old=6,"
+                         "noise_old=0.05,lr=2e-3,lr_ramp=3"]
+    # the old tokens are frozen for steps 5..10: die after a checkpoint inside that window
+    full, _, a = kill_and_resume(args, tmp_path, kill_after=8)
     inside = read_state(step_dir(full, 10))["frozen_rows"]
     small = TokenFormerConfig.from_name("tiny")
     counts = {"query": small.qkv_tokens, "key": small.qkv_tokens, "value": small.qkv_tokens,
@@ -345,3 +351,16 @@ def test_killed_inside_a_freeze_resumes_bit_for_bit(tmp_path, dataset_dir):
         name: counts[name.split(".")[-2]] for name, _ in a.named_parameters()
         if name.endswith("_param_tokens")}
     assert "frozen_rows" not in read_state(full / "final")
+
+
+def test_killed_after_a_width_and_stacking_growth_resumes_bit_for_bit(tmp_path, dataset_dir):
+    """Width duplication and depth stacking inside a run: a kill after the growth resumes from a
+    checkpoint of the grown model (and its tiled optimizer state) to the same losses."""
+    args = ["--config", "tiny", "--data", str(dataset_dir), "--steps", "10",
+            "--checkpoint-interval", "2", "--eval-interval", "0", "--threads", "1",
+            "--samples", "0", "--eval-batches", "1", "--no-progress", "--schedule", "wsd",
+            "--grow-at", "3:hidden=2x,layers=2x,how=stack,width_noise=0.01,lr=2e-3"]
+    _, _, grown = kill_and_resume(args, tmp_path, kill_after=7)
+    small = TokenFormerConfig.from_name("tiny")
+    assert grown.config.hidden_size == 2 * small.hidden_size
+    assert grown.config.num_layers == 2 * small.num_layers
