@@ -137,19 +137,19 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
 
 
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
-    if run.kind == "widen":
+    recipe = plan_.RECIPES[run.recipe]
+    if recipe.kind == "widen":
         model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
-                                     run.recipe, generator=generator)
+                                     recipe.method, generator=generator)
         return model.to(ctx.device).train(), optimizer, None
 
     c = stage.config
-    strategy = "exact" if run.recipe == "exact-anneal" else run.recipe
     model, optimizer = grow_with_optimizer(
         model, optimizer, new_row_moments=ctx.preset.new_row_moments, generator=generator,
-        qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens, strategy=strategy)
+        qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens, strategy=recipe.method)
     model = model.to(ctx.device).train()
     anneal = None
-    if run.recipe == "exact-anneal":
+    if recipe.anneal:
         cfg = model.config
         anneal = {"step": stage.start,
                   "held": {k: cfg.theta_scale(k) for k in KINDS},
@@ -380,25 +380,38 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
 
 
 def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
-    """Every (family, size)'s LR grid, extended past an edge argmin up to ``max_extensions``
-    times per side; the chosen LR is the argmin of the final validation loss."""
+    """Every (family, size)'s LR grid, each point run with every sweep seed, extended past an
+    edge argmin up to ``max_extensions`` times per side; the chosen LR is the argmin of the mean
+    final validation loss over the sweep seeds (plan's module docstring)."""
     p = ctx.preset
+    seeds = plan_.sweep_seeds(p)
     sweeps: dict[str, Any] = {}
 
     def count(_lr: float) -> None:
-        ctx.total += 1
+        ctx.total += len(seeds)
 
     for family in p.families:
-        for size in p.sizes:
-            def loss(lr: float, family: str = family, size: str = size) -> float:
-                run = plan_.sweep_run(p, family, size, lr, vocab_size)
-                return execute(ctx, run, lr)["branches"][-1]["loss"]
+        for size in plan_.family_sizes(p, family):
+            per_seed: dict[float, dict[int, float]] = {}
+
+            def loss(lr: float, family: str = family, size: str = size,
+                     per_seed: dict[float, dict[int, float]] = per_seed) -> float:
+                for seed in seeds:
+                    run = plan_.sweep_run(p, family, size, lr, vocab_size, seed)
+                    per_seed.setdefault(lr, {})[seed] = execute(ctx, run, lr)["branches"][-1][
+                        "loss"]
+                return sum(per_seed[lr].values()) / len(seeds)  # inf if any seed diverged
 
             s = sweep_lr(p.lr_grid, loss, max_extensions=p.max_extensions, on_extend=count)
+            argmins = sorted({min(s.grid, key=lambda lr, seed=seed: (per_seed[lr][seed], lr))
+                              for seed in seeds})
             sweeps[plan_.size_key(family, size)] = {
-                "family": family, "size": size, "steps": p.sweep_steps, "seed": 0,
-                "points": [{"lr": lr, "loss": s.values[lr]} for lr in s.grid],
-                "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge}
+                "family": family, "size": size, "steps": p.sweep_steps, "seeds": seeds,
+                "points": [{"lr": lr, "loss": s.values[lr],
+                            "losses": {str(k): v for k, v in per_seed[lr].items()}}
+                           for lr in s.grid],
+                "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge,
+                "unimodal": s.unimodal, "seed_argmins": argmins}
     return sweeps
 
 
@@ -484,11 +497,26 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     sweeps = run_sweeps(ctx, ds.vocab_size)
     results_runs = {}
     timing_runs = {}
-    for run in runs:
-        lr = sweeps[run.lr_from]["chosen"]
-        result = execute(ctx, run, lr)
+
+    def train(run: Run) -> None:
+        result = execute(ctx, run, sweeps[run.lr_from]["chosen"])
         timing_runs[run.id] = result.pop("timing")
         results_runs[run.id] = {**run.describe(), **result}
+
+    for run in runs:  # from scratch: every envelope first
+        if run.kind == "scratch":
+            train(run)
+    # the chains follow the MEASURED envelopes (plan's module docstring); a run id is one arm
+    # and seed, so a resumed experiment finds its chains' results and states under the same ids
+    measured = {"runs": results_runs, "budgets": preset.budgets}
+    envelopes = {f: {j: e["size"] for j, e in report.envelope(measured, f).items()}
+                 if preset.follow == "measured" else
+                 plan_.predicted_envelope(preset, f, ds.vocab_size) for f in preset.families}
+    chains = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"], envelopes,
+                        kinds=("chain", "widen"))
+    ctx.total += len(chains) - sum(r.kind != "scratch" for r in runs)
+    for run in chains:
+        train(run)
     results = {
         "schema": SCHEMA, "command": command or f"run_frontier({preset.name!r})",
         "version": __version__, "preset": dataclasses.asdict(preset), "data": data_info,
@@ -496,6 +524,9 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
         "machine": machine_summary(), "pattention_impl": pattention_impl(preset),
         "budgets": preset.budgets, "sizes": list(preset.sizes),
         "sweeps": sweeps, "runs": results_runs,
+        # the best size per budget index each family's chains followed (measured, unless the
+        # preset's ``follow`` is "predicted")
+        "chain_envelopes": {f: {str(j): z for j, z in e.items()} for f, e in envelopes.items()},
         # everything below depends on the machine's speed, not on the training
         "timing": {"wall_clock": time.perf_counter() - ctx.started, "resumed": resumed,
                    "runs": timing_runs},
