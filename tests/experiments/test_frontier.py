@@ -444,22 +444,47 @@ def test_another_experiment_in_the_same_out_is_refused(tiny_run, dataset_dir):
         run_.run_frontier(other, data=dataset_dir, out=tiny_run[0], print_fn=lambda line: None)
 
 
-def test_gpu_preset_runs_a_few_steps_on_cpu(dataset_dir, tmp_path):
-    gpu = get_preset("gpu")
+@pytest.mark.parametrize("name", ["gpu", "gpu-30m"])
+def test_gpu_presets_run_a_few_steps_on_cpu(name, dataset_dir, tmp_path, monkeypatch):
+    """Both GPU presets at their model widths, a few steps on CPU in fp32; gpu-30m on its own
+    generated corpus (here 300 kB: generated, cached under TOKENFORMER_CACHE, never
+    downloaded), with its chains following the measured envelope."""
+    monkeypatch.setenv("TOKENFORMER_CACHE", str(tmp_path / "cache"))
+    gpu = get_preset(name)
     small = dataclasses.replace(gpu, seq_len=32, batch_size=2, num_sizes=2, seeds=1,
-                                families=("tokenformer",), chains=("exact",), widenings=(),
-                                growth_fractions=(0.5,), min_steps=4, sweep_steps=6,
-                                warmup_steps=2, anneal_steps=1, eval_batches=1, num_budgets=2,
-                                dtype="fp32")
-    per_step = plan_.chain_stages(small, plan_.model_configs(small, "tokenformer", 256))[
-        0].flops_per_step
+                                sweep_seeds=1, families=("tokenformer",),
+                                recipes=("chain-exact",), questions=gpu.questions[:0],
+                                min_steps=4, sweep_steps=6, warmup_steps=2, anneal_steps=1,
+                                eval_batches=1, num_budgets=2, dtype="fp32",
+                                follow="predicted", tokens_per_parameter=1e-3,
+                                corpus="synthetic:300000" if gpu.corpus else None)
+    configs = plan_.model_configs(small, "tokenformer", 256)
+    per_step = plan_._stage(small, small.sizes[0], configs[small.sizes[0]], 0).flops_per_step
     small = dataclasses.replace(small, max_budget=12 * per_step)
-    results = run_.run_frontier(small, data=dataset_dir, out=tmp_path / "gpu",
+    data = None if gpu.corpus else dataset_dir
+    results = run_.run_frontier(small, data=data, out=tmp_path / "gpu",
                                 print_fn=lambda line: None, plots=False)
-    assert {r["arm"] for r in results["runs"].values()} == {"tokenformer-S1", "tokenformer-S2",
-                                                            "chain-exact"}
-    assert results["preset"]["hidden_size"] == 256 and (tmp_path / "gpu" / "report.md").is_file()
-    assert gpu.expected_hours
+    arms = {r["arm"] for r in results["runs"].values()}
+    assert {plan_.size_key("tokenformer", z) for z in small.sizes} <= arms
+    assert results["preset"]["hidden_size"] == gpu.hidden_size >= 256
+    assert (tmp_path / "gpu" / "report.md").is_file() and gpu.expected_hours
+    if gpu.corpus:
+        assert results["data"]["name"].startswith("generated corpus (synthetic:300000")
+        assert results["data"]["train_tokens"] >= 0.9 * 300_000
+
+
+def test_gpu_30m_fits_its_corpus_and_the_protocol():
+    """gpu-30m: the v3 protocol (pre-registered questions, >= 5 seeds, >= 2 sweep seeds, chains
+    following the envelope, the plain-GELU control) on a generated corpus that no run reads
+    more than 4 times (the plan refuses otherwise; the corpus' training split is >= 95 % of
+    its bytes, one byte a token)."""
+    preset = get_preset("gpu-30m")
+    assert preset.corpus and preset.dtype == "bf16" and preset.seeds >= 5
+    assert preset.sweep_seeds >= 2 and preset.questions and "tokenformer-gelu" in preset.families
+    train_tokens = int(0.95 * plan_.parse_spec(preset.corpus))
+    runs = plan(preset, 256, train_tokens)
+    assert max(r.total_steps for r in runs) * preset.tokens_per_step <= 4 * train_tokens
+    assert preset.arm_names() >= {"chain-paper", "chain-gelu", "tokenformer-S0"}
 
 
 def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):

