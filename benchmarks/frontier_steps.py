@@ -29,6 +29,7 @@ from tokenformer.experiments.frontier.plan import (
     family_sizes,
     get_preset,
     model_configs,
+    parallel_seconds,
     plan,
     size_key,
     sweep_plan,
@@ -43,6 +44,8 @@ def main() -> int:
     parser.add_argument("--preset", default="full")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="training steps per round")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="also estimate `scale --jobs N` (runs of a phase over N workers)")
     add_clock_args(parser)
     args = parser.parse_args()
     clock = apply_clock_args(args)
@@ -82,6 +85,12 @@ def main() -> int:
     print(f"\nEstimated: LR sweeps {sweep / 60:.1f} min (incl. one extension per size), final "
           f"runs {final / 60:.1f} min, total {(sweep + final) / 60:.1f} min "
           f"({len(sweeps)} + {len(runs)} runs).")
+    phases = [sweeps + margin, [r for r in runs if r.kind == "scratch"],
+              [r for r in runs if r.kind != "scratch"]]
+    wall = parallel_seconds(preset, phases, seconds, args.jobs)
+    print(f"With --jobs {args.jobs} (each run one thread, a phase's runs over {args.jobs} "
+          f"workers, the phases one after another; needs {args.jobs} idle cores): "
+          f"{wall / 60:.1f} min.")
     return 0
 
 

@@ -438,6 +438,21 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
     assert not list((out / "state").glob("*.pt"))  # finished runs leave no state behind
 
 
+def test_two_jobs_write_the_results_of_one(tiny_run, dataset_dir, tmp_path):
+    """``jobs=2`` (``scale --jobs 2``): runs train two at a time in worker processes with one
+    thread each; results.json equals the sequential one-thread run's up to its timing, and
+    every run is announced exactly once."""
+    reference = _strip_timing(json.loads((tiny_run[0] / "results.json").read_text()))
+    lines: list[str] = []
+    run_.run_frontier(TINY, data=dataset_dir, out=tmp_path / "jobs", print_fn=lines.append,
+                      plots=False, jobs=2)
+    assert _strip_timing(json.loads((tmp_path / "jobs" / "results.json").read_text())) == \
+        reference
+    ids = [line.split("] ")[1].split(" ")[0] for line in lines if line.startswith("scale: [")]
+    assert len(ids) == len(set(ids)) == len(tiny_run[2]) - 2  # all but the first/last line
+    assert lines[-2].startswith(f"scale: [{len(ids)}/{len(ids)}]")
+
+
 def test_another_experiment_in_the_same_out_is_refused(tiny_run, dataset_dir):
     other = dataclasses.replace(TINY, seeds=1)
     with pytest.raises(ConfigError, match="another experiment"):

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ...data.datasets import TokenDataset
+from ...errors import ConfigError
 from ...experiments.frontier.plan import PRESETS, describe, get_preset
 from ...experiments.frontier.run import run_frontier
 from ...io.outputs import check_run_folder, hold_run_folder
@@ -20,6 +21,9 @@ from ..options import device, positive
 def scale(args: argparse.Namespace) -> int:
 
 
+    if args.jobs > 1 and (args.threads or 1) > 1:
+        raise ConfigError("scale: --jobs runs each run with one thread; drop --threads (or "
+                          "give --threads 1)")
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {"seeds": args.seeds} if args.seeds else {}
@@ -39,7 +43,8 @@ def scale(args: argparse.Namespace) -> int:
         run_frontier(preset, data=args.data, out=out, device=args.device, dtype=args.dtype,
                      progress=False if args.no_progress else None,
                      command=command_line("scale") or "tokenformer scale",
-                     hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"))
+                     hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"),
+                     jobs=args.jobs)
     return 0
 
 
@@ -84,6 +89,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default=None, choices=("bf16", "fp32", "bfloat16", "float32"),
                    help="training precision (default: the preset's)")
     p.add_argument("--threads", type=positive(int), default=None, help="torch CPU threads")
+    p.add_argument("--jobs", type=positive(int), default=1,
+                   help="runs trained at once, each in its own process with one thread (2 on 2 "
+                        "idle cores roughly halves a long preset; the numbers equal a "
+                        "sequential --threads 1 run's)")
     p.add_argument("--plan", action="store_true",
                    help="print every arm's sizes, growth steps, budgets and FLOPs; train nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress output")

@@ -791,6 +791,21 @@ def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str
     return total
 
 
+def parallel_seconds(preset: Preset, phases: list[list[Run]],
+                     seconds_per_step: dict[str, float], jobs: int) -> float:
+    """Wall time of ``phases`` (run one after another: the sweeps, the from-scratch runs, the
+    chains) when each phase's runs are spread over ``jobs`` workers (``scale --jobs``), longest
+    first onto the least busy worker (each run's time: :func:`estimate_seconds`)."""
+    total = 0.0
+    for runs in phases:
+        loads = [0.0] * max(1, jobs)
+        for t in sorted((estimate_seconds(preset, [r], seconds_per_step) for r in runs),
+                        reverse=True):
+            loads[loads.index(min(loads))] += t
+        total += max(loads)
+    return total
+
+
 CHAIN_RULE = (
     "Chains follow the envelope: at budget j a chain should be at the smallest of the envelope's "
     "best sizes at budgets j, j+1, …; it starts there (at or below the smallest budget's best "

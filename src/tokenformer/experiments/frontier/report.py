@@ -28,6 +28,11 @@ from ..common.stats import (
 )
 from .plan import CHAIN_RULE, DENSE_FAMILIES, LR_RULE, question_lines, size_key
 
+# the paired comparisons outside the questions: the same interval, but no decision word
+DESCRIPTIVE_RULE = RULE.replace(
+    "A difference is *resolved* only when its interval excludes 0; with one seed nothing is "
+    "resolved.", "These intervals are unadjusted for the many comparisons made: the decision "
+                 "words belong to the pre-registered answers alone.")
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
                 "tokenformer-gelu": "plain-GELU TokenFormer (the MLP control)",
                 "tokenformer-pk16": "product-key TokenFormer (16× FFN tokens)",
@@ -276,6 +281,11 @@ def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r["order"])  # back in the questions' order
 
 
+def _p(p: float | None) -> str:
+    """A p-value in a table cell: ``0.123``, ``< 0.001`` or — (no test)."""
+    return format_p(p).removeprefix("p = ").removeprefix("p ")
+
+
 def answer_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
     """The answers table's rows: raw and Holm-adjusted p side by side, TOST where asked."""
     out = []
@@ -287,11 +297,9 @@ def answer_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
                     "no data (an arm did not run)" if not r["diffs"] else
                     f"{r['mean']:+.4f}" + ("" if math.isnan(r["ci_low"]) else
                                            f" [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"),
-                    str(r["n"]), format_p(r["p_value"]).removeprefix("p = "),
-                    format_p(r["p_holm"]).removeprefix("p = "),
+                    str(r["n"]), _p(r["p_value"]), _p(r["p_holm"]),
                     "—" if tost is None else
-                    f"±{tost['margin']:g}: {format_p(tost['p_value']).removeprefix('p = ')} "
-                    f"(Holm {format_p(r['tost_holm']).removeprefix('p = ')})",
+                    f"±{tost['margin']:g}: {_p(tost['p_value'])} (Holm {_p(r['tost_holm'])})",
                     f"**{r['decision']}**"])
     return out
 
@@ -575,7 +583,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
     lines += ["## Descriptive reading", "",
               "Each comparison on its own, without multiplicity correction: what the curves "
               "show, not a verdict (the answers above are).", "",
-              *[f"- {line}" for line in summary["verdict"]], "", RULE, ""]
+              *[f"- {line}" for line in summary["verdict"]], "", DESCRIPTIVE_RULE, ""]
     if plots:
         lines += [f"![{name}]({name})" for name in plots] + [""]
     lines += ["## Envelopes: the best from-scratch size per budget", "",

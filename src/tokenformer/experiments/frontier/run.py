@@ -19,9 +19,11 @@ import copy
 import dataclasses
 import json
 import math
+import multiprocessing
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,9 @@ class Context:
     started: float = 0.0
     done: int = 0
     total: int = 0
+    jobs: int = 1  # runs trained at once, each in its own process with one torch thread
+    source: tuple[Any, ...] = ()  # (data, device, dtype) as given: what a worker reopens
+    counted: set[str] = dataclasses.field(default_factory=set)  # run ids counted in ``done``
 
 
 # ------------------------------------------------------------------------------ model & state
@@ -348,12 +353,10 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     """A run's results: loaded when an earlier invocation finished it, else trained (resuming
     from its state file) and saved atomically."""
 
-    path = _result_path(ctx, run)
-    if path.is_file():
-        saved = read_saved_json(path, _is_result, _rerun(run))
-        if saved.get("lr") == lr:
-            ctx.done += 1
-            return saved
+    saved = _saved(ctx, run, lr)
+    if saved is not None:
+        _count(ctx, run)
+        return saved
     t0 = time.perf_counter()
     try:
         result = train_run(ctx, run, lr)
@@ -366,18 +369,72 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
                                 "size": run.stages[-1].size, "loss": math.inf,
                                 "bpb": math.inf} for b in run.branches]}
     result["timing"]["wall"] = time.perf_counter() - t0
+    path = _result_path(ctx, run)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, to_json(result) if "diverged" not in result else
                       json.dumps(result, allow_nan=True))
     _state_path(ctx, run).unlink(missing_ok=True)
-    ctx.done += 1
+    _announce(ctx, run, lr, result)
+    return result
+
+
+def _saved(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
+    """The run's results when an earlier invocation (or a worker) finished it at this LR."""
+    path = _result_path(ctx, run)
+    if not path.is_file():
+        return None
+    saved = read_saved_json(path, _is_result, _rerun(run))
+    return saved if saved.get("lr") == lr else None
+
+
+def _count(ctx: Context, run: Run) -> None:
+    if run.id not in ctx.counted:
+        ctx.counted.add(run.id)
+        ctx.done += 1
+
+
+def _announce(ctx: Context, run: Run, lr: float, result: dict[str, Any]) -> None:
+    """Count a run just trained (here or in a worker) and print its progress line."""
+    _count(ctx, run)
     if ctx.progress is not False:
         last = result["branches"][-1]
         elapsed = time.perf_counter() - ctx.started
         ctx.print_fn(f"scale: [{ctx.done}/{ctx.total}] {run.id} lr {lr:.3g}: loss "
                      f"{last['loss']:.4f} at {last['flops']:.3g} FLOPs, "
                      f"{result['timing']['wall']:.0f} s (elapsed {elapsed / 60:.1f} min)")
-    return result
+
+
+# ------------------------------------------------------------------------ runs in parallel
+_WORKER: dict[Any, Context] = {}  # a worker process's context, built once per experiment
+
+
+def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run, lr: float
+          ) -> dict[str, Any]:
+    """One run in a worker process (one torch thread: a run's numbers equal those of a
+    sequential ``--threads 1`` run); its results land on disk as :func:`execute` writes them."""
+    torch.set_num_threads(1)
+    key = (preset, source, out)
+    if key not in _WORKER:
+        _WORKER.clear()
+        _WORKER[key] = context(preset, *source, progress=False, out=Path(out), print_fn=None)
+    return execute(_WORKER[key], run, lr)
+
+
+def prefetch(ctx: Context, jobs: list[tuple[Run, float]]) -> None:
+    """With ``ctx.jobs`` > 1, train the (run, LR) pairs of ``jobs`` not finished yet in that
+    many worker processes; :func:`execute` then finds their results on disk. Runs are
+    independent given their LR (a pure function of seed and step), so the order does not
+    matter; a run killed in a worker resumes from its state file like any other."""
+    todo = [(run, lr) for run, lr in jobs if _saved(ctx, run, lr) is None]
+    if ctx.jobs <= 1 or len(todo) < 2:
+        return
+    spawn = multiprocessing.get_context("spawn")  # no forked torch state
+    with ProcessPoolExecutor(max_workers=ctx.jobs, mp_context=spawn) as pool:
+        futures = {pool.submit(_work, ctx.preset, ctx.source, str(ctx.out), run, lr): (run, lr)
+                   for run, lr in todo}
+        for future in as_completed(futures):
+            run, lr = futures[future]
+            _announce(ctx, run, lr, future.result())
 
 
 def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
@@ -391,6 +448,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     def count(_lr: float) -> None:
         ctx.total += len(seeds)
 
+    prefetch(ctx, [(run, run.lr) for run in plan_.sweep_plan(p, vocab_size)])
     for family in p.families:
         for size in plan_.family_sizes(p, family):
             per_seed: dict[float, dict[int, float]] = {}
@@ -451,16 +509,22 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
                  progress: bool | None = None, command: str | None = None,
                  print_fn: Any = None, plots: bool = True,
                  hold: Callable[[Path, list[Any]], contextlib.AbstractContextManager[Any]]
-                 | None = None) -> dict[str, Any]:
+                 | None = None, jobs: int = 1) -> dict[str, Any]:
     """Run (or resume) the whole experiment into ``out``: ``results.json``, ``report.md`` and
     the plots. Rerunning the same command resumes; another experiment in ``out`` is refused.
     ``hold(out, inputs)``: entered once the plan is checked, before anything is written (the
-    command line's output check and run-folder lock)."""
+    command line's output check and run-folder lock). ``jobs`` > 1 trains that many runs at
+    once, each in a worker process with one torch thread (:func:`prefetch`); this process is
+    set to one thread too, so the results equal a sequential one-thread run's."""
 
     print_fn = print_fn or (lambda line: print(line, file=sys.stderr, flush=True))
     preset.validate()
     out = Path(out)
+    if jobs > 1 and torch.get_num_threads() != 1:
+        # a worker trains with one thread; so must the fingerprint say (numbers depend on it)
+        torch.set_num_threads(1)
     ctx = context(preset, data, device, dtype, progress, out, print_fn)
+    ctx.jobs, ctx.source = jobs, (data, device, dtype)
     ds = ctx.dataset
     data_info = {"name": str(data) if data is not None else
                  f"generated corpus ({preset.corpus}: tokenformer.data.synthetic, seed 0), bytes"
@@ -510,9 +574,10 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
         timing_runs[run.id] = result.pop("timing")
         results_runs[run.id] = {**run.describe(), **result}
 
-    for run in runs:  # from scratch: every envelope first
-        if run.kind == "scratch":
-            train(run)
+    scratch = [run for run in runs if run.kind == "scratch"]
+    prefetch(ctx, [(run, sweeps[run.lr_from]["chosen"]) for run in scratch])
+    for run in scratch:  # from scratch: every envelope first
+        train(run)
     # the chains follow the MEASURED envelopes (plan's module docstring); a run id is one arm
     # and seed, so a resumed experiment finds its chains' results and states under the same ids
     measured = {"runs": results_runs, "budgets": preset.budgets}
@@ -522,6 +587,7 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     chains = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"], envelopes,
                         kinds=("chain", "widen"))
     ctx.total += len(chains) - sum(r.kind != "scratch" for r in runs)
+    prefetch(ctx, [(run, sweeps[run.lr_from]["chosen"]) for run in chains])
     for run in chains:
         train(run)
     results = {
