@@ -868,8 +868,9 @@ def describe(preset: Preset, vocab_size: int) -> str:
         CHAIN_RULE.format(share=preset.min_stage_share),
         LR_RULE.format(seeds=preset.sweep_seeds, steps=preset.sweep_steps), "",
         *([f"Chains below follow the envelope PREDICTED from {preset.tokens_per_parameter:g} "
-           f"tokens per non-embedding parameter (budget: best size); the run replaces it by "
-           f"the measured envelope before any chain trains:", *predicted, ""]
+           f"tokens per non-embedding parameter (budget: best size)"
+           + ("; the run replaces it by the measured envelope before any chain trains:"
+              if preset.follow == "measured" else " (this preset keeps it):"), *predicted, ""]
           if families else []),
         markdown_table(["arm", "seeds", "sizes@start step", "budget:steps", "steps/seed",
                         "FLOPs/seed", "LR from"], rows, "lrllrrl"),

@@ -425,8 +425,10 @@ def prefetch(ctx: Context, jobs: list[tuple[Run, float]]) -> None:
     many worker processes; :func:`execute` then finds their results on disk. Runs are
     independent given their LR (a pure function of seed and step), so the order does not
     matter; a run killed in a worker resumes from its state file like any other."""
+    if ctx.jobs <= 1:
+        return
     todo = [(run, lr) for run, lr in jobs if _saved(ctx, run, lr) is None]
-    if ctx.jobs <= 1 or len(todo) < 2:
+    if len(todo) < 2:
         return
     spawn = multiprocessing.get_context("spawn")  # no forked torch state
     with ProcessPoolExecutor(max_workers=ctx.jobs, mp_context=spawn) as pool:
