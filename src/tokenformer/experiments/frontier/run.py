@@ -23,7 +23,6 @@ import multiprocessing
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +77,7 @@ class Context:
     jobs: int = 1  # runs trained at once, each in its own process with one torch thread
     source: tuple[Any, ...] = ()  # (data, device, dtype) as given: what a worker reopens
     counted: set[str] = dataclasses.field(default_factory=set)  # run ids counted in ``done``
+    pool: Any = None  # the worker processes of ``jobs`` > 1, started once, at the first need
 
 
 # ------------------------------------------------------------------------------ model & state
@@ -430,13 +430,33 @@ def prefetch(ctx: Context, jobs: list[tuple[Run, float]]) -> None:
     todo = [(run, lr) for run, lr in jobs if _saved(ctx, run, lr) is None]
     if len(todo) < 2:
         return
-    spawn = multiprocessing.get_context("spawn")  # no forked torch state
-    with ProcessPoolExecutor(max_workers=ctx.jobs, mp_context=spawn) as pool:
-        futures = {pool.submit(_work, ctx.preset, ctx.source, str(ctx.out), run, lr): (run, lr)
-                   for run, lr in todo}
-        for future in as_completed(futures):
-            run, lr = futures[future]
-            _announce(ctx, run, lr, future.result())
+    if ctx.pool is None:  # spawned: no forked torch state; closed by _workers
+        ctx.pool = multiprocessing.get_context("spawn").Pool(ctx.jobs)
+    pending = {run.id: (run, lr) for run, lr in todo}
+    items = [(ctx.preset, ctx.source, str(ctx.out), run, lr) for run, lr in todo]
+    for run_id, result in ctx.pool.imap_unordered(_work_item, items):
+        run, lr = pending[run_id]
+        _announce(ctx, run, lr, result)
+
+
+def _work_item(item: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+    return item[3].id, _work(*item)
+
+
+@contextlib.contextmanager
+def _workers(ctx: Context) -> Any:
+    """Close the worker processes after the experiment; on an error or an interrupt, stop
+    them at once (a run killed in a worker keeps its last state file, as anywhere)."""
+    try:
+        yield
+    except BaseException:
+        if ctx.pool is not None:
+            ctx.pool.terminate()
+            ctx.pool.join()
+        raise
+    if ctx.pool is not None:
+        ctx.pool.close()
+        ctx.pool.join()
 
 
 def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
@@ -542,7 +562,7 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
                 "device": ctx.device.type, "precision": ctx.precision,
                 "threads": torch.get_num_threads()}
     key = fingerprint(settings)
-    with hold(out, [data]) if hold is not None else contextlib.nullcontext():
+    with hold(out, [data]) if hold is not None else contextlib.nullcontext(), _workers(ctx):
         return _run(ctx, preset, runs, settings, key, data_info, out, print_fn=print_fn,
                     command=command, plots=plots)
 
