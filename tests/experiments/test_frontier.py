@@ -512,6 +512,12 @@ def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: frontier: ") and "(> 4)" in err and len(err.splitlines()) == 1
     assert not out.exists()
+    # --jobs trains each run with one thread: a --threads beyond that is refused up front
+    assert main(["scale", "--preset", "quick", "--jobs", "2", "--threads", "2", "--out",
+                 str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: scale: --jobs") and len(err.splitlines()) == 1
+    assert not out.exists()
 
 
 def test_cli_plan_prints_every_arm_and_trains_nothing(capsys, tmp_path, monkeypatch):
