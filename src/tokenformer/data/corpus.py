@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import DataError
@@ -57,23 +57,32 @@ def default_dataset(tokenizer: str = "bytes", cache_dir: str | Path | None = Non
                     progress: bool | None = True) -> TokenDataset:
     """The embedded King James Bible, prepared with ``tokenizer`` on first use and cached in
     ``cache_dir`` (default: ``$TOKENFORMER_CACHE`` or ``~/.cache/tokenformer``). Never downloads."""
+    return cached_corpus("kjv", KJV_SOURCE, kjv_text, tokenizer, cache_dir, progress)
+
+
+def cached_corpus(name: str, source: str, text: Callable[[], str], tokenizer: str | Path,
+                  cache_dir: str | Path | None = None, progress: bool | None = True
+                  ) -> TokenDataset:
+    """A corpus the package makes itself (``text()``: the embedded KJV, a generated one),
+    prepared with ``tokenizer`` into ``cache_dir/<name>-<tokenizer key>`` on first use, under a
+    lock (concurrent ranks prepare it once), and reused while its recorded ``source`` matches."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / f"kjv-{_cache_key(tokenizer)}"
+    path = root / f"{name}-{_cache_key(tokenizer)}"
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DataError(f"cannot create the dataset cache {root} ({exc.strerror}); set "
                         f"TOKENFORMER_CACHE to a writable directory") from None
-    with file_lock(root / ".kjv.lock"):  # concurrent ranks prepare it once
+    with file_lock(root / f".{name}.lock"):
         if (path / META_FILE).is_file():
             with contextlib.suppress(DataError):
                 dataset = TokenDataset.open(path)
-                if dataset.meta.get("sources") == [KJV_SOURCE]:
+                if dataset.meta.get("sources") == [source]:
                     return dataset
-        text = kjv_text()
-        doc = Document(KJV_SOURCE, len(text.encode("utf-8")), lambda: text)
+        content = text()
+        doc = Document(source, len(content.encode("utf-8")), lambda: content)
         return prepare_documents([doc], tokenizer, path, progress=progress, overwrite=True,
-                                 sources=[KJV_SOURCE])
+                                 sources=[source])
 
 
 def _cache_key(tokenizer: str | Path) -> str:

@@ -136,7 +136,9 @@ def check_fields(config: Any, rules: Mapping[str, FieldRule] = FIELD_RULES,
 
 # FLOPs we charge per score for Θ, one per elementwise arithmetic op (exp/erf count as one):
 # l2_norm_gelu: square+accumulate (2), divide and scale (2), GELU x·0.5·(1+erf(x/√2)) (4).
-THETA_FLOPS_PER_SCORE = {"l2_norm_gelu": 8, "gelu_l2_norm": 8, "gelu_l1_norm": 8, "softmax": 5}
+# gelu (the MLP control): GELU's 4 alone, as baselines charge a GELU MLP's activation.
+THETA_FLOPS_PER_SCORE = {"l2_norm_gelu": 8, "gelu_l2_norm": 8, "gelu_l1_norm": 8, "softmax": 5,
+                         "gelu": 4}
 SOFTMAX_FLOPS_PER_SCORE = 5  # token-token attention: max, subtract, exp, sum, divide
 
 
@@ -170,7 +172,8 @@ class TokenFormerConfig:
     rotary_base: float = 10000.0
     """rotary base frequency"""
     norm: str = "l2_norm_gelu"
-    """Θ variant: l2_norm_gelu (official), gelu_l2_norm, gelu_l1_norm or softmax"""
+    """Θ variant: l2_norm_gelu (official), gelu_l2_norm, gelu_l1_norm, softmax, or gelu (no
+    normalisation: the MLP control)"""
     theta_eps: float = 0.0
     """ε added to Θ's norm"""
     qkv_scale: float | None = None

@@ -24,7 +24,7 @@ from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..io.checkpoint import verify_checkpoint
 from ..io.files import atomic_write, atomic_write_text, save_safetensors
 from ..io.paths import has_regular_file
-from ..nn.pattention import Pattention
+from ..nn.pattention import Pattention, key_init_std
 from ..nn.pattention import top_k_tokens as _top_k_tokens
 from ..nn.product_keys import ProductKeyPattention
 from .config import TokenFormerConfig
@@ -105,7 +105,8 @@ def _pattention(config: TokenFormerConfig, kind: str, d_out: int | None = None) 
     d = config.hidden_size
     return Pattention(d, d_out or d, getattr(config, f"{kind}_tokens"), config.norm,
                       scale=config.theta_scale(kind), eps=config.theta_eps,
-                      key_init_std=config.init_std, value_init_std=config.value_init_std,
+                      key_init_std=key_init_std(config.norm, d, config.init_std),
+                      value_init_std=config.value_init_std,
                       top_k=getattr(config, f"{kind}_top_k", None))
 
 
@@ -113,7 +114,7 @@ def _product_ffn(config: TokenFormerConfig) -> nn.Module:
     d = config.hidden_size
     return ProductKeyPattention(d, d, config.ffn_tokens, config.ffn_product_k, config.norm,
                                 scale=config.ffn_scale, eps=config.theta_eps,
-                                key_init_std=config.init_std,
+                                key_init_std=key_init_std(config.norm, d, config.init_std),
                                 value_init_std=config.value_init_std)
 
 

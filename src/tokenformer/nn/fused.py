@@ -21,6 +21,8 @@ Derivatives (row-wise, s = ``scale``, r = the norm, c = s / (r + eps), k = (r + 
 * ``gelu_l2_norm``: a = GELU(S), Θ = c·a;   M = GELU'(S)⊙(G − Θ·k·(Θ·G)).
 * ``gelu_l1_norm``: a = GELU(S), Θ = c·a;   M = GELU'(S)⊙(G − sign(Θ)·(Θ·G)/s).
 * ``softmax``:      e = exp(S), Θ = c·e;    dS = Θ⊙(G − (Θ·G)/s)   (c is not factored out).
+* ``gelu`` (the MLP control, no norm): Θ = s·GELU(S);   dS = s·GELU'(S)⊙G; saves S only, like
+  a GELU MLP's backward that recomputes its activation.
 
 Under CPU/GPU autocast the matmuls run in the autocast dtype, exactly as for the reference; Θ is
 computed from the low-precision scores with float32 norms and stored in the autocast dtype, which
@@ -84,6 +86,11 @@ def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
         u = s.mul_((scale / (r + eps)).to(s.dtype))  # u = c·S in place of S
         theta = F.gelu(u)
         saved = u  # Θ = GELU(u) is one cheap pass: the backward recomputes it
+    elif norm == "gelu":
+        theta = F.gelu(s)
+        if scale != 1.0:
+            theta = theta.mul_(scale)
+        r, saved = None, s  # no norm; Θ is one cheap pass: the backward recomputes it
     elif norm == "softmax":
         e = s.exp_()
         r = _wide(e.sum(dim=-1, keepdim=True))
@@ -143,6 +150,16 @@ class PattentionFunction(torch.autograd.Function):
                 del buffer
                 m = du.addcmul_(u, (-_k(r, scale, eps) * dot).to(u.dtype))
                 c = scale / (r + eps)
+            elif norm == "gelu":
+                buffer = F.gelu(saved)  # Θ / s, recomputed
+                grad_v = torch.matmul(buffer.transpose(-1, -2), gy)
+                if scale != 1.0:
+                    grad_v = grad_v.mul_(scale)
+                del buffer
+                g = torch.matmul(gy, vc.t())
+                m = _gelu_backward_(g, saved, grad_input=g)
+                if scale != 1.0:
+                    m = m.mul_(scale)
             elif norm == "softmax":
                 theta = saved
                 grad_v = torch.matmul(theta.transpose(-1, -2), gy)

@@ -11,7 +11,15 @@ name               Θ(a) for one row a ∈ Rⁿ                      default ``s
 ``gelu_l2_norm``   GELU(a) / ‖GELU(a)‖₂ · s                        √n
 ``gelu_l1_norm``   GELU(a) / ‖GELU(a)‖₁ · s    (paper ablation)    n
 ``softmax``        exp(a) / ‖exp(a)‖₁ · s      (softmax × n)        n
+``gelu``           GELU(a) · s                 (control: no norm)   1
 =================  ==========================================  =====================
+
+``gelu`` is not one of the paper's or the official code's variants: it is the critics' control
+(issue 25). With no normalisation a Pattention *is* a two-layer GELU MLP (K the first layer's
+weight, V the second's), so a TokenFormer with ``norm="gelu"`` is a Transformer whose every
+projection is a GELU MLP of n hidden units; zero new keys give scores 0 and GELU(0) = 0, so
+zero-key growth preserves its function exactly whatever the factor. Its ``eps`` is unused (there
+is no norm to guard). Its keys need another init (:func:`key_init_std`): fan-in, N(0, 1/d_in).
 
 ``scale`` is part of the layer's state rather than recomputed from ``n`` on every call: growth
 (:mod:`tokenformer.ops.growth`) appends tokens and may hold ``scale`` at its pre-growth value,
@@ -38,7 +46,8 @@ from ..errors import ConfigError
 from . import kernels
 from .fused import fused_pattention
 
-THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax")
+THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax",
+                                   "gelu")
 # "fused": tokenformer.nn.fused (one custom autograd Function, analytic backward, few passes over
 # the scores); "reference": theta() below under plain autograd, the ground truth the fused path is
 # tested against. "kernel": the fused path with Θ from the C++ CPU kernel (tokenformer.nn.kernels;
@@ -63,9 +72,23 @@ BLOCK_PATTENTIONS: dict[str, str] = {
 
 
 def default_scale(norm: str, num_tokens: int) -> float:
-    """Θ's factor in the official code: √n for the L2 variants, n for the L1 ones."""
+    """Θ's factor in the official code: √n for the L2 variants, n for the L1 ones; 1 for the
+    plain-GELU control (an MLP has none, and it must not change with n for growth to be exact)."""
     check_theta(norm)
+    if norm == "gelu":
+        return 1.0
     return float(num_tokens) if norm in ("softmax", "gelu_l1_norm") else math.sqrt(num_tokens)
+
+
+def key_init_std(norm: str, in_features: int, init_std: float) -> float:
+    """The std of a layer's initial keys: the config's ``init_std`` (released: 0.02) for the
+    normalised Θs, whose output does not depend on the scores' scale; 1/√d_in (fan-in) for plain
+    ``gelu``, so that on LayerNorm-ed input its GELU inputs start at unit RMS, as
+    ``l2_norm_gelu``'s a/‖a‖·√n do by construction. With 0.02 keys they would start at
+    0.02·√d (0.16 at d = 64), where GELU is nearly linear; a 250-step probe (d 64, 2 layers, LR
+    4e-3, docs/architecture.md) trains to 1.986 with 0.02 keys and 1.835 with fan-in keys
+    (l2_norm_gelu: 2.044), so the control is not handicapped by its init."""
+    return 1.0 / math.sqrt(in_features) if norm == "gelu" else init_std
 
 
 def check_theta(norm: str) -> None:
@@ -92,6 +115,9 @@ def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0) -> to
     if norm == "softmax":
         act = torch.exp(scores)
         return act / (act.sum(dim=-1, keepdim=True) + eps) * scale
+    if norm == "gelu":  # the MLP control: no norm (eps unused); the factor 1 costs no pass
+        act = F.gelu(scores)
+        return act if scale == 1.0 else act * scale
     check_theta(norm)
     raise AssertionError("unreachable")
 

@@ -30,6 +30,9 @@ to K and V. Three recipes for the new rows (spec §5):
       on step 2, once the keys are non-zero.
     * ``gelu_l2_norm`` / ``gelu_l1_norm``: GELU(0) = 0 adds nothing to ‖GELU(·)‖, so the same
       construction is exact; ∂L/∂b_j = ½·s/‖GELU(a)‖·(g·v_j) (torch's |x| has gradient 0 at 0).
+    * ``gelu`` (the MLP control, no norm): new scores 0 give GELU(0) = 0 and nothing else
+      depends on n (the factor is 1 at every n), so zero new keys are exact under every recipe
+      that zeroes them (``paper`` and ``exact`` coincide); ∂L/∂b_j = ½·s·(g·v_j).
     * ``softmax``: exp(x·k) > 0 for every finite key, so any new token takes a share of the
       normalisation and no choice of new rows alone preserves the function. What is exact: grow
       by a whole multiple r (n → r·n), repeat every old key r times and split every old value v_i

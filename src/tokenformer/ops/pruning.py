@@ -85,6 +85,8 @@ def _normaliser(scores: torch.Tensor, norm: str) -> torch.Tensor:
         return torch.linalg.vector_norm(F.gelu(scores), dim=-1)
     if norm == "gelu_l1_norm":
         return F.gelu(scores).abs().sum(dim=-1)
+    if norm == "gelu":  # no normaliser: pruning changes no kept token's weight
+        return torch.ones(scores.shape[:-1], dtype=scores.dtype, device=scores.device)
     return torch.exp(scores).sum(dim=-1)
 
 

@@ -5,6 +5,15 @@ per-seed differences are paired); the mean difference gets a two-sided t-based 9
 interval (Student's t with n − 1 degrees of freedom, :func:`scipy.stats.t`) and the p-value of the
 paired t-test against 0. A comparison is **resolved** only when that interval excludes 0 (the same
 as p < 0.05); with one seed nothing is resolved. Reports use exactly these words.
+
+Pre-registered questions (:func:`answer_family`) add the two corrections a verdict needs once
+there is more than one question: the p-values of one stated *family* of questions are adjusted by
+Holm–Bonferroni (:func:`holm`, ``statsmodels.stats.multitest.multipletests(method="holm")``), and a
+claim of "no difference" needs a paired equivalence test with a margin fixed before the run
+(:func:`tost_paired`, two one-sided t-tests, ``statsmodels.stats.weightstats.ttost_paired``). The
+decision words (:func:`decision`): **resolved** only when the Holm-adjusted p is below
+``ALPHA`` (the interval of the step-down excludes 0); **equivalent within ±m** only when the
+Holm-adjusted TOST p is below ``ALPHA`` at the question's margin m; otherwise **not resolved**.
 """
 
 from __future__ import annotations
@@ -15,7 +24,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 CONFIDENCE = 0.95
+ALPHA = 1 - CONFIDENCE  # the level of every test a decision word rests on
 
 
 @dataclass
@@ -159,6 +171,115 @@ def format_p(p: float | None) -> str:
     if p is None or math.isnan(p):
         return "p —"
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+
+
+# ------------------------------------------------------------ multiplicity and equivalence
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values of one family, in the input order (statsmodels'
+    ``multipletests(method="holm")``: with p₍₁₎ ≤ … ≤ p₍ₘ₎, p̃₍ᵢ₎ = min(1, max_{k≤i} (m−k+1)·p₍ₖ₎)).
+
+    The family's size m is the number of tests the questions fixed, not how many could be
+    computed: a test without a p-value (one seed, a non-finite difference) counts as p = 1 and
+    its adjusted value stays NaN."""
+    from statsmodels.stats.multitest import multipletests  # lazy: only reports need it
+
+    ps = [float(p) for p in p_values]
+    if not ps:
+        return []
+    filled = [1.0 if math.isnan(p) else p for p in ps]
+    adjusted = multipletests(filled, alpha=ALPHA, method="holm")[1]
+    return [math.nan if math.isnan(p) else float(a) for p, a in zip(ps, adjusted, strict=True)]
+
+
+@dataclass(frozen=True)
+class Tost:
+    """Paired two one-sided t-tests of "|mean difference| < margin" (``p_value`` = the larger of
+    the two one-sided p-values; small means equivalent within ±margin)."""
+
+    margin: float
+    p_value: float
+    t_lower: float  # (mean + margin) / se: tests H0 mean <= -margin
+    p_lower: float
+    t_upper: float  # (mean - margin) / se: tests H0 mean >= +margin
+    p_upper: float
+    df: int
+
+
+def tost_paired(diffs: Sequence[float], margin: float) -> Tost:
+    """TOST on paired differences (a − b per seed) with the equivalence interval (−margin,
+    +margin), by ``statsmodels.stats.weightstats.ttost_paired``. Fewer than two finite
+    differences: NaN (no test). Zero spread: exact (p 0 inside the margin, 1 outside)."""
+    from statsmodels.stats.weightstats import ttost_paired  # lazy: only reports need it
+
+    if margin <= 0:
+        raise ValueError("an equivalence margin must be positive")
+    vals = [float(d) for d in diffs]
+    n = len(vals)
+    nan = Tost(margin, math.nan, math.nan, math.nan, math.nan, math.nan, max(n - 1, 0))
+    if n < 2 or not all(math.isfinite(d) for d in vals):
+        return nan
+    if statistics.stdev(vals) == 0:
+        inside = abs(vals[0]) < margin
+        p = 0.0 if inside else 1.0
+        return Tost(margin, p, math.inf if inside else -math.inf, p,
+                    -math.inf if inside else math.inf, p, n - 1)
+    # ttost_paired(x1, x0, low, upp) tests x1 − x0 in (low, upp): x0 = 0 gives the differences
+    p, (t1, p1, _), (t2, p2, _) = ttost_paired(np.array(vals), np.zeros(n), -margin, margin)
+    return Tost(margin, float(p), float(t1), float(p1), float(t2), float(p2), n - 1)
+
+
+RESOLVED = "resolved"
+NOT_RESOLVED = "not resolved"
+
+
+def equivalent_word(margin: float) -> str:
+    return f"equivalent within ±{margin:g}"
+
+
+def decision(p_adjusted: float, tost_adjusted: float | None = None,
+             margin: float | None = None) -> str:
+    """The decision word of one pre-registered test (module docstring): ``resolved`` when the
+    Holm-adjusted p of the difference is below ALPHA, ``equivalent within ±m`` when the
+    Holm-adjusted TOST p at margin m is (both can hold: a small but certain difference inside
+    the margin), else ``not resolved``."""
+    different = not math.isnan(p_adjusted) and p_adjusted < ALPHA
+    same = (margin is not None and tost_adjusted is not None and not math.isnan(tost_adjusted)
+            and tost_adjusted < ALPHA)
+    if different and same:
+        return f"{RESOLVED} ({equivalent_word(margin)})"
+    if different:
+        return RESOLVED
+    return equivalent_word(margin) if same else NOT_RESOLVED
+
+
+def answer_family(tests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Answer every test of one multiplicity family. Each test is a dict with ``diffs`` (paired
+    differences a − b per seed) and ``margin`` (None: a difference question; a number: the
+    question asks for equivalence too). Adds ``n``, ``mean``, ``ci_low``/``ci_high`` (the 95 %
+    t interval, unadjusted), ``p_value`` and ``p_holm``; for equivalence questions ``tost``
+    (:class:`Tost` as a dict) and ``tost_holm``; and ``decision``. Holm runs over all tests of
+    the family for the difference p-values, and over the equivalence tests for the TOST ones."""
+    out = []
+    for test in tests:
+        diffs = [float(d) for d in test["diffs"]]
+        finite = bool(diffs) and all(math.isfinite(d) for d in diffs)
+        ci = t_interval(diffs) if finite else Interval(
+            statistics.fmean(diffs) if diffs else math.nan, math.nan, math.nan, math.nan,
+            len(diffs))
+        row = {**test, "n": len(diffs), "mean": ci.mean, "ci_low": ci.low, "ci_high": ci.high,
+               "p_value": ci.p_value}
+        if test.get("margin") is not None:
+            row["tost"] = asdict(tost_paired(diffs, test["margin"]))
+        out.append(row)
+    for row, adjusted in zip(out, holm([r["p_value"] for r in out]), strict=True):
+        row["p_holm"] = adjusted
+    equivalence = [r for r in out if "tost" in r]
+    for row, adjusted in zip(equivalence, holm([r["tost"]["p_value"] for r in equivalence]),
+                             strict=True):
+        row["tost_holm"] = adjusted
+    for row in out:
+        row["decision"] = decision(row["p_holm"], row.get("tost_holm"), row.get("margin"))
+    return out
 
 
 RULE = ("Differences are paired by seed (same batches); the interval is the two-sided 95 % "

@@ -6,6 +6,7 @@ Every experiment tunes its learning rates with this one rule (``scale``, ``ablat
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,15 @@ class LRSweep:
     @property
     def at_edge(self) -> bool:
         return self.chosen in (min(self.grid), max(self.grid))
+
+    @property
+    def unimodal(self) -> bool:
+        """Whether the values fall (weakly) towards the argmin from both sides of the grid: a
+        sweep that is not (a second dip) is noisy or multimodal, and its pick less robust."""
+        ordered = [self.values[lr] for lr in sorted(self.grid)]
+        best = ordered.index(min(ordered))
+        steps = list(itertools.pairwise(ordered))
+        return (all(a >= b for a, b in steps[:best]) and all(a <= b for a, b in steps[best:]))
 
     @property
     def status(self) -> str:

