@@ -99,7 +99,8 @@ def test_every_config_field_is_carried_by_the_official_layout_or_checked():
 
     changed = {"rotary_base": 500.0, "theta_eps": 1e-6, "qkv_scale": 2.0, "proj_scale": 2.0,
                "ffn_scale": 2.0, "qkv_top_k": 4, "proj_top_k": 0.5, "ffn_top_k": 8,
-               "layernorm_eps": 1e-6, "block_norm": "both", "ffn_keys": "product"}
+               "layernorm_eps": 1e-6, "block_norm": "both", "ffn_keys": "product",
+               "tie_embeddings": False}
     others = {f.name for f in dataclasses.fields(TokenFormerConfig)} - set(OFFICIAL_KEYS)
     assert others - set(changed) == {"ffn_product_k", "init_std", "name"}
     for key, value in changed.items():
