@@ -38,7 +38,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .files import atomic_dir, atomic_write, atomic_write_text, read_marker, save_safetensors
-from .paths import has_regular_file, regular_file
+from .paths import has_regular_file, read_json_object, regular_file
 from .untrusted import safe_torch_load
 
 CHECKPOINTS = "checkpoints"
@@ -197,13 +197,7 @@ def read_state(path: str | Path) -> dict[str, Any]:
     file = Path(path) / STATE_NAME
     if not has_regular_file(file, folder=path):
         raise CheckpointError(f"{path} is not a training checkpoint (no {STATE_NAME})")
-    try:
-        state = json.loads(file.read_text(encoding="utf-8"))
-    except ValueError:  # not JSON, or not UTF-8
-        raise CheckpointError(f"{file} is corrupt (not JSON)") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{file} is malformed (not a JSON object)")
-    return state
+    return read_json_object(file)
 
 
 def _read_own(directory: Path, name: str, legacy: str) -> Any:

@@ -8,11 +8,13 @@ files inside folders"): every file the package reads passes through :func:`regul
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
-from ..errors import PathError
+from ..errors import CheckpointError, PathError
 
 _NOT_REGULAR = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -68,6 +70,18 @@ def has_regular_file(path: str | Path, what: str = "file", *,
         pass  # regular_file says what
     regular_file(path, what, folder=folder)
     return True
+
+
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """The JSON object in the file ``path`` (already checked to be a regular file): one
+    :class:`CheckpointError` line when it is not UTF-8, not JSON or not an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError:  # not JSON, or not UTF-8
+        raise CheckpointError(f"{path} is corrupt (not JSON)") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is malformed (not a JSON object)")
+    return data
 
 
 def check_folder_files(folder: str | Path, *, links: bool = False) -> None:

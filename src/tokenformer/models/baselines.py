@@ -22,7 +22,6 @@ TokenFormer config (and so, up to Θ's elementwise work, its FLOPs per token).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
-from ..io.paths import has_regular_file
+from ..io.paths import has_regular_file, read_json_object
 from .config import FIELD_RULES, TokenFormerConfig, check_fields, embedding_parameters, one_of
 from .lm import (
     CONFIG_NAME,
@@ -277,15 +276,10 @@ def model_class(arch: str) -> type[TokenFormerLM]:
 
 
 def _arch_of(directory: str | Path) -> str:
-
     config_file = Path(directory) / CONFIG_NAME
     if not has_regular_file(config_file, folder=directory):
         raise CheckpointError(f"{directory} is not a model directory (no {CONFIG_NAME})")
-    try:
-        data = json.loads(config_file.read_text(encoding="utf-8"))
-    except ValueError:  # not JSON, or not UTF-8
-        raise CheckpointError(f"{config_file} is not valid JSON") from None
-    return data.get("arch", "tokenformer") if isinstance(data, dict) else "tokenformer"
+    return read_json_object(config_file).get("arch", "tokenformer")
 
 
 def load_model_dir(directory: str | Path, *, verify: bool = True) -> TokenFormerLM:

@@ -17,7 +17,7 @@ from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir, atomic_write_text
 from ...io.outputs import check_output
-from ...io.paths import has_regular_file
+from ...io.paths import has_regular_file, read_json_object
 from ...models.config import flops_per_token
 from ...models.memory import check_memory
 from ...ops.growth import (
@@ -103,7 +103,7 @@ def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
     state_file = source / TRAINER_STATE_FILE
     if not has_regular_file(state_file, folder=source):
         return
-    state = _read_json(state_file)
+    state = read_json_object(state_file)
     names = {id(p): n for n, p in model.named_parameters()}
     state["param_groups"] = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     state["grown"] = [*state.get("grown", []), growth]
@@ -111,16 +111,6 @@ def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
     rng = ckpt.read_rng_state(source)  # re-written: an earlier version's rng.pt becomes ours
     if rng is not None:
         ckpt.save_tree(out / ckpt.RNG_NAME, rng)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:  # not JSON, or not UTF-8
-        raise CheckpointError(f"{path} is corrupt (not JSON)") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} is not a JSON object")
-    return data
 
 
 def copy_tokenizer(source: Path, target: Path) -> None:
@@ -137,7 +127,7 @@ def copy_tokenizer(source: Path, target: Path) -> None:
             if name == TOKENIZER_FILE:
                 HFTokenizer(source / name, folder=source)
             else:
-                _read_json(source / name)
+                read_json_object(source / name)
             shutil.copy2(source / name, target / name)
 
 
@@ -170,7 +160,7 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
         return [list(g["param_names"]) for g in groups]
     state_file = directory / TRAINER_STATE_FILE
     if has_regular_file(state_file, folder=directory):
-        value = _read_json(state_file).get("param_groups")
+        value = read_json_object(state_file).get("param_groups")
         if (isinstance(value, list) and len(value) == len(groups)
                 and all(isinstance(g, list) for g in value)):
             return [list(g) for g in value]
