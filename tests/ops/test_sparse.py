@@ -326,3 +326,19 @@ def test_sparse_study_bad_input_is_one_error_line(tmp_path, capsys):
     assert _one_error_line(code, err) and "missing.json does not exist" in err
     code, _, err = _cli(capsys, "sparse-study", "quality")
     assert _one_error_line(code, err), err
+
+
+def test_sparse_study_never_writes_over_what_it_reads(tmp_path, capsys):
+    """--json onto the --from-json it re-renders, or a plot's --out onto one of its inputs, is
+    refused before anything is written: the input stays byte for byte."""
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text('{"rows": [], "sweeps": {}}')
+    before = earlier.read_bytes()
+    code, _, err = _cli(capsys, "sparse-study", "--json", str(earlier), "prune-seeds",
+                        "--tokenformer", "tf0", "--transformer", "t0",
+                        "--from-json", str(earlier))
+    assert _one_error_line(code, err) and "--json" in err and "is the input" in err
+    code, _, err = _cli(capsys, "sparse-study", "plot", str(earlier), str(earlier),
+                        "--out", str(tmp_path))
+    assert _one_error_line(code, err) and "contains the input" in err
+    assert earlier.read_bytes() == before

@@ -9,6 +9,7 @@ import torch
 
 from ...experiments.sparse import plan, report, run
 from ...experiments.sparse.plan import CompareMLP, PruneCurve, PruneSeeds, Quality, TrainArms
+from ...io.outputs import check_not_input
 from ..options import positive
 from .scale import command_line
 
@@ -20,8 +21,11 @@ DESCRIPTION = ("One part of the sparse study per subcommand; prints a markdown s
 
 def sparse_study(args: argparse.Namespace) -> int:
     """Measure one part of the study, print it as a RESULTS.md section, save ``--json``."""
-
-
+    inputs = _inputs(args)
+    if args.json:
+        check_not_input(args.json, inputs, "--json")
+    if getattr(args, "out", None):  # a plot, or train's model folders
+        check_not_input(args.out, inputs)
     if args.what == "plot":
         report.plot(args.quality_json, args.prune_json, args.out)
         return 0
@@ -60,8 +64,19 @@ def sparse_study(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+# the arguments that name files or folders a part reads (a plot's --out, the --json output and
+# train's model --out must never be one of them)
+INPUT_ARGS = ("quality_json", "prune_json", "models", "model", "tokenformer", "transformer",
+              "from_json", "results")
 
+
+def _inputs(args: argparse.Namespace) -> list[str]:
+    values = [getattr(args, name, None) for name in INPUT_ARGS]
+    return [v for value in values if value
+            for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sparse-study", description=DESCRIPTION,
                        help="top-k Pattention and pruning parameter tokens vs a Transformer's "
                             "MLP neurons, on trained models paired by seed (docs/sparse.md)")
