@@ -41,9 +41,10 @@ TINY = dataclasses.replace(
     eval_batches=1, seeds=2, sweep_seeds=1, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
     families=("tokenformer", "transformer++"),
     recipes=("chain-exact", "chain-exact-anneal", "widen-zero"), follow="predicted",
-    tokens_per_parameter=0.5, questions=tuple(
-        q for q in plan_.GROWTH_QUESTIONS + plan_.ARCHITECTURE_QUESTIONS
-        if q.id in ("G3", "G4", "G5", "A1")))
+    tokens_per_parameter=0.5, questions=(
+        *(q for q in plan_.GROWTH_QUESTIONS if q.id in ("G4", "G6")),
+        plan_._versus_envelope("GX", "chain-exact", "tokenformer", "growth"),
+        plan_.ARCHITECTURE_QUESTIONS[0]))
 
 
 # ---------------------------------------------------------------------------------- the plan
@@ -59,14 +60,19 @@ def test_every_run_of_every_preset_uses_one_wsd_family(name):
             assert b.decay_start == decay_start(b.steps, preset)
             assert b.steps - b.decay_start == max(1, round(preset.decay_fraction * b.steps))
             assert b.decay_start >= preset.warmup_steps
-            # the runner's segments reproduce that WSD schedule step for step
+            # the runner's schedule (one peak here) is that WSD schedule step for step
             lr, w = 1e-3, preset.warmup_steps
-            assert run_.wsd_lr(w - 1, b.steps, lr, preset) == lr  # warmup ends at the peak
+            lrs = (lr,) * len(run.stages)
+            one = dataclasses.replace(run, recipe=None)  # no restart: the plain WSD shape
+
+            def at(step, b=b, one=one, lrs=lrs):
+                return plan_.run_lr(one, lrs, step, b.steps, preset)
+
+            assert at(w - 1) == lr  # warmup ends at the peak
             for step in (w, (w + b.decay_start) // 2, b.decay_start - 1):  # stable
-                assert run_.wsd_lr(step, b.steps, lr, preset) == lr
-            assert run_.wsd_lr(b.decay_start, b.steps, lr, preset) < lr  # the cooldown
-            assert run_.wsd_lr(b.steps - 1, b.steps, lr, preset) == pytest.approx(
-                lr * preset.min_lr_ratio)
+                assert at(step) == lr
+            assert at(b.decay_start) < lr  # the cooldown
+            assert at(b.steps - 1) == pytest.approx(lr * preset.min_lr_ratio)
         # growth happens only in the stable phase of the run (before the last branch point)
         assert all(s.start < run.steps for s in run.stages[1:])
 
@@ -83,16 +89,18 @@ def test_full_preset_sizes_budgets_seeds_and_corpus_repeats():
     gelu = sorted(a.split("-")[-1] for a in arms if a.startswith("tokenformer-gelu-"))
     # S0 below today's S1, TokenFormer families only (no matched Transformer++ exists there)
     assert tf == gelu == ["S0", "S1", "S2", "S3"] and tpp == ["S1", "S2", "S3"]
-    assert {"chain-paper", "chain-official", "chain-exact", "chain-exact-anneal",
-            "widen-zero", "widen-net2net", "chain-gelu"} <= arms
+    assert {"chain-paper", "chain-paper-final-lr", "chain-official-init",
+            "chain-official-released", "chain-exact-anneal", "chain-stack", "widen-zero",
+            "widen-net2net", "widen-stack", "widen-duplicate", "chain-gelu"} <= arms
     # every arm a question uses has >= 5 seeds (issue 25)
     used = {t.split(":", 1)[-1] for q in preset.questions for t in q.terms()}
     for arm in arms:
         if arm in used or any(arm.startswith(f + "-S") for f in used):
             assert len({r.seed for r in runs if r.arm == arm}) >= 5, arm
     # a chain ends at its final size's LR, grows only in the stable phase
-    chain = next(r for r in runs if r.arm == "chain-exact")
+    chain = next(r for r in runs if r.arm == "chain-paper")
     assert chain.lr_from == f"tokenformer-{chain.stages[-1].size}"
+    assert chain.lr_policy == "per-stage"
     # every branch ends within one step of its budget
     for run in runs:
         for b in run.branches:
@@ -132,7 +140,8 @@ def test_chosen_lr_is_the_sweeps_argmin_and_edges_extend(monkeypatch, optimum, c
                                  num_sizes=2, recipes=(), questions=(), max_extensions=2)
     seen = []
 
-    def fake_execute(ctx, run, lr):
+    def fake_execute(ctx, run, lrs):
+        (lr,) = lrs
         seen.append(lr)
         return {"branches": [{"loss": (math.log(lr) - math.log(optimum)) ** 2}]}
 
@@ -377,8 +386,11 @@ def test_tiny_end_to_end_writes_report_plots_and_results(tiny_run):
     # one progress line per run (sweeps and finals), whatever stderr is
     assert sum(line.startswith("scale: [") for line in lines) == len(plan_.sweep_plan(
         TINY, 256)) + sum(len(s["added"]) for s in saved["sweeps"].values()) + len(saved["runs"])
-    for run in saved["runs"].values():  # every final run used its sweep's choice
-        assert run["lr"] == saved["sweeps"][run["lr_from"]]["chosen"]
+    for run in saved["runs"].values():  # every stage of every final run: its sweep's choice
+        lrs = run["lr"] if isinstance(run["lr"], list) else [run["lr"]] * len(run["stages"])
+        assert lrs == [saved["sweeps"][s["lr_from"]]["chosen"] for s in run["stages"]]
+        assert all(s["lr_from"] == plan_.size_key(run["family"], s["size"])
+                   for s in run["stages"])  # per-stage: each stage at its own size's LR
         assert [b["budget_index"] for b in run["branches"]] == sorted(
             b["budget_index"] for b in run["branches"])
     text = (out / "report.md").read_text()
@@ -388,7 +400,7 @@ def test_tiny_end_to_end_writes_report_plots_and_results(tiny_run):
                                      "## Chains follow the envelope", "## LR sweeps")]
     assert heads == sorted(heads) and "95 %" in text
     assert [r["question"]["id"] for r in report.summarize(saved)["answers"]] == [
-        "G3", "G4", "G5", "A1"]
+        "G4", "G6", "GX", "A1"]
     chains = text[text.index("## Chains follow the envelope"):text.index("## Every arm")]
     assert chains.count("| yes |") == 3  # each chain ends at the envelope's best size
     assert (out / "frontier.png").stat().st_size > 0 and (out / "lr_sweeps.png").stat().st_size
@@ -526,10 +538,17 @@ def test_cli_plan_prints_every_arm_and_trains_nothing(capsys, tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert main(["scale", "--preset", "full", "--plan"]) == 0
     out = capsys.readouterr().out
-    assert "schedule wsd for all" in out and "90 final runs" in out
+    # 11 sizes over 3 families and 11 growing arms, 5 seeds each
+    assert "schedule wsd for all" in out and "110 final runs" in out
     for arm in ("tokenformer-S0", "transformer++-S1", "tokenformer-gelu-S3",
-                "chain-exact-anneal", "widen-net2net", "chain-gelu"):
+                "chain-exact-anneal", "widen-net2net", "chain-gelu", "chain-stack",
+                "widen-duplicate", "chain-official-released", "chain-paper-final-lr"):
         assert f"| {arm} | 5 |" in out
+    # each stage's LR source: per-stage chains name every size's sweep, final-size one
+    paper = next(x for x in out.splitlines() if x.startswith("| chain-paper | "))
+    assert paper.endswith("| tokenformer-S0 → tokenformer-S1 → tokenformer-S2 |")
+    final = next(x for x in out.splitlines() if x.startswith("| chain-paper-final-lr | "))
+    assert final.endswith("| tokenformer-S2 |")
     assert not list(tmp_path.iterdir())
 
 
@@ -593,6 +612,14 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
         final = run.branches[-1]
         assert final.budget_index == max(env)  # the chain reads the largest budget
         assert plan_.size_at(run.stages, final.decay_start - 1).size == env[max(env)]
+        recipe = plan_.RECIPES[run.arm]
+        if recipe.shape != "size":  # stack / clone: one growth, from a half copy of the final
+            first, last = run.stages
+            c, h = last.config, first.config
+            half = ({"num_layers": c.num_layers // 2} if recipe.shape == "stack" else
+                    {"hidden_size": c.hidden_size // 2, "num_heads": c.num_heads // 2})
+            assert dataclasses.asdict(h) == {**dataclasses.asdict(c), **half}
+            continue
         assert order.index(run.stages[0].size) <= order.index(env[min(env)])
         assert [order.index(s.size) for s in run.stages] == sorted(
             {order.index(s.size) for s in run.stages})
@@ -738,7 +765,8 @@ def test_sweep_seeds_average_and_non_monotone_sweeps_are_flagged(monkeypatch):
                                  num_sizes=2, recipes=(), questions=(), sweep_seeds=2)
     table = {1e-3: (2.2, 2.2), 2e-3: (2.0, 2.2), 4e-3: (2.15, 2.15), 8e-3: (2.1, 1.9)}
 
-    def fake_execute(ctx, run, lr):
+    def fake_execute(ctx, run, lrs):
+        (lr,) = lrs
         return {"branches": [{"loss": table.get(lr, (2.3, 2.3))[run.seed - plan_.SWEEP_SEED]}]}
 
     monkeypatch.setattr(run_, "execute", fake_execute)

@@ -27,10 +27,14 @@ def test_old_token_arms_carry_their_options_and_the_presets_arms_are_unchanged()
 
 
 @pytest.mark.parametrize("recipe, message", [
-    (Recipe("chain-released", "tokenformer", "chain", "official-released"),
-     "restarts the LR schedule"),
+    (Recipe("stack-frozen", "tokenformer", "chain", "stack", shape="stack", freeze_old=5),
+     "a growth of tokens keeps"),
     (Recipe("widen-frozen", "transformer++", "widen", "zero", freeze_old=5),
-     "a widen arm has none"),
+     "a growth of tokens keeps"),
+    (Recipe("chain-clone", "tokenformer", "chain", "duplicate", shape="clone"),
+     "Transformer\\+\\+ arm here"),
+    (Recipe("chain-final", "tokenformer", "chain", "paper", lr_policy="final"),
+     "LR policy 'final' is not available"),
 ])
 def test_bad_old_token_arms_are_refused(monkeypatch, recipe, message):
     monkeypatch.setitem(RECIPES, recipe.arm, recipe)

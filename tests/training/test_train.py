@@ -385,3 +385,38 @@ def test_fit_raises_diverged_error_at_the_first_non_finite_loss():
             flops_fn=lambda m, b: 1.0, callbacks=[lambda r, m: records.append(r)],
             progress=False)
     assert [r["step"] for r in records if r["type"] == "train"] == [1, 2, 3]
+
+
+def test_fit_lr_fn_replaces_the_schedule():
+    """``lr_fn`` sets every step's learning rate (the frontier's runs span several fit calls):
+    an LR of 0 leaves the weights untouched even under weight decay, and each step's record
+    holds the value lr_fn gave it, not cfg's schedule."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
+
+        def forward(self, x, labels):
+            loss = ((self.inner(x).squeeze(-1) - labels) ** 2).mean()
+            return type("Out", (), {"loss": loss})()
+
+    def batch_fn(step):
+        g = torch.Generator().manual_seed(step)
+        return {"x": torch.randn(8, 3, generator=g), "labels": torch.randn(8, generator=g)}
+
+    wrapped, seen = Wrapped(), []
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = TrainConfig(steps=6, lr=0.1, warmup_steps=0, weight_decay=0.1)
+    fit(wrapped, batch_fn, cfg, progress=False, lr_fn=lambda step: 0.0, flops_fn=lambda m, b: 1.0,
+        callbacks=[lambda r, m: seen.append(r["lr"]) if r["type"] == "train" else None])
+    assert seen == [0.0] * 6
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    seen.clear()
+    fit(wrapped, batch_fn, cfg, progress=False, lr_fn=lambda step: 1e-3 * (step + 1),
+        flops_fn=lambda m, b: 1.0,
+        callbacks=[lambda r, m: seen.append(r["lr"]) if r["type"] == "train" else None])
+    assert seen == pytest.approx([1e-3 * (s + 1) for s in range(6)])
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

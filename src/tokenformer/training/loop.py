@@ -82,6 +82,7 @@ def fit(
     device: torch.device | str | None = None,
     progress: bool | None = None,
     freeze: FrozenRows | None = None,
+    lr_fn: Callable[[int], float] | None = None,
 ) -> FitResult:
     """Train ``model`` from ``start_step`` to ``cfg.steps``; see the module docstring.
 
@@ -92,7 +93,9 @@ def fit(
     checkpoint directory) restores model, optimizer, RNG, step and counters, and ``model``'s class
     loads it. ``callbacks`` see every metrics record and the current model. ``freeze`` keeps
     rows of ``model`` unchanged until its step (:mod:`.freezing`; a growth with ``freeze_old``
-    replaces it, and a checkpoint carries it to the resumed run).
+    replaces it, and a checkpoint carries it to the resumed run). ``lr_fn(step)``: the learning
+    rate of each step instead of ``cfg``'s schedule (a caller whose schedule spans several
+    ``fit`` calls, e.g. the frontier's stable runs and cooldown branches).
 
     With ``out_dir`` the run folder is locked for the call (:mod:`tokenformer.io.outputs`), and
     SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
@@ -105,7 +108,8 @@ def fit(
         return _fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer,
                     start_step=start_step, out_dir=out_dir, resume_from=resume_from,
                     callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
-                    device=device, progress=progress, stopper=stopper, freeze=freeze)
+                    device=device, progress=progress, stopper=stopper, freeze=freeze,
+                    lr_fn=lr_fn)
 
 
 def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: EvalFn | None,
@@ -113,7 +117,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
          resume_from: str | Path | None, callbacks: Sequence[Callback],
          flops_fn: FlopsFn | None, save_extra: Callable[[Path], None] | None, world: World,
          device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal,
-         freeze: FrozenRows | None) -> FitResult:
+         freeze: FrozenRows | None, lr_fn: Callable[[int], float] | None) -> FitResult:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     flops_fn = flops_fn or lm_flops
     events = run_growth_events(cfg)
@@ -166,7 +170,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
                 recorder.emit(record, model)
             if freeze is not None and not freeze.active(step):
                 freeze = None  # the old tokens train again (and the saved copy is freed)
-            lr = lr_at(step, cfg, stages)
+            lr = lr_fn(step) if lr_fn is not None else lr_at(step, cfg, stages)
             set_lr(optimizer, lr)
             t0 = time.perf_counter()
             batch = batch_fn(step)

@@ -42,8 +42,10 @@ multiply).
 **mean over sweep seeds**, picked inside the grid (the runner extends the grid by one factor
 beyond an edge argmin, at most ``max_extensions`` times per side). Every verdict-bearing preset
 has ≥ 2 sweep seeds; the report flags a sweep whose mean curve is not unimodal (non-monotone on a
-side of its minimum) or whose seeds pick different LRs. A chain uses the LR of its final size for
-its whole run (``lr_policy`` "final-size": the only policy until issue 24's per-stage LR lands).
+side of its minimum) or whose seeds pick different LRs. A chain trains each stage at its own size's
+chosen LR (``lr_policy`` "per-stage": the peak moves at once at the growth step; a half-depth or
+half-width first stage takes the LR of the swept size nearest in non-embedding parameters), or
+the whole run at its final size's LR ("final-size", v2's policy: the compared factor).
 
 **Pre-registered questions** (:class:`Question`): each preset carries the questions its verdict
 answers, with their endpoints, multiplicity families and equivalence margins, fixed here before
@@ -53,9 +55,13 @@ and the decision word of :mod:`..common.stats`).
 
 A growing arm is an entry of :data:`RECIPES` (a :class:`Recipe`): its family, its operator and
 recipe (``method``), and its old-token options (``freeze_old``, ``noise_old``: issue 24's, as in
-``--grow-at``). ``chain-official``'s method ``official`` is ``official-init`` (the released
-initialisation, optimizer carried). ``official-released`` is not a chain here: it restarts the LR
-schedule at each growth, outside the one WSD family every run of this experiment follows.
+``--grow-at``). ``chain-official-init`` is the released initialisation with the optimizer carried;
+``chain-official-released`` adds the released run's restart at each growth: a fresh AdamW and
+a linear warmup again over ``warmup_steps``. The released run's new cosine has no place in the
+one WSD family every run here follows; its counterpart is each budget's cooldown, which every
+arm gets (:func:`run_lr`). ``chain-stack``/``widen-stack`` (G_stack) and ``widen-duplicate``
+(HyperCloning) grow once, into the same final size as the size-walking chains and at the same
+step, from that size at half depth or half width (:func:`reshaped_chain`).
 
 Families: ``tokenformer``, ``transformer++`` (matched to each TokenFormer size in non-embedding
 parameters), ``tokenformer-gelu`` (Θ = plain GELU: every Pattention a GELU MLP, the critics'
@@ -81,6 +87,8 @@ from ...models.baselines import matched_config
 from ...models.config import TokenFormerConfig, flops_per_token
 from ...ops.growth import NEW_ROW_MOMENTS, STRATEGIES, resets_optimizer
 from ...ops.widening import WIDENINGS
+from ...training.config import TrainConfig
+from ...training.schedule import lr_at
 from ..common.report import markdown_table
 
 SCHEDULE_FAMILY = "wsd"
@@ -100,54 +108,76 @@ SMALL_SIZE_FAMILIES = ("tokenformer", *THETA_FAMILIES)
 PK_FLOPS_TOLERANCE = 0.01
 MAX_EPOCHS = 4.0  # no run may see the training split more often than this
 SWEEP_SEED = 1000  # LR sweeps use seeds SWEEP_SEED + i: tuning never sees a final run's batches
-LR_POLICIES = ("final-size",)  # issue 24 adds "per-stage" (each stage at its own size's LR)
+# "per-stage": each stage at its own size's tuned LR, switched at the growth step (the default);
+# "final-size": the whole chain at its final size's LR (v2's policy, kept as the compared factor)
+LR_POLICIES = ("per-stage", "final-size")
+# how a chain's stages differ (Recipe.shape): "size" walks the family's sizes (tokens or MLP
+# width); "stack" starts at the final size with half its blocks and stacks them (G_stack);
+# "clone" starts at the final size with half the hidden size and heads and duplicates them
+# (HyperCloning)
+SHAPES = {"size": None, "stack": "stack", "clone": "duplicate"}
 
 
 @dataclass(frozen=True)
 class Recipe:
     """An arm that grows (a chain): through which family's sizes, by which operator.
 
-    ``kind`` "chain" grows Pattention tokens with ``ops.growth.grow_with_optimizer`` (``method``
-    is its ``strategy``); "widen" widens the Transformer++ MLP with ``ops.widening.widen_mlp``
-    (``method`` is its method). ``anneal``: after an exact growth Θ's factor moves to √n over
-    ``anneal_steps``. The chain follows ``family``'s envelope and takes its LR from that family's
-    sweeps (``lr_policy``)."""
+    ``kind`` "chain" is a TokenFormer-family arm, "widen" a Transformer++ one. ``shape`` "size"
+    walks the family's sizes: a chain grows Pattention tokens with
+    ``ops.growth.grow_with_optimizer`` (``method`` is its ``strategy``; ``official-released``
+    also restarts the optimizer and the warmup at each growth), a widen arm widens the MLP with
+    ``ops.widening.widen_mlp`` (``method`` is its method). ``shape`` "stack" (method "stack")
+    and "clone" (method "duplicate", ``width_noise``: ops.cloning's symmetry-breaking noise)
+    reach the final size from a half-depth or half-width model instead (:data:`SHAPES`,
+    :func:`reshaped_chain`). ``anneal``: after an exact growth Θ's factor moves to √n over
+    ``anneal_steps``. The chain follows ``family``'s envelope and takes its LRs from that
+    family's sweeps by ``lr_policy`` (:data:`LR_POLICIES`, :func:`stage_lrs`)."""
 
     arm: str
     family: str
     kind: str
     method: str
     anneal: bool = False
-    lr_policy: str = "final-size"
+    lr_policy: str = "per-stage"
     label: str = ""
+    shape: str = "size"
+    width_noise: float = 0.0
     # old tokens after each growth (ops.growth.grow): frozen for N steps or "forever", noised
     freeze_old: int | str | None = None
     noise_old: float = 0.0
 
 
-# One entry per arm that grows. Extension points (issue 25), each ONE entry here once issue 24's
-# operators land (the runner's _grow passes ``method`` and, for new fields, their values on):
-#   chain-official-released  official-init + fresh optimizer, warmup restart, new decay (h24-train)
-#   chain-stack, widen-stack G_stack depth stacking, TokenFormer / Transformer++
-#                            (h24-ops grow(layers=, how="stack"))
-#   widen-duplicate          Transformer++ width by duplication (h24-ops hidden=/width_noise=)
-#   lr_policy="per-stage"    each stage at its own size's tuned LR, vs "final-size" (h24-train)
-#   chain-*-frozen           frozen vs trained old tokens (h24-train freeze_old/noise_old)
-# A new field of Recipe needs a default that keeps today's arms unchanged.
+# One entry per arm that grows (issues 24, 25). A new field of Recipe needs a default that keeps
+# the other arms unchanged. Every chain runs each stage at its own size's LR ("per-stage") unless
+# it says otherwise.
+HYPERCLONING_NOISE = 0.32  # the HyperCloning release's symmetry-breaking noise (SNR 10 dB)
 RECIPES: dict[str, Recipe] = {r.arm: r for r in (
     Recipe("chain-paper", "tokenformer", "chain", "paper",
            label="paper: new keys zero, new values initialised, Θ's factor follows n"),
-    Recipe("chain-official", "tokenformer", "chain", "official",
-           label="official-init: the released code's initialisation of new tokens only (its "
-                 "fresh optimizer and new schedule are official-released, not this arm)"),
+    Recipe("chain-paper-final-lr", "tokenformer", "chain", "paper", lr_policy="final-size",
+           label="paper, the whole chain at its final size's LR (v2's LR policy)"),
+    Recipe("chain-official-init", "tokenformer", "chain", "official-init",
+           label="official-init: the released code's initialisation of new tokens, optimizer "
+                 "carried"),
+    Recipe("chain-official-released", "tokenformer", "chain", "official-released",
+           label="official-released: official-init plus a fresh optimizer and a warmup restart "
+                 "at each growth (the released run's restart, in this experiment's WSD family)"),
     Recipe("chain-exact", "tokenformer", "chain", "exact",
            label="exact: function-preserving, Θ's factor held"),
     Recipe("chain-exact-anneal", "tokenformer", "chain", "exact", anneal=True,
            label="exact, then Θ's factor annealed to √n"),
+    Recipe("chain-stack", "tokenformer", "chain", "stack", shape="stack",
+           label="G_stack: the final size at half depth, its blocks stacked (TokenFormer)"),
     Recipe("widen-zero", "transformer++", "widen", "zero",
            label="Transformer++ MLP widened, new units' outgoing weights zero"),
     Recipe("widen-net2net", "transformer++", "widen", "net2net",
            label="Transformer++ MLP widened by Net2Net (duplicated units, split weights)"),
+    Recipe("widen-stack", "transformer++", "widen", "stack", shape="stack",
+           label="G_stack: the final size at half depth, its blocks stacked (Transformer++)"),
+    Recipe("widen-duplicate", "transformer++", "widen", "duplicate", shape="clone",
+           width_noise=HYPERCLONING_NOISE,
+           label="HyperCloning: the final size at half hidden size and heads, duplicated "
+                 "(zero-sum noise 0.32)"),
     Recipe("chain-gelu", "tokenformer-gelu", "chain", "paper",
            label="plain-GELU control: zero new keys (exactly function-preserving for this Θ)"),
     # frozen vs trained old tokens (issue 24): not in a preset's arms until a question uses them
@@ -155,6 +185,8 @@ RECIPES: dict[str, Recipe] = {r.arm: r for r in (
            label="exact, old tokens frozen for ever (only the new tokens train)"),
     Recipe("chain-exact-noised", "tokenformer", "chain", "exact", noise_old=0.01,
            label="exact, old tokens noised at growth (std 1 % of each tensor's rms)"),
+    Recipe("chain-paper-frozen", "tokenformer", "chain", "paper", freeze_old="forever",
+           label="paper, old tokens frozen for ever (only the new tokens train)"),
 )}
 
 
@@ -301,16 +333,20 @@ class Preset:
             if recipe.family not in self.families:
                 raise ConfigError(f"frontier: {arm} needs the {recipe.family} family's "
                                   f"from-scratch sizes (its envelope and LRs)")
-            if recipe.method not in (STRATEGIES if recipe.kind == "chain" else WIDENINGS):
+            if recipe.shape not in SHAPES:
+                raise ConfigError(f"frontier: {arm}: unknown shape {recipe.shape!r}")
+            methods = ((STRATEGIES if recipe.kind == "chain" else WIDENINGS)
+                       if recipe.shape == "size" else (SHAPES[recipe.shape],))
+            if recipe.method not in methods:
                 raise ConfigError(f"frontier: {arm}: unknown {recipe.kind} method "
                                   f"{recipe.method!r}")
-            if recipe.kind == "chain" and resets_optimizer(recipe.method):
-                raise ConfigError(f"frontier: {arm}: {recipe.method} restarts the LR schedule "
-                                  f"at each growth, outside this experiment's one WSD family; "
-                                  f"use official-init here (tokenformer train --grow-at runs it)")
-            if recipe.kind != "chain" and (recipe.freeze_old is not None or recipe.noise_old):
-                raise ConfigError(f"frontier: {arm}: freeze_old/noise_old act on parameter "
-                                  f"tokens; a {recipe.kind} arm has none")
+            if recipe.shape == "clone" and recipe.kind != "widen":
+                raise ConfigError(f"frontier: {arm}: hidden-size duplication is a "
+                                  f"Transformer++ arm here (TokenFormer sizes differ in tokens)")
+            if (recipe.kind != "chain" or recipe.shape != "size") and (
+                    recipe.freeze_old is not None or recipe.noise_old):
+                raise ConfigError(f"frontier: {arm}: freeze_old/noise_old act on the parameter "
+                                  f"tokens a growth of tokens keeps")
             if recipe.lr_policy not in LR_POLICIES:
                 raise ConfigError(f"frontier: {arm}: LR policy {recipe.lr_policy!r} is not "
                                   f"available ({', '.join(LR_POLICIES)})")
@@ -343,13 +379,19 @@ def _versus_envelope(qid: str, arm: str, family: str, family_name: str) -> Quest
                     arm, f"envelope:{family}", family_name, margin=MARGIN, margin_why=MARGIN_WHY)
 
 
-# The full preset's questions (issue 25): three families, Holm within each.
-GROWTH_QUESTIONS = (
-    *(_versus_envelope(f"G{i}", arm, "tokenformer", "growth")
-      for i, arm in enumerate(("chain-paper", "chain-official", "chain-exact-anneal",
-                               "chain-exact"), start=1)),
-    *(_versus_envelope(f"G{i}", arm, "transformer++", "growth")
-      for i, arm in enumerate(("widen-zero", "widen-net2net"), start=5)),
+# The full preset's questions (issue 25): four families, Holm within each.
+GROWTH_ARMS = ("chain-paper", "chain-official-init", "chain-official-released",
+               "chain-exact-anneal", "chain-stack", "widen-zero", "widen-net2net", "widen-stack",
+               "widen-duplicate")
+GROWTH_QUESTIONS = tuple(
+    _versus_envelope(f"G{i}", arm, RECIPES[arm].family, "growth")
+    for i, arm in enumerate(GROWTH_ARMS, start=1))
+LR_POLICY_QUESTIONS = (
+    Question("L1", "Does training each stage at its own size's tuned LR (per-stage) end lower, "
+                   "higher or within ±0.02 nats of the whole chain at its final size's LR, at "
+                   "each budget the chain is read?",
+             "chain-paper", "chain-paper-final-lr", "lr-policy", budgets="all", margin=MARGIN,
+             margin_why=MARGIN_WHY),
 )
 ARCHITECTURE_QUESTIONS = (
     Question("A1", "Is TokenFormer's envelope below, above or within ±0.02 nats of "
@@ -369,13 +411,17 @@ CONTROL_QUESTIONS = (
              "chain-paper - envelope:tokenformer", "chain-gelu - envelope:tokenformer-gelu",
              "control", margin=MARGIN, margin_why=MARGIN_WHY),
 )
-FULL_RECIPES = ("chain-paper", "chain-official", "chain-exact-anneal", "chain-exact",
-                "widen-zero", "widen-net2net", "chain-gelu")
+FULL_RECIPES = (*GROWTH_ARMS, "chain-paper-final-lr", "chain-gelu")
 
-_CPU = Preset(name="full", first_size=0, num_sizes=4,
+# full: 2.5e12 FLOPs at most (v2 ran 4e12 with 7 arms): with 11 growing arms × 5 seeds that is
+# ≈ 72 min of --jobs 2 on 2 idle Zen 4 cores (benchmarks/frontier_steps.py), inside the issue's
+# 2 h; v2's envelopes put TokenFormer's best size at S2 only from ≈ 2–4e12, so the chains
+# still walk S0 → S1 (→ S2) and Transformer++'s S1 → S2 (docs/results.md)
+_CPU = Preset(name="full", first_size=0, num_sizes=4, max_budget=2.5e12,
               families=("tokenformer", "transformer++", "tokenformer-gelu"),
               recipes=FULL_RECIPES,
-              questions=GROWTH_QUESTIONS + ARCHITECTURE_QUESTIONS + CONTROL_QUESTIONS)
+              questions=GROWTH_QUESTIONS + LR_POLICY_QUESTIONS + ARCHITECTURE_QUESTIONS
+              + CONTROL_QUESTIONS)
 PRESETS: dict[str, Preset] = {
     # one seed, one sweep seed: TokenFormer S0–S3 and the paper chain following the measured
     # envelope; its question is stated and answered, but one seed resolves nothing
@@ -416,7 +462,7 @@ PRESETS: dict[str, Preset] = {
         anneal_steps=50, lr_grid=(5e-4, 1e-3, 2e-3, 4e-3), eval_batches=16, dtype="bf16",
         tokens_per_parameter=20.0, recipes=("chain-paper", "widen-zero", "chain-gelu"),
         questions=tuple(q for q in GROWTH_QUESTIONS + ARCHITECTURE_QUESTIONS
-                        + CONTROL_QUESTIONS if q.id in ("G1", "G5", "A1", "A2", "C1", "C2")),
+                        + CONTROL_QUESTIONS if q.id in ("G1", "G6", "A1", "A2", "C1", "C2")),
         corpus="synthetic:30000000",
         expected_hours="≈ 26 min on one H100 (bf16), NOT measured: 50 final runs + 64 sweep "
                        "runs ≈ 55 k steps of 65,536 tokens (the predicted chains), timed at an "
@@ -439,10 +485,12 @@ def get_preset(name: str, **overrides: Any) -> Preset:
 class Stage:
     """One model size of a run, trained from step ``start`` on (a scratch run has one)."""
 
-    size: str
+    size: str  # a size name; a stack/clone chain's first stage "<size>/half-depth|-width"
     config: Any  # TokenFormerConfig or baselines.TransformerConfig
     start: int
     flops_per_step: float  # training FLOPs of one optimizer step (the analytic count)
+    # the swept size whose LR this stage takes under the per-stage policy (None: its own size)
+    lr_size: str | None = None
 
 
 @dataclass(frozen=True)
@@ -471,6 +519,7 @@ class Run:
     lr_from: str  # "<family>-<size>": whose sweep sets the LR
     recipe: str | None = None  # chains: growth recipe (or widening)
     schedule: str = SCHEDULE_FAMILY
+    lr_policy: str = "final-size"  # chains: LR_POLICIES (a one-stage run has one LR anyway)
 
     @property
     def steps(self) -> int:
@@ -489,8 +538,9 @@ class Run:
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "arm": self.arm, "kind": self.kind, "family": self.family,
                 "seed": self.seed, "schedule": self.schedule, "lr": self.lr,
-                "lr_from": self.lr_from, "recipe": self.recipe,
+                "lr_from": self.lr_from, "recipe": self.recipe, "lr_policy": self.lr_policy,
                 "stages": [{"size": s.size, "start": s.start, "flops_per_step": s.flops_per_step,
+                            "lr_from": stage_lr_key(self, s),
                             "parameters": s.config.num_parameters(),
                             "non_embedding_parameters": s.config.num_parameters(
                                 non_embedding=True), "config": s.config.to_dict()}
@@ -509,6 +559,51 @@ def decay_start(steps: int, preset: Preset) -> int:
 def size_at(stages: tuple[Stage, ...], step: int) -> Stage:
     """The stage training step ``step`` (a growth at step g happens before step g runs)."""
     return [s for s in stages if s.start <= step][-1]
+
+
+def stage_lr_key(run: Run, stage: Stage) -> str:
+    """The sweep (``"<family>-<size>"``) whose chosen LR ``stage`` trains at: its own size's
+    (or, for a half-depth/half-width stage, the nearest swept size's) under "per-stage", the
+    final size's (``run.lr_from``) under "final-size"."""
+    if run.lr_policy == "final-size":
+        return run.lr_from
+    return size_key(run.family, stage.lr_size or stage.size)
+
+
+def stage_lrs(run: Run, chosen: dict[str, float]) -> tuple[float, ...]:
+    """The peak LR of each stage of ``run`` from the sweeps' ``chosen`` LR per size key (a sweep
+    run: its grid value)."""
+    if run.lr is not None:
+        return (run.lr,) * len(run.stages)
+    return tuple(chosen[stage_lr_key(run, s)] for s in run.stages)
+
+
+def restarts(run: Run) -> bool:
+    """Whether the run's growths restart the optimizer and the warmup (official-released)."""
+    recipe = RECIPES.get(run.recipe or "")
+    return (recipe is not None and recipe.kind == "chain" and recipe.shape == "size"
+            and resets_optimizer(recipe.method))
+
+
+def run_lr(run: Run, lrs: tuple[float, ...], step: int, steps: int, preset: Preset) -> float:
+    """The LR of optimizer step ``step`` of ``run`` whose cooldown branch ends at ``steps``: the
+    WSD schedule (``training.schedule.lr_at``: warmup, stable, linear decay over the last
+    ``decay_fraction`` of ``steps`` to ``min_lr_ratio`` × the peak) whose peak is piecewise the
+    LR of the stage in force (``lrs``, :func:`stage_lrs`: it moves at once at a growth step),
+    and, for a restarting recipe, a linear warmup again over ``warmup_steps`` after each
+    growth. A stable segment passes its run's longest branch as ``steps``. A cooldown branch
+    trains the size reached at its decay start to its end, past a later growth of the stable
+    run: its peak is that size's."""
+    decay_from = decay_start(steps, preset)
+    trained = step if step < decay_from else decay_from - 1
+    i = max(k for k, s in enumerate(run.stages) if s.start <= trained)
+    peak = lrs[i]
+    cfg = TrainConfig(steps=steps, lr=peak, min_lr=peak * preset.min_lr_ratio, schedule="wsd",
+                      warmup_steps=preset.warmup_steps, decay_fraction=preset.decay_fraction)
+    lr = lr_at(step, cfg)
+    if i > 0 and restarts(run):
+        lr *= min(1.0, (step - run.stages[i].start + 1) / preset.warmup_steps)
+    return lr
 
 
 def flops_at(stages: tuple[Stage, ...], step: int) -> float:
@@ -711,6 +806,42 @@ def follow_envelope(preset: Preset, configs: dict[str, Any], best: Envelope
     return tuple(stages)
 
 
+def reshaped_chain(preset: Preset, recipe: Recipe, configs: dict[str, Any], best: Envelope,
+                   sized: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """A stack or clone chain (``recipe.shape``): it ends where the size-walking chain ``sized``
+    of the same envelope ends (the envelope's best size at the final budget), from that size at
+    half depth (blocks stacked, G_stack) or at half hidden size and heads (duplicated,
+    HyperCloning), and grows once, by :func:`follow_envelope`'s rule on the two-size envelope
+    "the half copy until the budget where the chain's target becomes the final size" (so the
+    growth sits at a branch point of its own stages, as for every chain). Its first stage
+    takes, under the per-stage policy, the LR of the family's swept size nearest in
+    non-embedding parameters (log). One stage when ``sized`` never grows (not run)."""
+    if len(sized) < 2:
+        return sized[:1]
+    final = sized[-1]
+    c = final.config
+    if recipe.shape == "stack":
+        if c.num_layers % 2:
+            raise ConfigError(f"frontier: {recipe.arm} stacks half the blocks: num_layers "
+                              f"must be even")
+        small, name = dataclasses.replace(c, num_layers=c.num_layers // 2), "half-depth"
+    else:
+        if c.hidden_size % 2 or c.num_heads % 2:
+            raise ConfigError(f"frontier: {recipe.arm} duplicates half the width: hidden size "
+                              f"and heads must be even")
+        small = dataclasses.replace(c, hidden_size=c.hidden_size // 2, num_heads=c.num_heads // 2)
+        name = "half-width"
+    params = small.num_parameters(non_embedding=True)
+    nearest = min(configs, key=lambda z: (abs(math.log(
+        configs[z].num_parameters(non_embedding=True) / params)), z))
+    half = f"{final.size}/{name}"
+    targets = chain_targets(best, tuple(configs))
+    two = follow_envelope(preset, {half: small, final.size: c},
+                          {j: final.size if z == final.size else half
+                           for j, z in targets.items()})
+    return (dataclasses.replace(two[0], lr_size=nearest), *two[1:])
+
+
 def reads_budget(stages: tuple[Stage, ...], branch: Branch, preset: Preset) -> bool:
     """Rule 3: the size cooled down at ``branch`` has trained >= min_stage_share of its steps."""
     stage = size_at(stages, max(branch.decay_start - 1, 0))
@@ -743,13 +874,17 @@ def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None,
         best = (envelopes or {}).get(recipe.family) or predicted_envelope(
             preset, recipe.family, vocab_size)
         stages = follow_envelope(preset, configs[recipe.family], best)
+        if recipe.shape != "size":
+            stages = reshaped_chain(preset, recipe, configs[recipe.family], best, stages)
         if len(stages) > 1:
             chains[arm] = stages
     for seed in range(preset.seeds):
         for arm, stages in chains.items():
             recipe = RECIPES[arm]
-            runs.append(_with_branches(preset, arm, recipe.kind, recipe.family, seed, stages,
-                                       budgets, size_key(recipe.family, stages[-1].size), arm))
+            runs.append(dataclasses.replace(
+                _with_branches(preset, arm, recipe.kind, recipe.family, seed, stages, budgets,
+                               size_key(recipe.family, stages[-1].size), arm),
+                lr_policy=recipe.lr_policy))
     if kinds is not None:
         runs = [r for r in runs if r.kind in kinds]
     if train_tokens is not None:
@@ -804,9 +939,14 @@ def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str
     Evaluation FLOPs aside, the runner does nothing else of weight."""
     total = 0.0
     for run in runs:
+        final = run.stages[-1]
         for size, steps in steps_by_size(run).items():
-            total += steps * seconds_per_step[size_key(run.family, size)]
-        last = run.stages[-1].size
+            # a half-depth/half-width stage is no swept size: the final size's, scaled by FLOPs
+            stage = next(s for s in run.stages if s.size == size)
+            total += steps * seconds_per_step.get(
+                size_key(run.family, size), seconds_per_step[size_key(run.family, final.size)]
+                * stage.flops_per_step / final.flops_per_step)
+        last = final.size
         total += len(run.branches) * preset.eval_batches / 3 * seconds_per_step[
             size_key(run.family, last)]
     return total
@@ -833,8 +973,10 @@ CHAIN_RULE = (
     "size), grows into each next target right after the previous budget's branch point, earlier "
     "where the new size would get less than {share:.0%} of the next budget's steps, and a budget "
     "is read only when the size cooled down there has trained {share:.0%} of that budget's "
-    "steps. It ends at the envelope's best size at its final budget. The whole chain trains at "
-    "its final size's tuned LR.")
+    "steps. It ends at the envelope's best size at its final budget. A stack or clone chain "
+    "grows once, at the same step, into the same final size from its half-depth or half-width "
+    "copy. Each stage trains at its own size's tuned LR (per-stage), unless the arm is "
+    "final-size (the whole chain at its final size's LR).")
 LR_RULE = (
     "LR: per family and size, the argmin of the mean final validation loss over {seeds} sweep "
     "seed(s) of {steps}-step WSD runs on a factor-2 grid, picked inside the grid (extended "
@@ -874,7 +1016,8 @@ def describe(preset: Preset, vocab_size: int) -> str:
         seeds = sum(r.arm == run.arm for r in runs)
         rows.append([run.arm, str(seeds), " → ".join(f"{s.size}@{s.start}" for s in run.stages),
                      ", ".join(f"{b.budget:.2g}:{b.steps}" for b in run.branches),
-                     f"{run.total_steps:,}", f"{run.total_flops():.3g}", run.lr_from])
+                     f"{run.total_steps:,}", f"{run.total_flops():.3g}",
+                     " → ".join(dict.fromkeys(stage_lr_key(run, s) for s in run.stages))])
     total = sum(r.total_flops() for r in runs)
     sweep_flops = sum(r.total_flops() for r in sweeps)
     families = sorted({RECIPES[a].family for a in preset.recipes})
@@ -894,6 +1037,6 @@ def describe(preset: Preset, vocab_size: int) -> str:
               if preset.follow == "measured" else " (this preset keeps it):"), *predicted, ""]
           if families else []),
         markdown_table(["arm", "seeds", "sizes@start step", "budget:steps", "steps/seed",
-                        "FLOPs/seed", "LR from"], rows, "lrllrrl"),
+                        "FLOPs/seed", "LR from (per stage)"], rows, "lrllrrl"),
         "time: python benchmarks/frontier_steps.py --preset NAME --cpu-time (measures the step "
         "times here and estimates the whole preset)"])

@@ -26,7 +26,7 @@ from ..common.stats import (
     spread,
     t_interval,
 )
-from .plan import CHAIN_RULE, DENSE_FAMILIES, LR_RULE, question_lines, size_key
+from .plan import CHAIN_RULE, DENSE_FAMILIES, LR_RULE, RECIPES, question_lines, size_key
 
 # the paired comparisons outside the questions: the same interval, but no decision word
 DESCRIPTIVE_RULE = RULE.replace(
@@ -318,13 +318,14 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     by_arm: dict[str, list[dict[str, Any]]] = {}
     for c in chains:
         by_arm.setdefault(c["a"], []).append(c)
+    families = {arm: v["family"] for arm, v in arms(results).items()}
     for arm, cs in by_arm.items():
         below = [c for c in cs if c["winner"] == arm]
         above = [c for c in cs if c["winner"] is not None and c["winner"] != arm]
         grown = [c for c in cs if c["chain_size"] != c["first_size"]] or cs
         best = min(grown, key=lambda c: c["mean"] if c["mean"] is not None and
                    math.isfinite(c["mean"]) else math.inf)
-        family = "TokenFormer" if arm.startswith("chain") else "Transformer++"
+        family = FAMILY_LABEL.get(families.get(arm, ""), families.get(arm, ""))
         head = f"**{arm} vs the {family} from-scratch envelope:** "
         if below:
             head += ("below it (unadjusted interval excludes 0) at "
@@ -335,8 +336,8 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         else:
             head += (f"no unadjusted interval below it at any of its {len(cs)} budgets. ")
         if above:
-            # before its first growth a chain is its first size at its final size's LR: a
-            # gap there measures that LR, not growth
+            # before its first growth a chain is its first size (at its final size's LR under
+            # the final-size policy): a gap there measures that start, not growth
             head += ("Above it (unadjusted interval excludes 0) at " + ", ".join(
                 _budget(results, c["budget_index"])
                 + (" (not yet grown)" if c["chain_size"] == c["first_size"] else "")
@@ -430,49 +431,84 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
         return []
     from matplotlib import colormaps
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
 
     written = []
     table = arms(results)
-    fig = Figure(figsize=(10, 6), layout="constrained")
-    ax = fig.add_subplot()
     cmap = colormaps["tab10"]
     styles = STYLES
-
-    def band(seeds_by_j: dict[int, dict[int, Any]], **kw: Any) -> None:
-        js = sorted(seeds_by_j)
-        xs = [_mean([x[1] for x in seeds_by_j[j].values()]) for j in js]
-        ys = [_mean([x[0] for x in seeds_by_j[j].values()]) for j in js]
-        ax.plot(xs, ys, marker=kw.pop("marker", "o"), markersize=3, **kw)
-        if any(len(seeds_by_j[j]) > 1 for j in js):
-            ax.fill_between(xs, [min(x[0] for x in seeds_by_j[j].values()) for j in js],
-                            [max(x[0] for x in seeds_by_j[j].values()) for j in js],
-                            color=kw.get("color"), alpha=0.15, linewidth=0)
-
+    # one column per family: its from-scratch sizes, envelope and growing arms (top), and each
+    # growing arm's gap to the envelope with its 95 % paired interval (bottom): the gaps are
+    # hundredths of a nat, invisible on the loss axis
+    order = {f: i for i, f in enumerate(FAMILY_LABEL)}
+    families = sorted({v["family"] for v in table.values()}, key=lambda f: order.get(f, 99))
+    growing = {f: [a for a, v in table.items() if v["kind"] in ("chain", "widen")
+                   and v["family"] == f] for f in families}
+    rows = 2 if any(growing.values()) else 1
+    fig = Figure(figsize=(5.2 * len(families), 4.2 * rows + 0.6), layout="constrained")
+    axes = fig.subplots(rows, len(families), squeeze=False)
+    gaps = ([c for c in summarize(results)["comparisons"] if c["question"] == "chain vs envelope"]
+            if rows == 2 else [])
     sizes = results["sizes"]
     shade = colormaps["viridis"]
-    for arm, v in table.items():
-        if v["kind"] == "scratch":  # light (small) to dark (large)
-            k = sizes.index(v["stages"][0]["size"])
-            band(v["budgets"], color=shade(0.85 - 0.75 * k / max(len(sizes) - 1, 1)),
-                 linestyle=styles[v["family"]], linewidth=0.9, alpha=0.8,
-                 label=f"{arm} (scratch)")
-    for family in sorted({v["family"] for v in table.values()}):
+    for col, family in enumerate(families):
+        ax = axes[0][col]
+
+        def band(seeds_by_j: dict[int, dict[int, Any]], ax: Any = ax, **kw: Any) -> None:
+            js = sorted(seeds_by_j)
+            xs = [_mean([x[1] for x in seeds_by_j[j].values()]) for j in js]
+            ys = [_mean([x[0] for x in seeds_by_j[j].values()]) for j in js]
+            ax.plot(xs, ys, marker=kw.pop("marker", "o"), markersize=3, **kw)
+            if any(len(seeds_by_j[j]) > 1 for j in js):
+                ax.fill_between(xs, [min(x[0] for x in seeds_by_j[j].values()) for j in js],
+                                [max(x[0] for x in seeds_by_j[j].values()) for j in js],
+                                color=kw.get("color"), alpha=0.15, linewidth=0)
+
+        for v in table.values():
+            if v["kind"] == "scratch" and v["family"] == family:  # light (small) to dark
+                k = sizes.index(v["stages"][0]["size"])
+                band(v["budgets"], color=shade(0.85 - 0.75 * k / max(len(sizes) - 1, 1)),
+                     linestyle=styles[family], linewidth=0.9, alpha=0.8,
+                     label=f"{v['stages'][0]['size']} from scratch")
         env = envelope(results, family)
         js = sorted(env)
-        ax.plot([_mean(list(env[j]["flops"].values())) for j in js], [env[j]["mean"] for j in js],
-                color=ENVELOPE_COLOR.get(family, "black"), linestyle=styles[family],
-                linewidth=2.2, label=f"{FAMILY_LABEL[family]} envelope")
-    growing = [a for a, v in table.items() if v["kind"] in ("chain", "widen")]
-    for i, arm in enumerate(growing):
-        band(table[arm]["budgets"], color=cmap(i % 10), linewidth=1.6, marker="s",
-             linestyle=styles[table[arm]["family"]], label=arm)
-    ax.set_xscale("log")
-    ax.set_xlabel("cumulative training FLOPs (the cooldown branch's end)")
-    ax.set_ylabel("validation loss (nats/token)")
-    ax.set_title("Loss-vs-compute frontier (mean over seeds, band: min–max)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+        ax.plot([_mean(list(env[j]["flops"].values())) for j in js],
+                [env[j]["mean"] for j in js], color=ENVELOPE_COLOR.get(family, "black"),
+                linestyle=styles[family], linewidth=2.2, label="envelope (best size)")
+        for i, arm in enumerate(growing[family]):
+            band(table[arm]["budgets"], color=cmap(i % 10), linewidth=1.4, marker="s",
+                 label=arm)
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # 3×10¹¹ labels overlap otherwise
+        ax.set_xlabel("cumulative training FLOPs")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_title(f"{FAMILY_LABEL[family]} (mean over seeds, band: min–max)", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6.5)
+        if rows == 2:
+            ax = axes[1][col]
+            for i, arm in enumerate(growing[family]):
+                cs = sorted((c for c in gaps if c["a"] == arm and c["n"] > 1
+                             and math.isfinite(c["mean"])), key=lambda c: c["budget"])
+                if not cs:
+                    continue
+                shift = 1 + 0.03 * (i - (len(growing[family]) - 1) / 2)  # side by side
+                xs = [c["budget"] * shift for c in cs]
+                ys = [c["mean"] for c in cs]
+                ax.errorbar(xs, ys, yerr=[[c["mean"] - c["ci_low"] for c in cs],
+                                          [c["ci_high"] - c["mean"] for c in cs]],
+                            marker="s", markersize=3, capsize=2, linewidth=1, color=cmap(i % 10),
+                            label=arm)
+            ax.axhline(0.0, color="black", linewidth=1)
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel("budget (FLOPs)")
+            ax.set_ylabel("arm − envelope (nats; 95 % paired t interval)")
+            ax.set_title("gap to the from-scratch envelope (< 0: growth wins)", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            if growing[family]:
+                ax.legend(fontsize=6.5)
     atomic_write(out / "frontier.png", lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     written.append("frontier.png")
 
@@ -549,6 +585,29 @@ def chain_lines(results: dict[str, Any], table: dict[str, Any]) -> list[str]:
                             "ends at the best"], rows, "l" * (len(budgets) + 3)), ""]
 
 
+def lr_text(lr: float | list[float]) -> str:
+    """A run's peak LR, or its per-stage LRs in stage order."""
+    return " → ".join(f"{x:.3g}" for x in lr) if isinstance(lr, list) else f"{lr:.3g}"
+
+
+def recipe_lines(results: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    """The growing arms: each one's recipe as the plan defines it, its LR policy and LRs."""
+    growing = [a for a, v in table.items() if v["kind"] in ("chain", "widen")]
+    if not growing:
+        return []
+    rows = []
+    for arm in growing:
+        recipe = RECIPES.get(arm)
+        run = next(r for r in results["runs"].values() if r["arm"] == arm)
+        rows.append([arm, recipe.label if recipe else "—", run.get("lr_policy", "final-size"),
+                     lr_text(table[arm]["lr"])])
+    return ["## Growing arms", "",
+            "Every arm that grows, by the recipe the plan defines for it (`RECIPES` in "
+            "`experiments/frontier/plan.py`), its LR policy and its peak LR per stage.", "",
+            markdown_table(["arm", "recipe", "LR policy", "peak LR per stage"], rows, "llll"),
+            ""]
+
+
 def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: list[str]) -> str:
     p = results["preset"]
     table = arms(results)
@@ -598,6 +657,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
                          f"{e['tokens'] / e['non_embedding_parameters']:.1f}"])
     lines += [markdown_table(["family", "budget (FLOPs)", "best size", "loss",
                               "non-emb. params", "tokens", "tokens/param"], rows, "llllrrr"), ""]
+    lines += recipe_lines(results, table)
     lines += chain_lines(results, table)
     lines += ["## Every arm", "",
               "Validation loss at each budget (mean ± sample std over seeds; — : the size "
@@ -613,7 +673,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
                 continue
             s = spread(x[0] for x in seeds.values())
             cells.append(str(s) if math.isfinite(s.mean) else f"{s.mean:.4f}")
-        rows.append([arm, f"{v['lr']:.3g}", *cells])
+        rows.append([arm, lr_text(v["lr"]), *cells])
     lines += [markdown_table(header, rows, "l" * len(header)), ""]
     if summary["comparisons"]:
         rows = [[c["question"], f"{c['budget']:.2g}", c["a"], c["b"], describe(c), str(c["n"]),
@@ -660,8 +720,10 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
               LR_RULE.format(seeds=p.get("sweep_seeds", 1), steps=p["sweep_steps"])
               + f" At most {p['max_extensions']} extensions per side; a choice still at an "
                 f"edge is flagged. Loss: the mean over the sweep seeds."
-              + (" Growth chains use their final size's LR for the whole run (the LR does not "
-                 "move at growth)." if growth else ""), "",
+              + (" Growing arms: `per-stage` trains each stage at its own size's chosen LR "
+                 "(the peak moves at once at the growth step; a half-depth or half-width first "
+                 "stage takes the LR of the swept size nearest in non-embedding parameters), "
+                 "`final-size` the whole run at its final size's LR." if growth else ""), "",
               markdown_table(["family-size", "LR: loss", "chosen", "grid", "unimodal",
                               "each seed's argmin"], rows, "llllll"), ""]
     lines += ["## Method", "",
@@ -689,11 +751,18 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
                  f"in the stable phase; AdamW moments carried, new rows' second moments "
                  f"`{p['new_row_moments']}`; a branch cools down the size reached at its decay "
                  f"start. `exact-anneal`: exact growth, then Θ's factor moves linearly from its "
-                 f"held value to √n of the new size over {p['anneal_steps']} steps. `widen-*`: "
-                 f"the Transformer++ chain grown by MLP widening (zero: new units' outgoing "
-                 f"weights zero; net2net: duplicated units, split outgoing weights), moments "
-                 f"carried (new units zero). `chain-gelu`: the plain-GELU control grown with "
-                 f"zero new keys (exactly function-preserving for that Θ)."]
+                 f"held value to √n of the new size over {p['anneal_steps']} steps. "
+                 f"`official-released`: a fresh AdamW and a linear warmup again over "
+                 f"{p['warmup_steps']} steps at each growth (the released run's restart; its "
+                 f"new decay is each budget's cooldown, as for every arm). `*-stack` (G_stack): "
+                 f"the final size at half depth, its blocks repeated in order at the growth "
+                 f"(moments copied). `widen-duplicate` (HyperCloning): the final Transformer++ "
+                 f"size at half hidden size and heads, every width axis duplicated with "
+                 f"zero-sum noise (function-preserving), moments tiled and rescaled. `widen-*` "
+                 f"by size: the Transformer++ chain grown by MLP widening (zero: new units' "
+                 f"outgoing weights zero; net2net: duplicated units, split outgoing weights), "
+                 f"moments carried (new units zero). `chain-gelu`: the plain-GELU control grown "
+                 f"with zero new keys (exactly function-preserving for that Θ)."]
                 if growth else []),
               "- FLOPs: `flops_per_token(config, seq_len, training=True)` × tokens (matmuls "
               "2·m·n·k, token-token attention over the full context T, backward = 2× forward); "

@@ -7,9 +7,9 @@ restarted command continues from there. Training is a pure function of (seed, st
 init, growth generators), so a resumed experiment writes the same ``results.json`` up to its
 ``timing`` section.
 
-Every segment is trained by :func:`tokenformer.training.fit` with a schedule that equals the run's
-WSD schedule step for step: the stable phase is ``constant`` (same warmup), a cooldown branch is
-``wsd`` over the branch's total steps started at its decay start (checked by :func:`_check_lr`).
+Every segment is trained by :func:`tokenformer.training.fit` with the run's own schedule
+(``lr_fn``: :func:`plan.run_lr`, the WSD schedule over the branch's total steps whose peak is
+the LR of the stage in force), so no approximation slips in when a run is cut into segments.
 """
 
 from __future__ import annotations
@@ -50,7 +50,6 @@ from ...training.freezing import FrozenRows
 from ...training.lm import lm_batches
 from ...training.loop import fit
 from ...training.optim import group_names, make_optimizer
-from ...training.schedule import lr_at
 from ..common.arms import fingerprint
 from ..common.machine import machine_summary
 from ..common.report import to_json
@@ -106,24 +105,6 @@ def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) 
                        pattention_impl=p.pattention_impl)
 
 
-def wsd_lr(step: int, steps: int, lr: float, preset: Preset) -> float:
-    """The run's WSD learning rate at ``step`` for a branch of ``steps`` total steps."""
-
-    cfg = TrainConfig(steps=steps, lr=lr, min_lr=lr * preset.min_lr_ratio, schedule="wsd",
-                      warmup_steps=preset.warmup_steps, decay_fraction=preset.decay_fraction)
-    return lr_at(step, cfg)
-
-
-def _check_lr(cfg: Any, start: int, end: int, branch_steps: int, preset: Preset) -> None:
-    """The segment's schedule equals the WSD schedule of a ``branch_steps``-step run on
-    [start, end): no approximation slips in when a run is cut into segments."""
-
-    for step in (start, min(end - 1, start + 1), end - 1):
-        if not math.isclose(lr_at(step, cfg), wsd_lr(step, branch_steps, cfg.lr, preset),
-                            rel_tol=1e-12):
-            raise AssertionError(f"segment schedule differs from WSD at step {step}")
-
-
 def _apply_anneal(model: Any, anneal: dict[str, Any] | None, step: int, steps: int) -> None:
     """exact-anneal: Θ's factor of each kind moves linearly from its held value to √n over
     ``steps`` steps after the growth; at the end the config follows n again (so a later exact
@@ -148,6 +129,17 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage
 
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
     recipe = plan_.RECIPES[run.recipe]
+    if recipe.shape != "size":  # G_stack or HyperCloning, into the final size
+        c = stage.config
+        how = ({"layers": c.num_layers, "how": "stack"} if recipe.shape == "stack" else
+               {"hidden": c.hidden_size, "heads": c.num_heads, "width_noise": recipe.width_noise})
+        model, optimizer = grow_with_optimizer(
+            model, optimizer, new_row_moments=ctx.preset.new_row_moments, generator=generator,
+            **how)
+        if dataclasses.asdict(model.config) != dataclasses.asdict(stage.config):
+            raise AssertionError(f"{run.id}: grown to {model.config}, planned {stage.config}")
+        state.update(anneal=None, frozen_rows=None)
+        return model.to(ctx.device).train(), optimizer
     if recipe.kind == "widen":
         model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
                                      recipe.method, generator=generator)
@@ -212,7 +204,7 @@ def _is_result(data: Any) -> bool:
                     and isinstance(b["loss"], (int, float)) for b in data["branches"]))
 
 
-def _load_state(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
+def _load_state(ctx: Context, run: Run, lr: float | list[float]) -> dict[str, Any] | None:
     path = _state_path(ctx, run)
     if not path.is_file():
         return None
@@ -250,22 +242,30 @@ def _restore(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> tuple[
 
 
 # ----------------------------------------------------------------------------------- one run
-def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
-    """Train ``run`` at peak ``lr``: the stable phase in segments, a cooldown branch at each
-    budget. Returns the run's results (branch losses and FLOPs) and timing."""
+def lr_record(lrs: tuple[float, ...]) -> float | list[float]:
+    """A run's ``lr`` as results.json and the state file hold it: one number, or one per stage
+    when they differ (per-stage LR)."""
+    return lrs[0] if len(set(lrs)) == 1 else list(lrs)
+
+
+def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
+    """Train ``run`` at the peak LRs ``lrs`` (one per stage, :func:`plan.stage_lrs`): the
+    stable phase in segments, a cooldown branch at each budget. Returns the run's results
+    (branch losses and FLOPs) and timing."""
 
     p = ctx.preset
+    lr = lr_record(lrs)
     stage_at = {s.start: s for s in run.stages[1:]}
     stops = sorted({b.decay_start for b in run.branches} | set(stage_at))
     state = _load_state(ctx, run, lr)
     if state is None:
         stage0 = run.stages[0]
         model = _build(run.family, stage0.config, run.seed, ctx.device)
-        optimizer = make_optimizer(model, _train_config(ctx, run, lr, 1, "constant"))
+        optimizer = make_optimizer(model, _train_config(ctx, run, lrs[0], 1, "constant"))
         state = {"cursor": 0, "counters": {"tokens": 0, "flops": 0.0}, "branches": [],
                  "anneal": None, "lr": lr, "timing": {"train_time": 0.0, "step_time": {}}}
     else:
-        model, optimizer = _restore(ctx, run, lr, state)
+        model, optimizer = _restore(ctx, run, lrs[0], state)
     bar = _bar(ctx, run)
     if bar is not None:
         bar.update(state["cursor"])
@@ -273,16 +273,17 @@ def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
         for stop in stops:
             if stop <= state["cursor"]:
                 continue
-            cfg = _train_config(ctx, run, lr, stop, "constant")
-            result = _segment(ctx, run, model, optimizer, cfg, state["cursor"], state, bar,
-                              check=max(b.steps for b in run.branches))
+            cfg = _train_config(ctx, run, _lr_at_stage(run, lrs, state["cursor"]), stop,
+                                "constant")
+            result = _segment(ctx, run, lrs, model, optimizer, cfg, state["cursor"], state,
+                              bar, schedule_steps=max(b.steps for b in run.branches))
             model, optimizer = result.model, result.optimizer
             state["counters"]["tokens"] += result.tokens
             state["counters"]["flops"] += result.flops
             state["cursor"] = stop
             for branch in run.branches:
                 if branch.decay_start == stop:
-                    state["branches"].append(_branch(ctx, run, lr, model, optimizer, branch,
+                    state["branches"].append(_branch(ctx, run, lrs, model, optimizer, branch,
                                                      state))
             if stop in stage_at:
                 model, optimizer = _grow(ctx, run, model, optimizer, stage_at[stop], state)
@@ -298,12 +299,16 @@ def train_run(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
             "timing": state["timing"]}
 
 
-def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start: int,
-             state: dict[str, Any], bar: Any, check: int, eval_fn: Any = None) -> Any:
+def _lr_at_stage(run: Run, lrs: tuple[float, ...], step: int) -> float:
+    """The peak LR of the stage that trains ``step``."""
+    return lrs[max(i for i, s in enumerate(run.stages) if s.start <= step)]
 
-    _check_lr(cfg, start, cfg.steps, check if cfg.schedule == "constant" else cfg.steps,
-              ctx.preset)
-    if cfg.schedule == "constant" and cfg.steps > plan_.decay_start(check, ctx.preset):
+
+def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
+             cfg: Any, start: int, state: dict[str, Any], bar: Any, schedule_steps: int,
+             eval_fn: Any = None) -> Any:
+    """Train [start, cfg.steps) on the run's schedule for a branch of ``schedule_steps``."""
+    if cfg.schedule == "constant" and cfg.steps > plan_.decay_start(schedule_steps, ctx.preset):
         raise AssertionError("a stable segment runs into the cooldown")
     timing = state["timing"]
 
@@ -327,20 +332,22 @@ def _segment(ctx: Context, run: Run, model: Any, optimizer: Any, cfg: Any, start
     freeze = FrozenRows.from_state(frozen, str(_state_path(ctx, run))) if frozen else None
     result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
                  device=ctx.device, progress=False, callbacks=[on_record],
-                 freeze=freeze if freeze is not None and freeze.active(start) else None)
+                 freeze=freeze if freeze is not None and freeze.active(start) else None,
+                 lr_fn=lambda step: plan_.run_lr(run, lrs, step, schedule_steps, ctx.preset))
     timing["train_time"] += result.train_time
     return result
 
 
-def _branch(ctx: Context, run: Run, lr: float, model: Any, optimizer: Any, branch: Branch,
-            state: dict[str, Any]) -> dict[str, Any]:
+def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
+            branch: Branch, state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
 
-    cfg = _train_config(ctx, run, lr, branch.steps, "wsd")
+    cfg = _train_config(ctx, run, _lr_at_stage(run, lrs, branch.decay_start - 1), branch.steps,
+                        "wsd")
     b_model = copy.deepcopy(model)
     b_opt = optimizer_for(model, optimizer, b_model)
-    result = _segment(ctx, run, b_model, b_opt, cfg, branch.decay_start, state, None,
-                      check=branch.steps, eval_fn=ctx.eval_fn)
+    result = _segment(ctx, run, lrs, b_model, b_opt, cfg, branch.decay_start, state, None,
+                      schedule_steps=branch.steps, eval_fn=ctx.eval_fn)
     final = result.final_eval
     if final is None:
         raise TokenFormerError(f"{run.id}: the branch at budget {branch.budget_index} has no "
@@ -361,19 +368,19 @@ def _bar(ctx: Context, run: Run) -> Any:
 
 
 # --------------------------------------------------------------------------------- the driver
-def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
-    """A run's results: loaded when an earlier invocation finished it, else trained (resuming
-    from its state file) and saved atomically."""
+def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
+    """A run's results at peak LRs ``lrs`` (one per stage): loaded when an earlier invocation
+    finished it, else trained (resuming from its state file) and saved atomically."""
 
-    saved = _saved(ctx, run, lr)
+    saved = _saved(ctx, run, lrs)
     if saved is not None:
         _count(ctx, run)
         return saved
     t0 = time.perf_counter()
     try:
-        result = train_run(ctx, run, lr)
+        result = train_run(ctx, run, lrs)
     except DivergedError as err:  # sweeps probe LRs that may diverge
-        result = {"lr": lr, "diverged": str(err), "timing": {"train_time": 0.0,
+        result = {"lr": lr_record(lrs), "diverged": str(err), "timing": {"train_time": 0.0,
                                                              "step_time": {}},
                   "branches": [{"budget_index": b.budget_index, "budget": b.budget,
                                 "steps": b.steps, "decay_start": b.decay_start,
@@ -386,17 +393,17 @@ def execute(ctx: Context, run: Run, lr: float) -> dict[str, Any]:
     atomic_write_text(path, to_json(result) if "diverged" not in result else
                       json.dumps(result, allow_nan=True))
     _state_path(ctx, run).unlink(missing_ok=True)
-    _announce(ctx, run, lr, result)
+    _announce(ctx, run, lrs, result)
     return result
 
 
-def _saved(ctx: Context, run: Run, lr: float) -> dict[str, Any] | None:
-    """The run's results when an earlier invocation (or a worker) finished it at this LR."""
+def _saved(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any] | None:
+    """The run's results when an earlier invocation (or a worker) finished it at these LRs."""
     path = _result_path(ctx, run)
     if not path.is_file():
         return None
     saved = read_saved_json(path, _is_result, _rerun(run))
-    return saved if saved.get("lr") == lr else None
+    return saved if saved.get("lr") == lr_record(lrs) else None
 
 
 def _count(ctx: Context, run: Run) -> None:
@@ -405,13 +412,14 @@ def _count(ctx: Context, run: Run) -> None:
         ctx.done += 1
 
 
-def _announce(ctx: Context, run: Run, lr: float, result: dict[str, Any]) -> None:
+def _announce(ctx: Context, run: Run, lrs: tuple[float, ...], result: dict[str, Any]) -> None:
     """Count a run just trained (here or in a worker) and print its progress line."""
     _count(ctx, run)
     if ctx.progress is not False:
         last = result["branches"][-1]
         elapsed = time.perf_counter() - ctx.started
-        ctx.print_fn(f"scale: [{ctx.done}/{ctx.total}] {run.id} lr {lr:.3g}: loss "
+        lr = " → ".join(f"{x:.3g}" for x in dict.fromkeys(lrs))
+        ctx.print_fn(f"scale: [{ctx.done}/{ctx.total}] {run.id} lr {lr}: loss "
                      f"{last['loss']:.4f} at {last['flops']:.3g} FLOPs, "
                      f"{result['timing']['wall']:.0f} s (elapsed {elapsed / 60:.1f} min)")
 
@@ -420,8 +428,8 @@ def _announce(ctx: Context, run: Run, lr: float, result: dict[str, Any]) -> None
 _WORKER: dict[Any, Context] = {}  # a worker process's context, built once per experiment
 
 
-def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run, lr: float
-          ) -> dict[str, Any]:
+def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run,
+          lr: tuple[float, ...]) -> dict[str, Any]:
     """One run in a worker process (one torch thread: a run's numbers equal those of a
     sequential ``--threads 1`` run); its results land on disk as :func:`execute` writes them."""
     torch.set_num_threads(1)
@@ -432,8 +440,8 @@ def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run, lr: float
     return execute(_WORKER[key], run, lr)
 
 
-def prefetch(ctx: Context, jobs: list[tuple[Run, float]]) -> None:
-    """With ``ctx.jobs`` > 1, train the (run, LR) pairs of ``jobs`` not finished yet in that
+def prefetch(ctx: Context, jobs: list[tuple[Run, tuple[float, ...]]]) -> None:
+    """With ``ctx.jobs`` > 1, train the (run, stage LRs) pairs of ``jobs`` not finished yet in that
     many worker processes; :func:`execute` then finds their results on disk. Runs are
     independent given their LR (a pure function of seed and step), so the order does not
     matter; a run killed in a worker resumes from its state file like any other."""
@@ -482,7 +490,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     def count(_lr: float) -> None:
         ctx.total += len(seeds)
 
-    prefetch(ctx, [(run, run.lr) for run in plan_.sweep_plan(p, vocab_size)])
+    prefetch(ctx, [(run, plan_.stage_lrs(run, {})) for run in plan_.sweep_plan(p, vocab_size)])
     for family in p.families:
         for size in plan_.family_sizes(p, family):
             per_seed: dict[float, dict[int, float]] = {}
@@ -491,7 +499,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
                      per_seed: dict[float, dict[int, float]] = per_seed) -> float:
                 for seed in seeds:
                     run = plan_.sweep_run(p, family, size, lr, vocab_size, seed)
-                    per_seed.setdefault(lr, {})[seed] = execute(ctx, run, lr)["branches"][-1][
+                    per_seed.setdefault(lr, {})[seed] = execute(ctx, run, (lr,))["branches"][-1][
                         "loss"]
                 return sum(per_seed[lr].values()) / len(seeds)  # inf if any seed diverged
 
@@ -603,13 +611,15 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     results_runs = {}
     timing_runs = {}
 
+    chosen = {key: s["chosen"] for key, s in sweeps.items()}
+
     def train(run: Run) -> None:
-        result = execute(ctx, run, sweeps[run.lr_from]["chosen"])
+        result = execute(ctx, run, plan_.stage_lrs(run, chosen))
         timing_runs[run.id] = result.pop("timing")
         results_runs[run.id] = {**run.describe(), **result}
 
     scratch = [run for run in runs if run.kind == "scratch"]
-    prefetch(ctx, [(run, sweeps[run.lr_from]["chosen"]) for run in scratch])
+    prefetch(ctx, [(run, plan_.stage_lrs(run, chosen)) for run in scratch])
     for run in scratch:  # from scratch: every envelope first
         train(run)
     # the chains follow the MEASURED envelopes (plan's module docstring); a run id is one arm
@@ -621,7 +631,7 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     chains = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"], envelopes,
                         kinds=("chain", "widen"))
     ctx.total += len(chains) - sum(r.kind != "scratch" for r in runs)
-    prefetch(ctx, [(run, sweeps[run.lr_from]["chosen"]) for run in chains])
+    prefetch(ctx, [(run, plan_.stage_lrs(run, chosen)) for run in chains])
     for run in chains:
         train(run)
     results = {
