@@ -60,8 +60,9 @@ recipe (``method``), and its old-token options (``freeze_old``, ``noise_old``: i
 a linear warmup again over ``warmup_steps``. The released run's new cosine has no place in the
 one WSD family every run here follows; its counterpart is each budget's cooldown, which every
 arm gets (:func:`run_lr`). ``chain-stack``/``widen-stack`` (G_stack) and ``widen-duplicate``
-(HyperCloning) grow once, into the same final size as the size-walking chains and at the same
-step, from that size at half depth or half width (:func:`reshaped_chain`).
+(HyperCloning) grow once, into the same final size as the size-walking chains, from that size
+at half depth or half width, at a branch point of their own stages by the same rule
+(:func:`reshaped_chain`).
 
 Families: ``tokenformer``, ``transformer++`` (matched to each TokenFormer size in non-embedding
 parameters), ``tokenformer-gelu`` (Θ = plain GELU: every Pattention a GELU MLP, the critics'

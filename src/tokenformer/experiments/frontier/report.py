@@ -489,15 +489,19 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
         if rows == 2:
             ax = axes[1][col]
             for i, arm in enumerate(growing[family]):
-                cs = sorted((c for c in gaps if c["a"] == arm and c["n"] > 1
+                cs = sorted((c for c in gaps if c["a"] == arm and c["n"] > 0
                              and math.isfinite(c["mean"])), key=lambda c: c["budget"])
                 if not cs:
                     continue
                 shift = 1 + 0.03 * (i - (len(growing[family]) - 1) / 2)  # side by side
+
+                def half(c: dict[str, Any], end: str) -> float:  # one seed: no interval
+                    return abs(c[end] - c["mean"]) if math.isfinite(c[end]) else 0.0
+
                 xs = [c["budget"] * shift for c in cs]
                 ys = [c["mean"] for c in cs]
-                ax.errorbar(xs, ys, yerr=[[c["mean"] - c["ci_low"] for c in cs],
-                                          [c["ci_high"] - c["mean"] for c in cs]],
+                ax.errorbar(xs, ys, yerr=[[half(c, "ci_low") for c in cs],
+                                          [half(c, "ci_high") for c in cs]],
                             marker="s", markersize=3, capsize=2, linewidth=1, color=cmap(i % 10),
                             label=arm)
             ax.axhline(0.0, color="black", linewidth=1)
