@@ -77,6 +77,7 @@ for issue 24's operators (see the comment above it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -557,9 +558,15 @@ def decay_start(steps: int, preset: Preset) -> int:
     return max(steps - decay, min(preset.warmup_steps, steps))
 
 
+def stage_index(stages: tuple[Stage, ...], step: int) -> int:
+    """The index of the stage training step ``step`` (a growth at step g happens before step g
+    runs)."""
+    return max(i for i, s in enumerate(stages) if s.start <= step)
+
+
 def size_at(stages: tuple[Stage, ...], step: int) -> Stage:
-    """The stage training step ``step`` (a growth at step g happens before step g runs)."""
-    return [s for s in stages if s.start <= step][-1]
+    """The stage training step ``step``."""
+    return stages[stage_index(stages, step)]
 
 
 def stage_lr_key(run: Run, stage: Stage) -> str:
@@ -596,15 +603,21 @@ def run_lr(run: Run, lrs: tuple[float, ...], step: int, steps: int, preset: Pres
     trains the size reached at its decay start to its end, past a later growth of the stable
     run: its peak is that size's."""
     decay_from = decay_start(steps, preset)
-    trained = step if step < decay_from else decay_from - 1
-    i = max(k for k, s in enumerate(run.stages) if s.start <= trained)
-    peak = lrs[i]
-    cfg = TrainConfig(steps=steps, lr=peak, min_lr=peak * preset.min_lr_ratio, schedule="wsd",
-                      warmup_steps=preset.warmup_steps, decay_fraction=preset.decay_fraction)
-    lr = lr_at(step, cfg)
+    i = stage_index(run.stages, step if step < decay_from else decay_from - 1)
+    lr = lr_at(step, _wsd(steps, lrs[i], preset.min_lr_ratio, preset.warmup_steps,
+                          preset.decay_fraction))
     if i > 0 and restarts(run):
         lr *= min(1.0, (step - run.stages[i].start + 1) / preset.warmup_steps)
     return lr
+
+
+@functools.lru_cache(maxsize=64)
+def _wsd(steps: int, peak: float, min_lr_ratio: float, warmup_steps: int,
+         decay_fraction: float) -> TrainConfig:
+    """The WSD schedule's config (built once per branch and peak: ``run_lr`` is called at every
+    training step, and a TrainConfig validates itself on construction)."""
+    return TrainConfig(steps=steps, lr=peak, min_lr=peak * min_lr_ratio, schedule="wsd",
+                       warmup_steps=warmup_steps, decay_fraction=decay_fraction)
 
 
 def flops_at(stages: tuple[Stage, ...], step: int) -> float:

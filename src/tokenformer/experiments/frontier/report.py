@@ -426,7 +426,8 @@ def verdict(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------- plots
-def make_plots(results: dict[str, Any], out: Path) -> list[str]:
+def make_plots(results: dict[str, Any], out: Path, summary: dict[str, Any] | None = None
+               ) -> list[str]:
     if not have_matplotlib():
         return []
     from matplotlib import colormaps
@@ -448,8 +449,8 @@ def make_plots(results: dict[str, Any], out: Path) -> list[str]:
     rows = 2 if any(growing.values()) else 1
     fig = Figure(figsize=(5.2 * len(families), 4.2 * rows + 0.6), layout="constrained")
     axes = fig.subplots(rows, len(families), squeeze=False)
-    gaps = ([c for c in summarize(results)["comparisons"] if c["question"] == "chain vs envelope"]
-            if rows == 2 else [])
+    gaps = ([c for c in (summary or summarize(results))["comparisons"]
+             if c["question"] == "chain vs envelope"] if rows == 2 else [])
     sizes = results["sizes"]
     shade = colormaps["viridis"]
     for col, family in enumerate(families):
@@ -783,6 +784,6 @@ def write(results: dict[str, Any], out: str | Path, plots: bool = True) -> dict[
 
     out = Path(out)
     summary = summarize(results)
-    names = make_plots(results, out) if plots else []
+    names = make_plots(results, out, summary) if plots else []
     atomic_write_text(out / "report.md", report_markdown(results, summary, names))
     return summary

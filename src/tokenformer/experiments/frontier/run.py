@@ -301,7 +301,7 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
 
 def _lr_at_stage(run: Run, lrs: tuple[float, ...], step: int) -> float:
     """The peak LR of the stage that trains ``step``."""
-    return lrs[max(i for i, s in enumerate(run.stages) if s.start <= step)]
+    return lrs[plan_.stage_index(run.stages, step)]
 
 
 def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
