@@ -11,7 +11,6 @@ import torch
 from test_frontier import TINY  # rootdir-relative, as the other test folders import helpers
 
 from tokenformer.errors import ConfigError
-from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.plan import PRESETS, RECIPES, Recipe, get_preset
 
@@ -71,4 +70,3 @@ def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir
         first = grown[0]["model"][name][:n]
         assert all(torch.equal(s["model"][name][:n], first) for s in grown[1:]), name
         assert not torch.equal(grown[-1]["model"][name][n:], grown[0]["model"][name][n:])
-    assert plan_.RECIPES["chain-frozen-noised"].noise_old == 0.05

@@ -146,10 +146,11 @@ def verdict(study: Study, task: Task, summary: dict[str, Any]) -> list[str]:
         agree = [c for c in better if c["status"] == "agrees"]
         against = [c for c in better if c["status"] == "contradicts"]
         if len(agree) == len(better):
-            lines.append("**The paper's ranking holds here**: every pair it ranks is resolved in "
-                         "its direction.")
+            lines.append("**The paper's ranking holds here**: every pair it ranks has an "
+                         "interval in its direction (unadjusted for the number of pairs).")
         elif against:
-            lines.append(f"**The paper's ranking does not hold here**: reversed (resolved) for "
+            lines.append(f"**The paper's ranking does not hold here**: reversed (unadjusted "
+                         f"interval excludes 0) for "
                          f"{pairs(against)}; {len(agree)} of {len(better)} pairs agree.")
         else:
             lines.append(f"**Not resolved**: {len(agree)} of {len(better)} pairs the paper ranks "
@@ -158,10 +159,12 @@ def verdict(study: Study, task: Task, summary: dict[str, Any]) -> list[str]:
     if ties:
         differ = [c for c in ties if c["status"] == "differs"]
         if not differ:
-            lines.append("**As in the paper**, the variants it finds equal are not resolved "
-                         "apart here (every 95 % interval includes 0).")
+            lines.append("**Not resolved apart**, where the paper finds the variants equal "
+                         "(every 95 % interval includes 0; no equivalence test was run, so this "
+                         "does not show them equal).")
         else:
-            lines.append("**Unlike the paper**, variants it finds equal differ here (resolved): "
+            lines.append("**Unlike the paper**, variants it finds equal differ here (unadjusted "
+                         "interval excludes 0): "
                          + "; ".join(f"{c['a']} vs {c['b']}: {c['comparison']['winner']} better "
                                      f"({_fmt_diff(task, c['comparison'])})"
                                      for c in differ) + ".")

@@ -282,7 +282,8 @@ def answer_family(tests: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-RULE = ("Differences are paired by seed (same batches); the interval is the two-sided 95 % "
-        "Student-t confidence interval of the mean difference (scipy.stats.t, n − 1 degrees of "
-        "freedom) and p the paired t-test's p-value. A difference is *resolved* only when its "
-        "interval excludes 0; with one seed nothing is resolved.")
+RULE_INTERVAL = ("Differences are paired by seed (same batches); the interval is the two-sided "
+                 "95 % Student-t confidence interval of the mean difference (scipy.stats.t, "
+                 "n − 1 degrees of freedom) and p the paired t-test's p-value.")
+RULE = (RULE_INTERVAL + " A difference is *resolved* only when its interval excludes 0; with one "
+        "seed nothing is resolved.")

@@ -18,7 +18,7 @@ from typing import Any
 from ...io.files import atomic_write, atomic_write_text
 from ..common.report import fmt, have_matplotlib, markdown_table
 from ..common.stats import (
-    RULE,
+    RULE_INTERVAL,
     answer_family,
     describe,
     format_p,
@@ -29,10 +29,8 @@ from ..common.stats import (
 from .plan import CHAIN_RULE, DENSE_FAMILIES, LR_RULE, RECIPES, question_lines, size_key
 
 # the paired comparisons outside the questions: the same interval, but no decision word
-DESCRIPTIVE_RULE = RULE.replace(
-    "A difference is *resolved* only when its interval excludes 0; with one seed nothing is "
-    "resolved.", "These intervals are unadjusted for the many comparisons made: the decision "
-                 "words belong to the pre-registered answers alone.")
+DESCRIPTIVE_RULE = (RULE_INTERVAL + " These intervals are unadjusted for the many comparisons "
+                    "made: the decision words belong to the pre-registered answers alone.")
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
                 "tokenformer-gelu": "plain-GELU TokenFormer (the MLP control)",
                 "tokenformer-pk16": "product-key TokenFormer (16× FFN tokens)",

@@ -273,8 +273,8 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
         for stop in stops:
             if stop <= state["cursor"]:
                 continue
-            cfg = _train_config(ctx, run, _lr_at_stage(run, lrs, state["cursor"]), stop,
-                                "constant")
+            # fit's lr_fn (plan.run_lr) sets every step's LR; the config's lr only seeds AdamW
+            cfg = _train_config(ctx, run, lrs[0], stop, "constant")
             result = _segment(ctx, run, lrs, model, optimizer, cfg, state["cursor"], state,
                               bar, schedule_steps=max(b.steps for b in run.branches))
             model, optimizer = result.model, result.optimizer
@@ -297,11 +297,6 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
             bar.close()
     return {"lr": lr, "branches": sorted(state["branches"], key=lambda b: b["budget_index"]),
             "timing": state["timing"]}
-
-
-def _lr_at_stage(run: Run, lrs: tuple[float, ...], step: int) -> float:
-    """The peak LR of the stage that trains ``step``."""
-    return lrs[plan_.stage_index(run.stages, step)]
 
 
 def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
@@ -342,8 +337,7 @@ def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimize
             branch: Branch, state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
 
-    cfg = _train_config(ctx, run, _lr_at_stage(run, lrs, branch.decay_start - 1), branch.steps,
-                        "wsd")
+    cfg = _train_config(ctx, run, lrs[0], branch.steps, "wsd")  # lr_fn sets the LR
     b_model = copy.deepcopy(model)
     b_opt = optimizer_for(model, optimizer, b_model)
     result = _segment(ctx, run, lrs, b_model, b_opt, cfg, branch.decay_start, state, None,
