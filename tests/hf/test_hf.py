@@ -463,3 +463,19 @@ def test_convert_to_hf_of_a_trained_model(arch, dataset_dir, tmp_path, capsys):
         list(b"In the beginning")
     if arch != "tokenformer":
         assert_remote_logits_equal(tmp_path / "hf", ours, tmp_path)
+
+
+@pytest.mark.parametrize("convert", ["convert_to_hf", "convert_to_official"])
+def test_library_convert_refuses_to_replace_its_own_input(convert, core, tmp_path):
+    """Called from Python with overwrite=True (no CLI checks before it), a conversion whose
+    output is its input, or lies inside it, is refused before anything is read or written: the
+    model folder is left byte for byte as it was."""
+    from tokenformer.errors import OutputError
+    from tokenformer.formats import convert as conversions
+
+    model_dir = core.save(tmp_path / "model")
+    before = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    for out in (model_dir, model_dir / "inside"):
+        with pytest.raises(OutputError, match="input"):
+            getattr(conversions, convert)(model_dir, out, overwrite=True)
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == before

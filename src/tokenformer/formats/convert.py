@@ -25,6 +25,7 @@ from ..data.tokenizer import (
 from ..errors import ConfigError
 from ..hf import TokenFormerForCausalLM, save_hf, to_hf_tokenizer
 from ..io.files import atomic_dir
+from ..io.outputs import check_not_input
 from ..io.paths import has_regular_file
 from ..models.lm import TokenFormerLM
 from ..models.official import inexpressible, official_config, save_official
@@ -48,6 +49,7 @@ def convert_official(src: str | Path, out_dir: str | Path, *, tokenizer: str | P
     The tokenizer is ``tokenizer`` if given, else a ``tokenizer.json`` beside the checkpoint; with
     neither, the folder is written without one (loading the model still works).
     """
+    check_not_input(out_dir, [src, tokenizer])  # overwrite=True would replace what it reads
     src = Path(src)
     core = TokenFormerLM.from_official(src, **official_kwargs)
     tok: Tokenizer | None = None
@@ -67,6 +69,7 @@ def convert_to_hf(model_dir: str | Path, out_dir: str | Path, *,
     TokenFormer or a Transformer baseline), or a preset, → a Hugging Face folder with its
     tokenizer (the one saved beside the model, ``tokenizer``, or bytes for 257 tokens)."""
 
+    check_not_input(out_dir, [model_dir, tokenizer])
     core = load_model(model_dir)
     tok = resolve_tokenizer(model_dir, core.config, tokenizer)
     return save_hf(core, out_dir, tok, overwrite=overwrite, command=command)
@@ -80,6 +83,7 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
     ``vocab_size``/``eos_token_id``, so converting back restores them) and, when the model has one,
     ``tokenizer.json``."""
 
+    check_not_input(out_dir, [model_dir, tokenizer])
     out_dir = Path(out_dir)
     if out_dir.suffix == ".bin":
         raise ConfigError(f"to-official writes a folder like the released repos "
