@@ -43,10 +43,8 @@ from .tasks import kjv
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 OFFLINE_TASKS = ("kjv_lastword", "kjv_choice")
-PAPER_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande")
 
 
-# ------------------------------------------------------------------------------ model & tokenizer
 # ------------------------------------------------------------------------------------- windows
 def sliding_windows(n_tokens: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
     """``(begin, end, n_scored)`` for each window over ``n_tokens`` tokens: the window holds

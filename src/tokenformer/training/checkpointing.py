@@ -125,8 +125,7 @@ def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch
         if world.strategy != "fsdp":
             raise CheckpointError(f"{path} is an FSDP (sharded) checkpoint; resume it with "
                                   f"strategy fsdp, or consolidate it first")
-        config_class = getattr(cls, "config_class", None)
-        config = config_class.load(path / "config.json")
+        config = cls.config_class.load(path / "config.json")
         check_buildable(config, str(path / "config.json"))  # before any tensor is made
         model = cls(config).to(device)
         wrap_model(model, world, device)

@@ -63,7 +63,8 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
         raise CheckpointError(f"checkpoint not found: {source}")
     check_output(out, [source], command="grow", overwrite=overwrite)
     model = load_model(source)  # a folder is checked against its manifest first
-    carried = source.is_dir() and ckpt.has_optimizer_state(source) and not reset_optimizer
+    has_state = source.is_dir() and ckpt.has_optimizer_state(source)
+    carried = has_state and not reset_optimizer
     request = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, hidden=hidden, heads=heads,
                    how=how, width_noise=width_noise, strategy=strategy, positions=positions)
     # Before any tensor is made: the whole request checked, then the memory for the grown
@@ -73,7 +74,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     kwargs = dict(request, generator=torch.Generator().manual_seed(seed), copy=False,
                   progress=progress, **unsupported)  # the input model is only read
     optimizer = None
-    if source.is_dir() and ckpt.has_optimizer_state(source):
+    if has_state:
         optimizer = _optimizer_from_checkpoint(model, source)
         grown, optimizer = grow_with_optimizer(model, optimizer, reset_optimizer=reset_optimizer,
                                                **kwargs)
