@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import DataError
-from ..io.paths import regular_file
-from .datasets import META_FILE, TokenDataset, sha256_file
+from ..io.paths import regular_file, sha256_file
+from .datasets import META_FILE, TokenDataset
 from .prepare import Document, prepare_documents
 from .tokenizer import (
     TOKENIZER_FILE,

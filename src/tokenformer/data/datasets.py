@@ -15,7 +15,6 @@ uninterrupted one draws, and DDP ranks take disjoint slices of the same global b
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, DataError, TokenFormerError
-from ..io.paths import has_regular_file
+from ..io.paths import has_regular_file, sha256_file
 from .tokenizer import (
     BYTES_MARKER,
     TOKENIZER_FILE,
@@ -229,11 +228,6 @@ def _check_tokenizer_hash(path: Path, meta: dict) -> None:
     if sha256_file(file) != meta.get("tokenizer_sha256"):
         raise DataError(f"{file} does not match the hash in {META_FILE}: the tokenizer was "
                         f"replaced or corrupted; prepare the dataset again")
-
-
-def sha256_file(file: Path) -> str:
-    """The sha256 of a file, hex (a tokenizer file's identity in ``meta.json``)."""
-    return hashlib.sha256(file.read_bytes()).hexdigest()
 
 
 def unigram_entropy(dataset: TokenDataset, split: str = "train") -> float:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ..errors import ConfigError, DataError
 from ..io.files import atomic_dir, atomic_write_text
 from ..io.outputs import check_output
-from ..io.paths import check_folder_files, has_regular_file, regular_file
+from ..io.paths import check_folder_files, has_regular_file, regular_file, sha256_file
 from .datasets import (
     FORMAT,
     META_FILE,
@@ -30,7 +30,6 @@ from .datasets import (
     TokenDataset,
     describe_tokenizer,
     dtype_for_vocab,
-    sha256_file,
 )
 from .tokenizer import (
     BYTES_MARKER,

@@ -20,7 +20,6 @@ Checkpoints of earlier versions (``optimizer.pt``, ``rng.pt``, no manifest) are 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -38,7 +37,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .files import atomic_dir, atomic_write, atomic_write_text, read_marker, save_safetensors
-from .paths import has_regular_file, read_json_object, regular_file
+from .paths import has_regular_file, read_json_object, regular_file, sha256_file
 from .untrusted import safe_torch_load
 
 CHECKPOINTS = "checkpoints"
@@ -233,14 +232,6 @@ def load_rng_state(path: str | Path) -> None:
 
 
 # ------------------------------------------------------------------------------ manifest
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with regular_file(file).open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _files(directory: Path) -> list[str]:
     """Every file and symlink under ``directory`` (links not followed), as POSIX relative paths."""
     return sorted((Path(root) / name).relative_to(directory).as_posix()
@@ -252,7 +243,7 @@ def write_manifest(directory: str | Path) -> None:
     a special file in it is refused (docs/reliability.md: a folder holds regular files only)."""
     directory = Path(directory)
     files = {rel: {"size": regular_file(directory / rel, folder=directory).stat().st_size,
-                   "sha256": _sha256(directory / rel)}
+                   "sha256": sha256_file(directory / rel)}
              for rel in _files(directory) if rel != MANIFEST_NAME}
     atomic_write_text(directory / MANIFEST_NAME, json.dumps(
         {"format": _MANIFEST_FORMAT, "files": files}, indent=1) + "\n")
@@ -301,7 +292,7 @@ def verify_checkpoint(path: str | Path) -> bool:
         if size != entry["size"]:
             raise CheckpointError(f"{path}: {rel} has {size} bytes, the manifest says "
                                   f"{entry['size']} (truncated or modified)")
-        if _sha256(file) != entry["sha256"]:
+        if sha256_file(file) != entry["sha256"]:
             raise CheckpointError(f"{path}: {rel} does not match its sha256 in the manifest "
                                   f"(corrupt or modified)")
     unlisted = [name for name in READ_FILES if name not in files

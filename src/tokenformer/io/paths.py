@@ -8,6 +8,7 @@ files inside folders"): every file the package reads passes through :func:`regul
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -112,3 +113,14 @@ def _refuse_links(path: Path, folder: Path, what: str) -> None:
             raise PathError(f"{current} is a symbolic link (to {os.readlink(current)}): the files "
                             f"of a model, adapter, dataset or run folder must be regular files "
                             f"inside it, never links; replace the link with a copy of the file")
+
+
+def sha256_file(file: str | Path, *, folder: str | Path | None = None) -> str:
+    """The sha256 of a regular file (:func:`regular_file`), hex, read in 1 MiB blocks: a
+    checkpoint file's entry in its manifest, a tokenizer file's identity in ``meta.json``."""
+    digest = hashlib.sha256()
+    with regular_file(file, folder=folder).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
