@@ -286,7 +286,6 @@ def load_model_dir(directory: str | Path, *, verify: bool = True) -> TokenFormer
     """Load a model directory of any architecture (``config.json``'s ``arch``; TokenFormer when
     absent), checked against its manifest first (``verify=False``: the caller just did)."""
     if verify:
-
         verify_checkpoint(directory)  # before its config.json is read to pick the class
     return model_class(_arch_of(directory)).load(directory, verify=False)
 

@@ -25,7 +25,6 @@ Design decisions (see docs/vision.md):
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,7 +35,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, DataError
 from ..io.checkpoint import verify_checkpoint
-from ..io.paths import has_regular_file
+from ..io.paths import has_regular_file, read_json_object
 from .baselines import TransformerConfig
 from .config import FIELD_RULES, TokenFormerConfig, check_fields, flops_per_token, one_of
 from .lm import CONFIG_NAME, Block, LayerNorm, TokenFormerLM
@@ -391,8 +390,5 @@ def load_vision_model(directory: str | Path) -> _VisionTransformer:
     config_file = Path(directory) / CONFIG_NAME
     if not has_regular_file(config_file, folder=directory):
         raise CheckpointError(f"{directory} is not a vision model directory (no {CONFIG_NAME})")
-    try:
-        keys = json.loads(config_file.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise CheckpointError(f"{config_file} is malformed: {exc}") from None
+    keys = read_json_object(config_file)
     return (ViT if "intermediate_size" in keys else TokenFormerViT).load(directory, verify=False)

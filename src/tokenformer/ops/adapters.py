@@ -49,7 +49,7 @@ from ..errors import CheckpointError, ConfigError
 from ..formats.loading import load_model
 from ..io import checkpoint as ckpt
 from ..io.files import atomic_dir, atomic_write_text, save_safetensors
-from ..io.paths import has_regular_file
+from ..io.paths import has_regular_file, read_json_object
 from ..models.lm import check_state_dict, check_tensors, header_shapes
 from ..nn.pattention import KINDS, Pattention, kind_names, pattention_kind
 from .growth import grow, grown_tokens
@@ -324,11 +324,8 @@ def read_adapter_config(directory: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{directory} is not an adapter directory (expected "
                               f"{ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
     ckpt.verify_checkpoint(directory)
-    try:
-        config = json.loads((directory / ADAPTER_CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # not JSON, or not UTF-8
-        raise CheckpointError(f"{directory / ADAPTER_CONFIG} is corrupt (not JSON)") from None
-    if not isinstance(config, dict) or config.get("format") != ADAPTER_FORMAT:
+    config = read_json_object(directory / ADAPTER_CONFIG)
+    if config.get("format") != ADAPTER_FORMAT:
         raise CheckpointError(f"{directory / ADAPTER_CONFIG} is not a {ADAPTER_FORMAT} file")
     tokens = config.get("tokens")
     if not isinstance(tokens, dict) or set(tokens) - set(KINDS) or not all(
