@@ -218,6 +218,17 @@ def load_optimizer_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
+def apply_optimizer_state(optimizer: Any, state: dict[str, Any], path: str | Path) -> None:
+    """Load ``state`` (the optimizer file of checkpoint ``path``) into ``optimizer``: one
+    :class:`CheckpointError` line when it does not fit the model's parameters."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise CheckpointError(f"{Path(path) / OPTIMIZER_NAME} does not match the model: "
+                              f"{first}") from None
+
+
 def read_rng_state(path: str | Path) -> dict[str, Any] | None:
     return _read_own(Path(path), RNG_NAME, LEGACY_RNG_NAME)
 

@@ -134,11 +134,7 @@ def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch
     else:
         model = cls.load(path).to(device)
         optimizer = make_optimizer(model, cfg, state["param_groups"])
-        try:
-            optimizer.load_state_dict(ckpt.load_optimizer_state(path))
-        except (ValueError, KeyError, RuntimeError) as exc:
-            raise CheckpointError(f"{path}/{ckpt.OPTIMIZER_NAME} does not match the model: "
-                                  f"{exc}") from None
+        ckpt.apply_optimizer_state(optimizer, ckpt.load_optimizer_state(path), path)
     ckpt.load_rng_state(path)
     return model, optimizer, state
 
@@ -186,11 +182,7 @@ def initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimiz
     optimizer = make_optimizer(model, cfg)
     state = ckpt.load_optimizer_state(cfg.init_from)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError) as exc:
-        raise CheckpointError(f"{cfg.init_from}/{ckpt.OPTIMIZER_NAME} does not match the "
-                              f"model: {exc}") from None
+    ckpt.apply_optimizer_state(optimizer, state, cfg.init_from)
     for p in params:
         moment = optimizer.state.get(p, {}).get("exp_avg")
         if moment is not None and moment.shape != p.shape:

@@ -31,11 +31,6 @@ from ...ops.growth import (
 from ...ops.growth import grow as grow_model
 from ..options import comma_list
 
-# Training-checkpoint files (tokenformer.io.checkpoint); trainer_state.json names each param group's
-# parameters.
-OPTIMIZER_FILE = ckpt.OPTIMIZER_NAME
-TRAINER_STATE_FILE = ckpt.STATE_NAME
-
 
 def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
                     proj: int | str | None = None, ffn: int | str | None = None,
@@ -101,14 +96,14 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
 def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
                          optimizer: torch.optim.Optimizer, growth: dict[str, Any]) -> None:
 
-    state_file = source / TRAINER_STATE_FILE
+    state_file = source / ckpt.STATE_NAME
     if not has_regular_file(state_file, folder=source):
         return
     state = read_json_object(state_file)
     names = {id(p): n for n, p in model.named_parameters()}
     state["param_groups"] = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     state["grown"] = [*state.get("grown", []), growth]
-    atomic_write_text(out / TRAINER_STATE_FILE, json.dumps(state, indent=2) + "\n")
+    atomic_write_text(out / ckpt.STATE_NAME, json.dumps(state, indent=2) + "\n")
     rng = ckpt.read_rng_state(source)  # re-written: an earlier version's rng.pt becomes ours
     if rng is not None:
         ckpt.save_tree(out / ckpt.RNG_NAME, rng)
@@ -140,15 +135,11 @@ def _optimizer_from_checkpoint(model: torch.nn.Module, directory: Path) -> torch
     names = _group_names(state["param_groups"], directory, list(params))
     unknown = [n for group in names for n in group if n not in params]
     if unknown:
-        raise CheckpointError(f"{directory / OPTIMIZER_FILE} names parameter {unknown[0]!r}, "
+        raise CheckpointError(f"{directory / ckpt.OPTIMIZER_NAME} names parameter {unknown[0]!r}, "
                               f"which the model does not have")
     groups = [{"params": [params[n] for n in group]} for group in names]
     optimizer = torch.optim.AdamW(groups)
-    try:
-        optimizer.load_state_dict(state)
-    except (ValueError, KeyError, RuntimeError) as exc:
-        raise CheckpointError(f"{directory / OPTIMIZER_FILE} does not match the model: "
-                              f"{exc}".splitlines()[0]) from None
+    ckpt.apply_optimizer_state(optimizer, state, directory)
     return optimizer
 
 
@@ -159,7 +150,7 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
     every parameter, the model's own order."""
     if all("param_names" in g for g in groups):
         return [list(g["param_names"]) for g in groups]
-    state_file = directory / TRAINER_STATE_FILE
+    state_file = directory / ckpt.STATE_NAME
     if has_regular_file(state_file, folder=directory):
         value = read_json_object(state_file).get("param_groups")
         if (isinstance(value, list) and len(value) == len(groups)
@@ -167,9 +158,9 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
             return [list(g) for g in value]
     if len(groups) == 1 and len(groups[0]["params"]) == len(model_names):
         return [model_names]
-    raise CheckpointError(f"{directory / OPTIMIZER_FILE} has {len(groups)} parameter groups but "
-                          f"does not name their parameters; pass --reset-optimizer to grow "
-                          f"without carrying it over")
+    raise CheckpointError(f"{directory / ckpt.OPTIMIZER_NAME} has {len(groups)} parameter "
+                          f"groups but does not name their parameters; pass --reset-optimizer "
+                          f"to grow without carrying it over")
 
 
 def size_lines(before: Any, after: Any, seq_len: int | None = None) -> list[str]:
