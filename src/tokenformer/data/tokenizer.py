@@ -148,6 +148,17 @@ def parse_bpe_spec(spec: str) -> int | None:
         raise ConfigError(f"expected bpe:VOCAB with an integer VOCAB, got {spec!r}") from None
 
 
+def saved_tokenizer_folder(model_spec: str | Path) -> Path | None:
+    """The folder holding the tokenizer saved beside a model (its directory, or the directory of
+    a checkpoint file), or None when there is none."""
+    path = Path(model_spec)
+    folder = path if path.is_dir() else path.parent
+    if path.exists() and any([has_regular_file(folder / name, folder=folder)
+                              for name in (TOKENIZER_FILE, BYTES_MARKER)]):
+        return folder
+    return None
+
+
 def resolve_tokenizer(model_spec: str | Path, config: Any,
                       tokenizer: str | Path | None = None) -> Tokenizer:
     """The tokenizer for a model: ``tokenizer`` if given, else the one saved beside the model
@@ -157,10 +168,8 @@ def resolve_tokenizer(model_spec: str | Path, config: Any,
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:
-        path = Path(model_spec)
-        folder = path if path.is_dir() else path.parent
-        if path.exists() and any([has_regular_file(folder / name, folder=folder)
-                                  for name in (TOKENIZER_FILE, BYTES_MARKER)]):
+        folder = saved_tokenizer_folder(model_spec)
+        if folder is not None:
             tok = load_tokenizer(folder)
         elif config.vocab_size == ByteTokenizer.vocab_size:
             tok = ByteTokenizer()

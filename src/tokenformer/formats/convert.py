@@ -15,12 +15,11 @@ from typing import Any
 from transformers import PreTrainedTokenizerFast
 
 from ..data.tokenizer import (
-    BYTES_MARKER,
-    TOKENIZER_FILE,
     HFTokenizer,
     Tokenizer,
     load_tokenizer,
     resolve_tokenizer,
+    saved_tokenizer_folder,
 )
 from ..errors import ConfigError
 from ..hf import TokenFormerForCausalLM, save_hf, to_hf_tokenizer
@@ -97,12 +96,11 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
     if beyond:  # the official code would load the weights and compute another function
         raise ConfigError(f"the official layout cannot express {', '.join(beyond)}: use to-hf")
     tok: Tokenizer | None = None
-    beside = any([has_regular_file(Path(model_dir) / name, folder=model_dir)
-                  for name in (TOKENIZER_FILE, BYTES_MARKER)])
     try:
         tok = resolve_tokenizer(model_dir, model.config, tokenizer)
     except ConfigError:
-        if tokenizer is not None or beside:  # one was given or found, and it does not fit
+        # one was given or found (resolve_tokenizer's own rule), and it does not fit
+        if tokenizer is not None or saved_tokenizer_folder(model_dir) is not None:
             raise
         # none beside the model (e.g. an official checkpoint converted without one): the
         # folder holds the weights and the config only
