@@ -25,6 +25,7 @@ from ..io.paths import has_regular_file, regular_file
 TOKENIZER_FILE = "tokenizer.json"
 BYTES_MARKER = "tokenizer_bytes.json"
 BPE_PREFIX = "bpe:"
+EOS_TOKEN = "<|endoftext|>"  # the end-of-text token of the GPT-NeoX tokenizer and ours
 MIN_BPE_VOCAB = 257
 
 
@@ -68,7 +69,7 @@ class HFTokenizer:
             raise ConfigError(f"{path} is not a valid tokenizer.json: {exc}") from None
         self._raw = raw
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eos_token_id = self._tok.token_to_id("<|endoftext|>")
+        self.eos_token_id = self._tok.token_to_id(EOS_TOKEN)
         self.identity = f"tokenizer.json:sha256:{hashlib.sha256(raw).hexdigest()}"
 
     @classmethod
@@ -77,7 +78,7 @@ class HFTokenizer:
         self._tok = tok
         self._raw = tok.to_str().encode("utf-8")
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
-        self.eos_token_id = tok.token_to_id("<|endoftext|>")
+        self.eos_token_id = tok.token_to_id(EOS_TOKEN)
         self.identity = f"tokenizer.json:sha256:{hashlib.sha256(self._raw).hexdigest()}"
         return self
 
@@ -131,7 +132,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, progress: bool | None = 
     tok = _Tok(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=progress is not False and sys.stderr.isatty())
     tok.train_from_iterator(texts, trainer=trainer, length=length)

@@ -33,12 +33,14 @@ def evaluate(model: nn.Module, batches: Iterable[tuple[torch.Tensor, torch.Tenso
     model.eval()
     counts = torch.zeros(k * k, dtype=torch.long)
     loss_sum, n = 0.0, 0
-    for pixel_values, labels in batches:
-        out = model(pixel_values, labels=labels)
-        counts += torch.bincount(labels * k + out.logits.argmax(-1), minlength=k * k)
-        loss_sum += float(out.loss) * len(labels)
-        n += len(labels)
-    model.train(was_training)
+    try:  # the caller's mode comes back even when a batch fails (as evaluate_text does)
+        for pixel_values, labels in batches:
+            out = model(pixel_values, labels=labels)
+            counts += torch.bincount(labels * k + out.logits.argmax(-1), minlength=k * k)
+            loss_sum += float(out.loss) * len(labels)
+            n += len(labels)
+    finally:
+        model.train(was_training)
     confusion = counts.view(k, k).numpy()
     return Evaluation(float(np.trace(confusion)) / max(n, 1), loss_sum / max(n, 1), confusion)
 

@@ -44,7 +44,7 @@ from transformers import (
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from ..data.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from ..data.tokenizer import EOS_TOKEN, ByteTokenizer, HFTokenizer, Tokenizer
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
 from ..io.files import atomic_dir
@@ -70,7 +70,6 @@ __all__ = [
     "to_hf_tokenizer",
 ]
 
-EOS_TOKEN = "<|endoftext|>"
 
 TokenFormerHFConfig.remote_code_writer = staticmethod(write_remote_code)
 AutoConfig.register("tokenformer", TokenFormerHFConfig, exist_ok=True)
