@@ -113,6 +113,35 @@ def test_dynamic_cache_incremental_forward_matches_full(hf_dir):
     assert cache.get_seq_length() == 12
 
 
+@pytest.mark.parametrize("name", ["cache", "past_key_values"])
+def test_cache_under_either_name(hf_dir, name):
+    """transformers 5.24 passes the cache as cache= (before: past_key_values=); either name is
+    the cache, and the output hands back the same object under the installed release's field
+    (the one generate reads: with a fresh cache per step, greedy decoding repeated one token)."""
+    from transformers import DynamicCache
+
+    model = H.load_hf(hf_dir)
+    ids = torch.randint(0, 257, (1, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(ids, use_cache=False).logits
+        cache = DynamicCache(config=model.config)
+        first = model(ids[:, :8], use_cache=True, **{name: cache})
+        returned = first[H.modeling.CACHE_FIELD]
+        assert returned is cache and cache.get_seq_length() == 8
+        last = model(ids[:, 8:], use_cache=True, **{name: returned}).logits
+    assert cache.get_seq_length() == 9
+    torch.testing.assert_close(last[:, -1], full[:, -1], rtol=1e-5, atol=1e-5)
+
+
+def test_cache_under_both_names_refused(hf_dir):
+    from transformers import DynamicCache
+
+    model = H.load_hf(hf_dir)
+    with pytest.raises(H.modeling.ConfigError, match="not both"):
+        model(torch.tensor([[1, 2]]), cache=DynamicCache(config=model.config),
+              past_key_values=DynamicCache(config=model.config))
+
+
 # --------------------------------------------------------------------------------- generation
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_greedy_generate_equals_core(core, hf_dir, use_cache):

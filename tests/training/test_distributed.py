@@ -3,6 +3,7 @@ in one process."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -89,3 +90,46 @@ def test_data_parallel_matches_single_process(strategy, dataset_dir, tmp_path):
         again = TokenFormerLM.load(out / "final")
         for a, b in zip(final.parameters(), again.parameters(), strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_cpu_run_on_a_machine_with_cuda_stays_on_the_cpu(strategy, monkeypatch, tmp_path):
+    """A CPU run on a GPU machine (or --device cpu for a debug run) keeps every shard and
+    gradient on the CPU: the wrapper takes its device from the run, not from the machine. CUDA is
+    made to look present the two ways torch asks (torch 2.13's fully_shard default mesh reads
+    torch._C._get_accelerator(); earlier releases torch.cuda.is_available()); the old code then
+    built a cuda mesh and failed."""
+    import torch.distributed as dist
+
+    from tokenformer.io.process_group import World
+    from tokenformer.training.config import TrainConfig
+    from tokenformer.training.loop import fit
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available in this build")
+    config = TokenFormerLM.config_class.from_name("tiny")
+    cfg = TrainConfig(steps=2, batch_size=2, seq_len=16, warmup_steps=1, eval_interval=0,
+                      samples=0, lr=3e-3, strategy=strategy)
+
+    def batch_fn(step: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(step))
+        return {"input_ids": ids, "labels": ids}
+
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    plain = fit(TokenFormerLM(config), batch_fn, dataclasses.replace(cfg, strategy="auto"),
+                device=cpu, progress=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    try:
+        torch.manual_seed(0)
+        wrapped = fit(TokenFormerLM(config), batch_fn, cfg, world=World(strategy=strategy),
+                      device=cpu, progress=False)
+        devices = {(p.full_tensor() if hasattr(p, "full_tensor") else p).device.type
+                   for p in wrapped.model.parameters()}
+    finally:
+        dist.destroy_process_group()
+    assert devices == {"cpu"}
+    assert wrapped.losses == pytest.approx(plain.losses, rel=1e-5)

@@ -58,6 +58,15 @@ STATIC_CACHE_REFUSED = (
     "cache_implementation='static' (a fixed-size, compileable cache) is not supported: "
     "TokenFormer's attention reads back exactly the cached positions; use the default dynamic "
     "cache")
+# transformers 5.24 renamed the cache from ``past_key_values`` to ``cache``: ``generate`` passes
+# ``cache=`` to forward and reads ``outputs["cache"]`` back (generation/utils.py,
+# prepare_inputs_for_generation and _update_model_kwargs_for_generation). Earlier 5.x releases use
+# ``past_key_values`` for both. Forward takes either name; outputs use the installed release's
+# field, so that generate finds the cache it handed in.
+CACHE_FIELD = ("cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__
+               else "past_key_values")
+BOTH_CACHE_NAMES_REFUSED = ("pass the cache as cache= or as past_key_values= (its name before "
+                            "transformers 5.24), not both")
 # PEFT's LoRA on the embedding adapts the input lookup only (the head reads the base matrix);
 # merge_and_unload then folds the adapter into the one shared matrix, so the outputs change.
 LORA_ON_EMBEDDING_WARNING = (
@@ -89,7 +98,7 @@ class TokenFormerHFConfig(PretrainedConfig):
     attribute_map: ClassVar[dict[str, str]] = {
         "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
         "max_position_embeddings": "max_seq_len"}
-    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values", "cache"]
     # Writes the remote-code files beside config.json: tokenformer.hf sets it to
     # tokenformer.hf.remote.write_remote_code when the package is imported. In the generated
     # files it stays None: transformers copies them into a folder saved from remote code.
@@ -144,6 +153,13 @@ def default_generation_config(config: TokenFormerHFConfig) -> GenerationConfig:
 
 
 # ----------------------------------------------------------------------------------------- model
+def _one_cache(past_key_values: Any | None, cache: Any | None) -> Any | None:
+    """The cache under either of its names (see CACHE_FIELD)."""
+    if past_key_values is not None and cache is not None:
+        raise ConfigError(BOTH_CACHE_NAMES_REFUSED)
+    return cache if cache is not None else past_key_values
+
+
 class TokenFormerPreTrainedModel(PreTrainedModel):
     """What every class shares: the core as ``model``, init, gradient checkpointing and the
     argument checks. (The remote code is written by the config's ``save_pretrained``.)"""
@@ -155,7 +171,7 @@ class TokenFormerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True  # the only attention there is: F.scaled_dot_product_attention
     _no_split_modules: ClassVar[list[str]] = ["Block", "TransformerBlock"]
-    _skip_keys_device_placement: ClassVar[list[str]] = ["past_key_values"]
+    _skip_keys_device_placement: ClassVar[list[str]] = ["past_key_values", "cache"]
     _tied_weights_keys = None  # the head is the embedding matrix itself: nothing to tie
 
     def _build_core(self, config: TokenFormerHFConfig) -> None:
@@ -274,14 +290,16 @@ class TokenFormerModel(TokenFormerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache: Any | None = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast | tuple:
         body = self.model.body(**self._core_kwargs(
-            input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache,
-            output_attentions, output_hidden_states))
+            input_ids, inputs_embeds, attention_mask, position_ids,
+            _one_cache(past_key_values, cache), use_cache, output_attentions,
+            output_hidden_states))
         return self._return(BaseModelOutputWithPast(
-            last_hidden_state=body.last_hidden_state, past_key_values=body.past_key_values,
-            hidden_states=body.hidden_states), return_dict)
+            last_hidden_state=body.last_hidden_state, hidden_states=body.hidden_states,
+            **{CACHE_FIELD: body.past_key_values}), return_dict)
 
 
 class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
@@ -306,6 +324,7 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        cache: Any | None = None,
         **kwargs: Any,
     ) -> CausalLMOutputWithPast | tuple:
         # logits_to_keep: generate asks for the last position's logits only (with labels every
@@ -315,8 +334,8 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         # so that micro-batches are weighted by their tokens. Otherwise the core's mean, as always.
         num_items = kwargs.get("num_items_in_batch")
         core_kwargs = self._core_kwargs(input_ids, inputs_embeds, attention_mask, position_ids,
-                                        past_key_values, use_cache, output_attentions,
-                                        output_hidden_states)
+                                        _one_cache(past_key_values, cache), use_cache,
+                                        output_attentions, output_hidden_states)
         out = self.model(labels=labels if num_items is None else None,
                          logits_to_keep=0 if labels is not None else logits_to_keep,
                          **core_kwargs)
@@ -325,8 +344,8 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
             loss = self.loss_function(out.logits, labels, vocab_size=out.logits.shape[-1],
                                       num_items_in_batch=num_items)
         return self._return(CausalLMOutputWithPast(
-            loss=loss, logits=out.logits, past_key_values=out.past_key_values,
-            hidden_states=out.hidden_states), return_dict)
+            loss=loss, logits=out.logits, hidden_states=out.hidden_states,
+            **{CACHE_FIELD: out.past_key_values}), return_dict)
 
     def resize_token_embeddings(self, new_num_tokens: int | None = None,
                                 pad_to_multiple_of: int | None = None,
@@ -379,11 +398,13 @@ class TokenFormerForSequenceClassification(TokenFormerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache: Any | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutputWithPast | tuple:
         body = self.model.body(**self._core_kwargs(
-            input_ids, inputs_embeds, attention_mask, position_ids, past_key_values,
-            False if use_cache is None else use_cache, output_attentions, output_hidden_states))
+            input_ids, inputs_embeds, attention_mask, position_ids,
+            _one_cache(past_key_values, cache), False if use_cache is None else use_cache,
+            output_attentions, output_hidden_states))
         logits = self.score(body.last_hidden_state)
         B, T = logits.shape[:2]
         positions = torch.arange(T, device=logits.device)
@@ -398,6 +419,6 @@ class TokenFormerForSequenceClassification(TokenFormerPreTrainedModel):
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=pooled, config=self.config)
         return self._return(SequenceClassifierOutputWithPast(
-            loss=loss, logits=pooled, past_key_values=body.past_key_values,
-            hidden_states=body.hidden_states), return_dict)
+            loss=loss, logits=pooled, hidden_states=body.hidden_states,
+            **{CACHE_FIELD: body.past_key_values}), return_dict)
 

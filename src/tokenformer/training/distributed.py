@@ -55,10 +55,20 @@ def wrap_model(model: nn.Module, world: World, device: torch.device) -> nn.Modul
 
         if isinstance(model, FSDPModule):  # already sharded (a restored checkpoint)
             return model
+        mesh = device_mesh(device)
         for block in blocks(model):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     return model
+
+
+def device_mesh(device: torch.device) -> Any:
+    """The 1-D mesh of every rank on the run's device type. fully_shard's default mesh takes the
+    machine's accelerator instead (torch 2.13: ``torch._C._get_accelerator()``; earlier:
+    ``torch.cuda.is_available()``), so a CPU run on a GPU machine put its shards on cuda:0."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (torch.distributed.get_world_size(),))
 
 
 def blocks(model: nn.Module) -> list[nn.Module]:
