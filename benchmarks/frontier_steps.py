@@ -26,16 +26,14 @@ from common import (
 from tokenformer.experiments.frontier.plan import (
     arch,
     estimate_seconds,
-    family_sizes,
-    get_preset,
     model_configs,
     parallel_seconds,
     plan,
-    size_key,
     sweep_plan,
     sweep_run,
     sweep_seeds,
 )
+from tokenformer.experiments.frontier.presets import family_sizes, get_preset, size_key
 from tokenformer.models.baselines import model_class
 
 

@@ -15,13 +15,20 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tokenformer.data.synthetic import parse_spec
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
 from tokenformer.experiments.frontier import plan as plan_
+from tokenformer.experiments.frontier import presets as presets_
+from tokenformer.experiments.frontier import questions as questions_
+from tokenformer.experiments.frontier import recipes as recipes_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
-from tokenformer.experiments.frontier.plan import PRESETS, decay_start, get_preset, plan
+from tokenformer.experiments.frontier import schedule as schedule_
+from tokenformer.experiments.frontier.plan import plan
+from tokenformer.experiments.frontier.presets import PRESETS, get_preset
+from tokenformer.experiments.frontier.schedule import decay_start
 from tokenformer.models.baselines import matched_config, model_class
 from tokenformer.models.config import (
     SOFTMAX_FLOPS_PER_SCORE,
@@ -42,9 +49,9 @@ TINY = dataclasses.replace(
     families=("tokenformer", "transformer++"),
     recipes=("chain-exact", "chain-exact-anneal", "widen-zero"), follow="predicted",
     tokens_per_parameter=0.5, questions=(
-        *(q for q in plan_.GROWTH_QUESTIONS if q.id in ("G4", "G6")),
-        plan_._versus_envelope("GX", "chain-exact", "tokenformer", "growth"),
-        plan_.ARCHITECTURE_QUESTIONS[0]))
+        *(q for q in questions_.GROWTH_QUESTIONS if q.id in ("G4", "G6")),
+        questions_.versus_envelope("GX", "chain-exact", "tokenformer", "growth"),
+        questions_.ARCHITECTURE_QUESTIONS[0]))
 
 
 # ---------------------------------------------------------------------------------- the plan
@@ -54,7 +61,7 @@ def test_every_run_of_every_preset_uses_one_wsd_family(name):
     runs = plan(preset, 256) + plan_.sweep_plan(preset, 256)
     assert runs
     for run in runs:
-        assert run.schedule == plan_.SCHEDULE_FAMILY == "wsd"
+        assert run.schedule == presets_.SCHEDULE_FAMILY == "wsd"
         for b in run.branches:
             # the cooldown is the last decay_fraction of the branch, after the same warmup
             assert b.decay_start == decay_start(b.steps, preset)
@@ -66,7 +73,7 @@ def test_every_run_of_every_preset_uses_one_wsd_family(name):
             one = dataclasses.replace(run, recipe=None)  # no restart: the plain WSD shape
 
             def at(step, b=b, one=one, lrs=lrs):
-                return plan_.run_lr(one, lrs, step, b.steps, preset)
+                return schedule_.run_lr(one, lrs, step, b.steps, preset)
 
             assert at(w - 1) == lr  # warmup ends at the peak
             for step in (w, (w + b.decay_start) // 2, b.decay_start - 1):  # stable
@@ -389,7 +396,7 @@ def test_tiny_end_to_end_writes_report_plots_and_results(tiny_run):
     for run in saved["runs"].values():  # every stage of every final run: its sweep's choice
         lrs = run["lr"] if isinstance(run["lr"], list) else [run["lr"]] * len(run["stages"])
         assert lrs == [saved["sweeps"][s["lr_from"]]["chosen"] for s in run["stages"]]
-        assert all(s["lr_from"] == plan_.size_key(run["family"], s["size"])
+        assert all(s["lr_from"] == presets_.size_key(run["family"], s["size"])
                    for s in run["stages"])  # per-stage: each stage at its own size's LR
         assert [b["budget_index"] for b in run["branches"]] == sorted(
             b["budget_index"] for b in run["branches"])
@@ -492,7 +499,7 @@ def test_gpu_presets_run_a_few_steps_on_cpu(name, dataset_dir, tmp_path, monkeyp
     results = run_.run_frontier(small, data=data, out=tmp_path / "gpu",
                                 print_fn=lambda line: None, plots=False)
     arms = {r["arm"] for r in results["runs"].values()}
-    assert {plan_.size_key("tokenformer", z) for z in small.sizes} <= arms
+    assert {presets_.size_key("tokenformer", z) for z in small.sizes} <= arms
     assert results["preset"]["hidden_size"] == gpu.hidden_size >= 256
     assert (tmp_path / "gpu" / "report.md").is_file() and gpu.expected_hours
     if gpu.corpus:
@@ -508,7 +515,7 @@ def test_gpu_30m_fits_its_corpus_and_the_protocol():
     preset = get_preset("gpu-30m")
     assert preset.corpus and preset.dtype == "bf16" and preset.seeds >= 5
     assert preset.sweep_seeds >= 2 and preset.questions and "tokenformer-gelu" in preset.families
-    train_tokens = int(0.95 * plan_.parse_spec(preset.corpus))
+    train_tokens = int(0.95 * parse_spec(preset.corpus))
     runs = plan(preset, 256, train_tokens)
     assert max(r.total_steps for r in runs) * preset.tokens_per_step <= 4 * train_tokens
     assert preset.arm_names() >= {"chain-paper", "chain-gelu", "tokenformer-S0"}
@@ -568,7 +575,7 @@ def _scratch_results(preset, best_by_budget, seeds=3, noise=0.004):
     envelope's choice is the intended one)."""
     runs = {}
     for family in preset.families:
-        sizes = list(plan_.family_sizes(preset, family))
+        sizes = list(presets_.family_sizes(preset, family))
         for run in plan(preset, 256, kinds=("scratch",)):
             if run.family != family or run.seed >= seeds:
                 continue
@@ -607,12 +614,12 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
                 for f in preset.families}
     chains = plan(preset, 256, envelopes=measured, kinds=("chain", "widen"))
     for run in chains:
-        order = list(plan_.family_sizes(preset, run.family))
+        order = list(presets_.family_sizes(preset, run.family))
         env = measured[run.family]
         final = run.branches[-1]
         assert final.budget_index == max(env)  # the chain reads the largest budget
-        assert plan_.size_at(run.stages, final.decay_start - 1).size == env[max(env)]
-        recipe = plan_.RECIPES[run.arm]
+        assert schedule_.size_at(run.stages, final.decay_start - 1).size == env[max(env)]
+        recipe = recipes_.RECIPES[run.arm]
         if recipe.shape != "size":  # stack / clone: one growth, from a half copy of the final
             first, last = run.stages
             c, h = last.config, first.config
@@ -624,12 +631,12 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
         assert [order.index(s.size) for s in run.stages] == sorted(
             {order.index(s.size) for s in run.stages})
         for b in run.branches:
-            stage = plan_.size_at(run.stages, b.decay_start - 1)
+            stage = schedule_.size_at(run.stages, b.decay_start - 1)
             assert b.steps - stage.start >= preset.min_stage_share * b.steps
-        assert run.lr_from == plan_.size_key(run.family, env[max(env)])
-    families = {a: plan_.RECIPES[a].family for a in preset.recipes}
+        assert run.lr_from == presets_.size_key(run.family, env[max(env)])
+    families = {a: recipes_.RECIPES[a].family for a in preset.recipes}
     expected = {a for a, f in families.items() if len(set(plan_.chain_targets(
-        measured[f], plan_.family_sizes(preset, f)).values())) > 1}
+        measured[f], presets_.family_sizes(preset, f)).values())) > 1}
     assert {r.arm for r in chains} == expected  # a flat envelope asks for no chain
 
 
@@ -644,9 +651,9 @@ def test_growth_points_follow_the_rule_by_hand():
     stages = plan_.follow_envelope(preset, configs, best)
     assert [s.size for s in stages] == ["S0", "S1", "S2"]
     s0 = (stages[0],)
-    b2 = plan_.branch_for(s0, 2, preset.budgets[2], preset)  # 5e11 at S0 alone
+    b2 = schedule_.branch_for(s0, 2, preset.budgets[2], preset)  # 5e11 at S0 alone
     assert stages[1].start == b2.decay_start == decay_start(b2.steps, preset)
-    b4 = plan_.branch_for(stages[:2], 4, preset.budgets[4], preset)
+    b4 = schedule_.branch_for(stages[:2], 4, preset.budgets[4], preset)
     assert stages[2].start == b4.decay_start
     # a non-monotone envelope never asks the chain to shrink: S1, S2, S1, S2 → S1 … S2
     noisy = dict(enumerate(["S1", "S2", "S1", "S2", "S1", "S2"]))
@@ -660,10 +667,10 @@ def test_min_stage_share_moves_a_growth_earlier():
     preset = dataclasses.replace(get_preset("full"), budget_ratio=1.25, num_budgets=4)
     configs = plan_.model_configs(preset, "tokenformer", 256)
     stages = plan_.follow_envelope(preset, configs, dict(enumerate(["S1", "S1", "S1", "S2"])))
-    b = plan_.branch_for(stages, 3, preset.budgets[3], preset)
+    b = schedule_.branch_for(stages, 3, preset.budgets[3], preset)
     assert b.steps - stages[1].start >= 0.4 * b.steps
     later = (stages[0], dataclasses.replace(stages[1], start=stages[1].start + 1))
-    b_later = plan_.branch_for(later, 3, preset.budgets[3], preset)
+    b_later = schedule_.branch_for(later, 3, preset.budgets[3], preset)
     assert b_later.steps - later[1].start < 0.4 * b_later.steps  # the latest such step
     run = plan_._with_branches(preset, "chain-paper", "chain", "tokenformer", 0, stages,
                                preset.budgets, "tokenformer-S2", "chain-paper")
@@ -678,7 +685,7 @@ def test_report_answers_each_question_with_the_expected_decision(tmp_path):
     """A hand-made fixture of five seeds: a chain 0.05 below the envelope (resolved), one within
     ±0.004 of it (equivalent within ±0.02), and two envelope comparisons of another family whose
     raw p-values (0.031, 0.049) are below 0.05 but not after Holm over that family."""
-    Q = plan_.Question
+    Q = questions_.Question
     questions = (
         Q("G1", "below?", "chain-a", "envelope:tokenformer", "growth", margin=0.02,
           margin_why="test"),
@@ -737,7 +744,7 @@ def _report_frame():
 
 def test_a_question_without_data_is_not_resolved():
     results = _with_questions({"runs": {}, "budgets": [1e10], "sweeps": {}},
-                              plan_.GROWTH_QUESTIONS[:1])
+                              questions_.GROWTH_QUESTIONS[:1])
     (row,) = report.answers(results)
     assert row["decision"] == "not resolved" and row["diffs"] == [] and row["budget"] is None
     assert "no data" in report.answer_rows([row])[0][3]
@@ -767,12 +774,12 @@ def test_sweep_seeds_average_and_non_monotone_sweeps_are_flagged(monkeypatch):
 
     def fake_execute(ctx, run, lrs):
         (lr,) = lrs
-        return {"branches": [{"loss": table.get(lr, (2.3, 2.3))[run.seed - plan_.SWEEP_SEED]}]}
+        return {"branches": [{"loss": table.get(lr, (2.3, 2.3))[run.seed - presets_.SWEEP_SEED]}]}
 
     monkeypatch.setattr(run_, "execute", fake_execute)
     ctx = run_.Context(preset, None, None, "fp32", None, False, None)
     s = run_.run_sweeps(ctx, 256)["tokenformer-S1"]
-    assert s["seeds"] == [plan_.SWEEP_SEED, plan_.SWEEP_SEED + 1]
+    assert s["seeds"] == [presets_.SWEEP_SEED, presets_.SWEEP_SEED + 1]
     # means 2.2, 2.1, 2.15, 2.0: argmin 8e-3 at the edge → extended upward (1.6e-2: 2.3)
     assert s["points"][0]["loss"] == pytest.approx(2.2) and s["chosen"] == pytest.approx(8e-3)
     assert s["unimodal"] is False and s["seed_argmins"] == [2e-3, 8e-3]
@@ -786,7 +793,7 @@ def test_runner_plans_the_chains_from_the_measured_envelope(monkeypatch, tmp_pat
     the chains from it (not from the prediction): here the fake losses make S1 the best size
     up to the last budget and S2 there, so the chain is S1 → S2 whatever was predicted."""
     preset = dataclasses.replace(TINY, families=("tokenformer",), recipes=("chain-paper",),
-                                 follow="measured", questions=plan_.GROWTH_QUESTIONS[:1],
+                                 follow="measured", questions=questions_.GROWTH_QUESTIONS[:1],
                                  seeds=2)
     last = preset.num_budgets - 1
 
@@ -794,7 +801,7 @@ def test_runner_plans_the_chains_from_the_measured_envelope(monkeypatch, tmp_pat
         stages = run.stages
         out = []
         for b in run.branches:
-            size = plan_.size_at(stages, b.decay_start - 1).size
+            size = schedule_.size_at(stages, b.decay_start - 1).size
             best = "S2" if b.budget_index == last else "S1"
             out.append({"budget_index": b.budget_index, "budget": b.budget, "steps": b.steps,
                         "decay_start": b.decay_start, "flops": b.flops, "tokens": b.steps,
@@ -834,7 +841,7 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     keys = model.layers[0].mlp.key_param_tokens
     assert float(keys.detach().std()) == pytest.approx(1 / math.sqrt(preset.hidden_size), rel=0.1)
     optimizer = make_optimizer(model, TrainConfig(steps=1, lr=1e-3))
-    recipe = plan_.RECIPES["chain-gelu"]
+    recipe = recipes_.RECIPES["chain-gelu"]
     c = configs["S1"]
     grown, _ = grow_with_optimizer(model, optimizer, generator=torch.Generator().manual_seed(0),
                                    qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens,

@@ -12,7 +12,8 @@ from test_frontier import TINY  # rootdir-relative, as the other test folders im
 
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import run as run_
-from tokenformer.experiments.frontier.plan import PRESETS, RECIPES, Recipe, get_preset
+from tokenformer.experiments.frontier.presets import PRESETS, get_preset
+from tokenformer.experiments.frontier.recipes import RECIPES, Recipe
 
 
 def test_old_token_arms_carry_their_options_and_the_presets_arms_are_unchanged():

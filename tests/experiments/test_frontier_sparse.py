@@ -12,9 +12,11 @@ import torch
 
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import plan as plan_
+from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
-from tokenformer.experiments.frontier.plan import get_preset, plan, product_key_config
+from tokenformer.experiments.frontier.plan import plan, product_key_config
+from tokenformer.experiments.frontier.presets import get_preset
 from tokenformer.models.baselines import model_class
 from tokenformer.models.config import THETA_FLOPS_PER_SCORE, TokenFormerConfig, flops_per_token
 
@@ -50,7 +52,7 @@ def test_sparse_preset_plan_matches_flops_and_multiplies_tokens():
         h, k, theta = d.hidden_size, p.ffn_product_k, THETA_FLOPS_PER_SCORE[d.norm]
         dense_ffn = 2 * d.ffn_tokens * 2 * h + theta * d.ffn_tokens
         pk_ffn = 2 * s * h + min(k, s) ** 2 + theta * k + 2 * k * h
-        assert abs(pk_ffn / dense_ffn - 1) <= plan_.PK_FLOPS_TOLERANCE
+        assert abs(pk_ffn / dense_ffn - 1) <= presets_.PK_FLOPS_TOLERANCE
         # k is the best integer: one more or one fewer token is farther from dense
         for other in (k - 1, k + 1):
             alt = 2 * s * h + min(other, s) ** 2 + theta * other + 2 * other * h
@@ -58,7 +60,7 @@ def test_sparse_preset_plan_matches_flops_and_multiplies_tokens():
         # everything but the FFN is the dense model's, so the whole model's FLOPs match
         fd = flops_per_token(d, preset.seq_len, training=True)
         fp = flops_per_token(p, preset.seq_len, training=True)
-        assert fp["total"] == pytest.approx(fd["total"], rel=plan_.PK_FLOPS_TOLERANCE)
+        assert fp["total"] == pytest.approx(fd["total"], rel=presets_.PK_FLOPS_TOLERANCE)
         L = d.num_layers  # "ffn" is per layer
         assert fp["total"] - L * fp["ffn"] == fd["total"] - L * fd["ffn"]
         # and many more parameters at those FLOPs (the question the arm asks)
@@ -68,7 +70,7 @@ def test_sparse_preset_plan_matches_flops_and_multiplies_tokens():
                     strict=True):
         assert abs(p.ffn_tokens / d.ffn_tokens - 64) < 1
         assert p.projection_flops()[1] == pytest.approx(d.projection_flops()[1],
-                                                        rel=plan_.PK_FLOPS_TOLERANCE)
+                                                        rel=presets_.PK_FLOPS_TOLERANCE)
     # every pk run trains at its dense twin's FLOPs per step, so its budgets are the same steps
     for run in runs:
         if run.family == "tokenformer-pk16":

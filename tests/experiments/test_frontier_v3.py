@@ -11,8 +11,11 @@ import dataclasses
 import pytest
 
 from tokenformer.experiments.frontier import plan as plan_
+from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import run as run_
-from tokenformer.experiments.frontier.plan import PRESETS, get_preset, plan
+from tokenformer.experiments.frontier import schedule as schedule_
+from tokenformer.experiments.frontier.plan import plan
+from tokenformer.experiments.frontier.presets import PRESETS, get_preset
 
 # the full preset's TokenFormer chain on a hand-made envelope S0, S0, S0, S1, S1, S2
 ENVELOPE = dict(enumerate(["S0", "S0", "S0", "S1", "S1", "S2"]))
@@ -20,9 +23,9 @@ CHOSEN = {"tokenformer-S0": 8e-3, "tokenformer-S1": 4e-3, "tokenformer-S2": 2e-3
           "tokenformer-S3": 1e-3}
 
 
-def _chain(arm: str) -> plan_.Run:
+def _chain(arm: str) -> schedule_.Run:
     preset = get_preset("full")
-    sizes = {f: plan_.family_sizes(preset, f) for f in preset.families}  # T++ has no S0
+    sizes = {f: presets_.family_sizes(preset, f) for f in preset.families}  # T++ has no S0
     runs = plan(preset, 256, envelopes={f: {j: z if z in sizes[f] else sizes[f][0]
                                             for j, z in ENVELOPE.items()}
                                         for f in preset.families})
@@ -36,13 +39,13 @@ def test_per_stage_lr_schedule_is_piecewise_the_plans():
     preset = get_preset("full")
     run = _chain("chain-paper")
     assert [s.size for s in run.stages] == ["S0", "S1", "S2"]
-    lrs = plan_.stage_lrs(run, CHOSEN)
+    lrs = schedule_.stage_lrs(run, CHOSEN)
     assert lrs == (8e-3, 4e-3, 2e-3)
     g1, g2 = run.stages[1].start, run.stages[2].start
     longest = max(b.steps for b in run.branches)
 
     def lr(step, steps=longest):
-        return plan_.run_lr(run, lrs, step, steps, preset)
+        return schedule_.run_lr(run, lrs, step, steps, preset)
 
     w = preset.warmup_steps
     assert lr(0) == pytest.approx(8e-3 / w) and lr(w - 1) == pytest.approx(8e-3)
@@ -50,7 +53,7 @@ def test_per_stage_lr_schedule_is_piecewise_the_plans():
         [8e-3, 8e-3, 4e-3, 4e-3, 2e-3, 2e-3])
     for b in run.branches:
         peak = lrs[[s.size for s in run.stages].index(
-            plan_.size_at(run.stages, b.decay_start - 1).size)]
+            schedule_.size_at(run.stages, b.decay_start - 1).size)]
         assert lr(b.decay_start - 1, b.steps) == pytest.approx(peak)
         assert lr(b.steps - 1, b.steps) == pytest.approx(0.1 * peak)  # min_lr_ratio
         halfway = (b.decay_start + b.steps) // 2  # linear in between
@@ -58,22 +61,22 @@ def test_per_stage_lr_schedule_is_piecewise_the_plans():
         assert lr(halfway, b.steps) == pytest.approx(peak - frac * 0.9 * peak)
     final = _chain("chain-paper-final-lr")
     assert final.lr_policy == "final-size"
-    assert plan_.stage_lrs(final, CHOSEN) == (2e-3, 2e-3, 2e-3)
+    assert schedule_.stage_lrs(final, CHOSEN) == (2e-3, 2e-3, 2e-3)
 
 
 def test_official_released_restarts_the_warmup_at_each_growth():
     preset = get_preset("full")
     run = _chain("chain-official-released")
-    lrs = plan_.stage_lrs(run, CHOSEN)
+    lrs = schedule_.stage_lrs(run, CHOSEN)
     w, steps = preset.warmup_steps, max(b.steps for b in run.branches)
     for i, stage in enumerate(run.stages[1:], start=1):
         g = stage.start
-        assert plan_.run_lr(run, lrs, g, steps, preset) == pytest.approx(lrs[i] / w)
-        assert plan_.run_lr(run, lrs, g + 9, steps, preset) == pytest.approx(lrs[i] * 10 / w)
-        assert plan_.run_lr(run, lrs, g + w - 1, steps, preset) == pytest.approx(lrs[i])
+        assert schedule_.run_lr(run, lrs, g, steps, preset) == pytest.approx(lrs[i] / w)
+        assert schedule_.run_lr(run, lrs, g + 9, steps, preset) == pytest.approx(lrs[i] * 10 / w)
+        assert schedule_.run_lr(run, lrs, g + w - 1, steps, preset) == pytest.approx(lrs[i])
     paper = _chain("chain-paper")  # the same growth without the restart: the peak at once
     g = paper.stages[1].start
-    assert plan_.run_lr(paper, lrs, g, steps, preset) == pytest.approx(lrs[1])
+    assert schedule_.run_lr(paper, lrs, g, steps, preset) == pytest.approx(lrs[1])
 
 
 def test_half_stages_take_the_nearest_swept_sizes_lr():
@@ -84,9 +87,9 @@ def test_half_stages_take_the_nearest_swept_sizes_lr():
     assert [s.size for s in stack.stages] == ["S2/half-depth", "S2"]
     assert stack.stages[0].config.num_parameters(non_embedding=True) == plan_.model_configs(
         get_preset("full"), "tokenformer", 256)["S1"].num_parameters(non_embedding=True)
-    assert plan_.stage_lrs(stack, CHOSEN) == (4e-3, 2e-3)
+    assert schedule_.stage_lrs(stack, CHOSEN) == (4e-3, 2e-3)
     clone = _chain("widen-duplicate")
-    assert [plan_.stage_lr_key(clone, s) for s in clone.stages] == [
+    assert [schedule_.stage_lr_key(clone, s) for s in clone.stages] == [
         "transformer++-S1", "transformer++-S2"]
     assert clone.stages[0].config.hidden_size * 2 == clone.stages[1].config.hidden_size
 

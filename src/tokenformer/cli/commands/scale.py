@@ -11,7 +11,8 @@ import torch
 
 from ...data.datasets import TokenDataset
 from ...errors import ConfigError
-from ...experiments.frontier.plan import PRESETS, describe, get_preset
+from ...experiments.frontier.plan import describe
+from ...experiments.frontier.presets import PRESETS, get_preset
 from ...experiments.frontier.run import run_frontier
 from ...io.outputs import check_run_folder, hold_run_folder
 from ...training.signals import interrupt_on_signal

@@ -26,7 +26,10 @@ from ..common.stats import (
     spread,
     t_interval,
 )
-from .plan import CHAIN_RULE, DENSE_FAMILIES, LR_RULE, RECIPES, question_lines, size_key
+from .plan import CHAIN_RULE, LR_RULE
+from .presets import DENSE_FAMILIES, size_key
+from .questions import question_lines
+from .recipes import RECIPES
 
 # the paired comparisons outside the questions: the same interval, but no decision word
 DESCRIPTIVE_RULE = (RULE_INTERVAL + " These intervals are unadjusted for the many comparisons "
@@ -606,7 +609,7 @@ def recipe_lines(results: dict[str, Any], table: dict[str, Any]) -> list[str]:
                      lr_text(table[arm]["lr"])])
     return ["## Growing arms", "",
             "Every arm that grows, by the recipe the plan defines for it (`RECIPES` in "
-            "`experiments/frontier/plan.py`), its LR policy and its peak LR per stage.", "",
+            "`experiments/frontier/recipes.py`), its LR policy and its peak LR per stage.", "",
             markdown_table(["arm", "recipe", "LR policy", "peak LR per stage"], rows, "llll"),
             ""]
 

@@ -56,8 +56,12 @@ from ..common.report import to_json
 from ..common.saved import damaged, read_saved_json
 from ..common.sweep import sweep_lr
 from . import plan as plan_
+from . import presets as presets_
+from . import recipes as recipes_
 from . import report
-from .plan import Branch, Preset, Run
+from . import schedule as schedule_
+from .presets import Preset
+from .schedule import Branch, Run
 
 SCHEMA = "tokenformer-frontier/1"
 PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
@@ -121,14 +125,14 @@ def _apply_anneal(model: Any, anneal: dict[str, Any] | None, step: int, steps: i
             setattr(model.config, f"{kind}_scale", None)
 
 
-def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: plan_.Stage,
+def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: schedule_.Stage,
           state: dict[str, Any]) -> tuple[Any, Any]:
     """Grow to ``stage``'s size with the run's recipe and old-token options; the anneal record
     (or None) and the frozen rows (or None) go into ``state``."""
 
 
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
-    recipe = plan_.RECIPES[run.recipe]
+    recipe = recipes_.RECIPES[run.recipe]
     if recipe.shape != "size":  # G_stack or HyperCloning, into the final size
         c = stage.config
         how = ({"layers": c.num_layers, "how": "stack"} if recipe.shape == "stack" else
@@ -303,7 +307,7 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
              cfg: Any, start: int, state: dict[str, Any], bar: Any, schedule_steps: int,
              eval_fn: Any = None) -> Any:
     """Train [start, cfg.steps) on the run's schedule for a branch of ``schedule_steps``."""
-    if cfg.schedule == "constant" and cfg.steps > plan_.decay_start(schedule_steps, ctx.preset):
+    if cfg.schedule == "constant" and cfg.steps > schedule_.decay_start(schedule_steps, ctx.preset):
         raise AssertionError("a stable segment runs into the cooldown")
     timing = state["timing"]
 
@@ -313,7 +317,7 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
         if record["type"] != "train":
             return
         _apply_anneal(current, state["anneal"], record["step"], ctx.preset.anneal_steps)
-        size = plan_.size_at(run.stages, record["step"] - 1).size
+        size = schedule_.size_at(run.stages, record["step"] - 1).size
         # seconds of this step: its tokens over its measured tokens/s
         n, total = timing["step_time"].get(size, (0, 0.0))
         timing["step_time"][size] = (n + 1, total + cfg.batch_size * cfg.seq_len
@@ -328,7 +332,7 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
     result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
                  device=ctx.device, progress=False, callbacks=[on_record],
                  freeze=freeze if freeze is not None and freeze.active(start) else None,
-                 lr_fn=lambda step: plan_.run_lr(run, lrs, step, schedule_steps, ctx.preset))
+                 lr_fn=lambda step: schedule_.run_lr(run, lrs, step, schedule_steps, ctx.preset))
     timing["train_time"] += result.train_time
     return result
 
@@ -350,7 +354,7 @@ def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimize
     return {"budget_index": branch.budget_index, "budget": branch.budget, "steps": branch.steps,
             "decay_start": branch.decay_start, "flops": flops,
             "tokens": state["counters"]["tokens"] + result.tokens,
-            "size": plan_.size_at(run.stages, max(branch.decay_start - 1, 0)).size,
+            "size": schedule_.size_at(run.stages, max(branch.decay_start - 1, 0)).size,
             "loss": final["val_loss"], "bpb": final["val_bpb"]}
 
 
@@ -484,9 +488,9 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     def count(_lr: float) -> None:
         ctx.total += len(seeds)
 
-    prefetch(ctx, [(run, plan_.stage_lrs(run, {})) for run in plan_.sweep_plan(p, vocab_size)])
+    prefetch(ctx, [(run, schedule_.stage_lrs(run, {})) for run in plan_.sweep_plan(p, vocab_size)])
     for family in p.families:
-        for size in plan_.family_sizes(p, family):
+        for size in presets_.family_sizes(p, family):
             per_seed: dict[float, dict[int, float]] = {}
 
             def loss(lr: float, family: str = family, size: str = size,
@@ -500,7 +504,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
             s = sweep_lr(p.lr_grid, loss, max_extensions=p.max_extensions, on_extend=count)
             argmins = sorted({min(s.grid, key=lambda lr, seed=seed: (per_seed[lr][seed], lr))
                               for seed in seeds})
-            sweeps[plan_.size_key(family, size)] = {
+            sweeps[presets_.size_key(family, size)] = {
                 "family": family, "size": size, "steps": p.sweep_steps, "seeds": seeds,
                 "points": [{"lr": lr, "loss": s.values[lr],
                             "losses": {str(k): v for k, v in per_seed[lr].items()}}
@@ -608,12 +612,12 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     chosen = {key: s["chosen"] for key, s in sweeps.items()}
 
     def train(run: Run) -> None:
-        result = execute(ctx, run, plan_.stage_lrs(run, chosen))
+        result = execute(ctx, run, schedule_.stage_lrs(run, chosen))
         timing_runs[run.id] = result.pop("timing")
         results_runs[run.id] = {**run.describe(), **result}
 
     scratch = [run for run in runs if run.kind == "scratch"]
-    prefetch(ctx, [(run, plan_.stage_lrs(run, chosen)) for run in scratch])
+    prefetch(ctx, [(run, schedule_.stage_lrs(run, chosen)) for run in scratch])
     for run in scratch:  # from scratch: every envelope first
         train(run)
     # the chains follow the MEASURED envelopes (plan's module docstring); a run id is one arm
@@ -625,7 +629,7 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     chains = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"], envelopes,
                         kinds=("chain", "widen"))
     ctx.total += len(chains) - sum(r.kind != "scratch" for r in runs)
-    prefetch(ctx, [(run, plan_.stage_lrs(run, chosen)) for run in chains])
+    prefetch(ctx, [(run, schedule_.stage_lrs(run, chosen)) for run in chains])
     for run in chains:
         train(run)
     results = {

@@ -1,0 +1,111 @@
+"""The frontier's pre-registered questions and their equivalence margin.
+
+**Pre-registered questions** (:class:`Question`): each preset carries the questions its verdict
+answers, with their endpoints, multiplicity families and equivalence margins, fixed here before
+anything runs; ``--plan`` prints them and the report states them before any result
+(``report.answers``: raw p, Holm-adjusted p within the family, TOST where equivalence is asked,
+and the decision word of :mod:`..common.stats`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..common.report import markdown_table
+from .recipes import RECIPES
+
+
+@dataclass(frozen=True)
+class Question:
+    """A pre-registered question: the difference ``a − b`` of validation loss, paired by seed,
+    at ``budgets`` ("final": the largest budget every term was read at; "all": each budget every
+    term was read at, one test each). A side is an arm name (``tokenformer-S2``, ``chain-paper``),
+    ``envelope:<family>``, or two of those as ``"x - y"`` (a gap; then a − b is a difference of
+    gaps). ``family`` is the multiplicity family Holm adjusts over. With ``margin`` the question
+    asks for equivalence too: TOST at ±margin nats (``margin_why``: its justification)."""
+
+    id: str
+    text: str
+    a: str
+    b: str
+    family: str
+    budgets: str = "final"
+    margin: float | None = None
+    margin_why: str = ""
+
+    def terms(self) -> list[str]:
+        return [t.strip() for side in (self.a, self.b) for t in side.split(" - ")]
+
+
+# The equivalence margin of every preset's questions, and why (issue 25: fixed before the run,
+# justified from seed spread).
+MARGIN = 0.02
+MARGIN_WHY = (
+    "0.02 nats: about the per-seed sd of paired differences at the two largest budgets of the v2 "
+    "full run (0.002–0.026, median ≈ 0.016: chain − envelope 0.002–0.025, TokenFormer − "
+    "Transformer++ at S2 0.017–0.026), so 5 seeds can show equivalence when the true gap is "
+    "near 0; and ≈ 0.2 doublings of compute along that run's envelope (0.10 nats per doubling "
+    "from 2e12 to 4e12 FLOPs), i.e. ±15 % compute: smaller gaps are not worth a claim at this "
+    "scale.")
+
+
+
+def versus_envelope(qid: str, arm: str, family: str, family_name: str) -> Question:
+    return Question(qid, f"Does {arm}, grown into the envelope's best size, end below, above or "
+                         f"within ±{MARGIN:g} nats of the {family} envelope at its final budget?",
+                    arm, f"envelope:{family}", family_name, margin=MARGIN, margin_why=MARGIN_WHY)
+
+
+# The full preset's questions (issue 25): four families, Holm within each.
+GROWTH_ARMS = ("chain-paper", "chain-official-init", "chain-official-released",
+               "chain-exact-anneal", "chain-stack", "widen-zero", "widen-net2net", "widen-stack",
+               "widen-duplicate")
+GROWTH_QUESTIONS = tuple(
+    versus_envelope(f"G{i}", arm, RECIPES[arm].family, "growth")
+    for i, arm in enumerate(GROWTH_ARMS, start=1))
+LR_POLICY_QUESTIONS = (
+    Question("L1", "Does training each stage at its own size's tuned LR (per-stage) end lower, "
+                   "higher or within ±0.02 nats of the whole chain at its final size's LR, at "
+                   "each budget the chain is read?",
+             "chain-paper", "chain-paper-final-lr", "lr-policy", budgets="all", margin=MARGIN,
+             margin_why=MARGIN_WHY),
+)
+ARCHITECTURE_QUESTIONS = (
+    Question("A1", "Is TokenFormer's envelope below, above or within ±0.02 nats of "
+                   "Transformer++'s at the largest budget?",
+             "envelope:tokenformer", "envelope:transformer++", "architecture", margin=MARGIN,
+             margin_why=MARGIN_WHY),
+    Question("A2", "Is TokenFormer's envelope distinguishable from the plain-GELU control's "
+                   "(every projection a GELU MLP) at the largest budget?",
+             "envelope:tokenformer", "envelope:tokenformer-gelu", "architecture", margin=MARGIN,
+             margin_why=MARGIN_WHY),
+)
+CONTROL_QUESTIONS = (
+    versus_envelope("C1", "chain-gelu", "tokenformer-gelu", "control"),
+    Question("C2", "Is TokenFormer's growth gap (paper chain − its envelope) distinguishable "
+                   "from the plain-GELU control's (zero-key chain − its envelope)? This "
+                   "separates parameter tokens from wider MLP projections.",
+             "chain-paper - envelope:tokenformer", "chain-gelu - envelope:tokenformer-gelu",
+             "control", margin=MARGIN, margin_why=MARGIN_WHY),
+)
+
+
+def question_lines(questions: tuple[Question, ...] | list[Any]) -> list[str]:
+    """The pre-registered questions as markdown (``--plan`` and the report print the same
+    lines, from a preset's :class:`Question` objects or their dicts in ``results.json``)."""
+    qs = [q if isinstance(q, dict) else dataclasses.asdict(q) for q in questions]
+    if not qs:
+        return ["No pre-registered questions: this preset reports descriptively only."]
+    rows = [[q["id"], q["family"], q["text"], f"({q['a']}) − ({q['b']})", q["budgets"],
+             f"difference and TOST ±{q['margin']:g}" if q["margin"] is not None
+             else "difference"] for q in qs]
+    why = list(dict.fromkeys(q["margin_why"] for q in qs if q["margin"] is not None))
+    families = list(dict.fromkeys(q["family"] for q in qs))
+    return [markdown_table(["id", "family", "question", "Δ validation loss (paired by seed)",
+                            "budgets", "test"], rows, "llllll"), "",
+            f"Holm–Bonferroni within each family ({', '.join(families)}); a question is "
+            f"*resolved* only when its Holm-adjusted p < 0.05, *equivalent within ±m* only when "
+            f"its Holm-adjusted TOST p < 0.05, otherwise *not resolved*.",
+            *(f"Margin: {w}" for w in why)]
