@@ -138,3 +138,31 @@ def test_every_new_arm_kind_trains_into_its_planned_size(dataset_dir, tmp_path, 
             assert {**config, "name": None} == {**stage["config"], "name": None}
             # official-released restarts AdamW (no moments yet); every other arm carries them
             assert (moments == 0) == (run["arm"] == "chain-official-released"), run["arm"]
+
+
+def test_question_whose_arm_never_runs_refused_at_plan_time(capsys, tmp_path, monkeypatch):
+    """v3's gpu-30m asked G6 (widen-zero vs Transformer++'s envelope) while its own plan put
+    Transformer++ at S1 only, so widen-zero never grew and G6 got no data after the whole run.
+    The plan now refuses such a preset in one line, before anything trains; every shipped preset
+    plans (and gpu-30m no longer asks G6)."""
+    from tokenformer.cli import main
+    from tokenformer.errors import ConfigError
+
+    v3_gpu = dataclasses.replace(
+        PRESETS["gpu-30m"], recipes=("chain-paper", "widen-zero", "chain-gelu"),
+        questions=(*PRESETS["gpu-30m"].questions,
+                   next(q for q in presets_.GROWTH_QUESTIONS if q.id == "G6")))
+    with pytest.raises(ConfigError, match=r"question G6 needs widen-zero, which preset "
+                                          r"'gpu-30m' never runs"):
+        plan(v3_gpu, 256)
+    monkeypatch.setitem(presets_.PRESETS, "gpu-30m", v3_gpu)
+    monkeypatch.chdir(tmp_path)
+    assert main(["scale", "--preset", "gpu-30m", "--plan"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: frontier: question G6 needs widen-zero")
+    assert not list(tmp_path.iterdir())
+
+
+def test_every_preset_runs_the_arms_of_its_questions():
+    for name in PRESETS:
+        plan(get_preset(name), 256)  # refuses a question whose arm never runs

@@ -294,6 +294,8 @@ def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None,
             stages = reshaped_chain(preset, recipe, configs[recipe.family], best, stages)
         if len(stages) > 1:
             chains[arm] = stages
+    if envelopes is None:
+        _refuse_unplanned_questions(preset, set(chains))
     for seed in range(preset.seeds):
         for arm, stages in chains.items():
             recipe = RECIPES[arm]
@@ -311,6 +313,20 @@ def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None,
                                   f"{epochs:.1f} times (> {MAX_EPOCHS:g}); lower max_budget or "
                                   f"use a larger corpus (--data)")
     return runs
+
+
+def _refuse_unplanned_questions(preset: Preset, chains: set[str]) -> None:
+    """A question whose arm the plan never runs (its chain never grows on the predicted
+    envelope) would get no data: refused before anything trains, not reported as 'not read'
+    after the run. (On the measured envelope the runner plans again and the report marks what
+    was not read.)"""
+    for q in preset.questions:
+        for term in q.terms():
+            if term in preset.recipes and term not in chains:
+                raise ConfigError(
+                    f"frontier: question {q.id} needs {term}, which preset {preset.name!r} "
+                    f"never runs (its chain does not grow on the predicted envelope); drop the "
+                    f"question or change the sizes or budgets")
 
 
 def _with_branches(preset: Preset, arm: str, kind: str, family: str, seed: int,
