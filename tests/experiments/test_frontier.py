@@ -19,11 +19,11 @@ from tokenformer.data.synthetic import parse_spec
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
+from tokenformer.experiments.frontier import analysis, report
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
 from tokenformer.experiments.frontier import recipes as recipes_
-from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier import schedule as schedule_
 from tokenformer.experiments.frontier.plan import plan
@@ -276,9 +276,9 @@ def test_paired_is_antisymmetric_and_resolved_means_interval_excludes_zero(pairs
 # ------------------------------------------------------------------------- generic machinery
 def test_crossing_log_hand_computed():
     # log-FLOP interpolation of the frontier: halfway between 1e10 and 1e12 in log is 1e11
-    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 2.5) == pytest.approx(1e11)
-    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 1.5) is None  # never gets there
-    assert report._crossing_log([1e10, 1e12], [3.0, 2.0], 3.5) is None  # already below it
+    assert analysis._crossing_log([1e10, 1e12], [3.0, 2.0], 2.5) == pytest.approx(1e11)
+    assert analysis._crossing_log([1e10, 1e12], [3.0, 2.0], 1.5) is None  # never gets there
+    assert analysis._crossing_log([1e10, 1e12], [3.0, 2.0], 3.5) is None  # already below it
 
 
 def test_compute_to_reach_by_hand():
@@ -290,14 +290,14 @@ def test_compute_to_reach_by_hand():
            1: {"flops": dict.fromkeys(range(3), 1e12), "loss": dict.fromkeys(range(3), 2.0),
                "mean": 2.0}}
     arm = {"budgets": {1: {0: (2.5, 1e12, 0), 1: (2.4, 1e12, 0), 2: (2.6, 1e12, 0)}}}
-    r = report.compute_to_reach(arm, env)
+    r = analysis.compute_to_reach(arm, env)
     assert r["per_seed"][1] == pytest.approx(10 ** 11.2 / 1e12)
     assert r["ratio"] == pytest.approx(0.1)
     half = 4.302653 * 0.2 * math.log(10) / math.sqrt(3)  # sd of the logs = 0.2 · ln 10
     assert (r["low"], r["high"]) == pytest.approx((0.1 * math.exp(-half),
                                                    0.1 * math.exp(half)), rel=1e-5)
     assert r["ratio_of_means"] == pytest.approx(0.1)
-    below = report.compute_to_reach({"budgets": {1: {0: (1.9, 1e12, 0)}}}, env)
+    below = analysis.compute_to_reach({"budgets": {1: {0: (1.9, 1e12, 0)}}}, env)
     assert below["more_than"] == pytest.approx(1.0) and "ratio" not in below
 
 
@@ -413,8 +413,8 @@ def test_tiny_end_to_end_writes_report_plots_and_results(tiny_run):
     assert (out / "frontier.png").stat().st_size > 0 and (out / "lr_sweeps.png").stat().st_size
     summary = report.summarize(saved)
     # the envelope at each budget is the scratch size with the lowest mean loss there
-    table = report.arms(saved)
-    for j, e in report.envelope(saved, "tokenformer").items():
+    table = analysis.arms(saved)
+    for j, e in analysis.envelope(saved, "tokenformer").items():
         means = {a: sum(x[0] for x in v["budgets"][j].values()) / len(v["budgets"][j])
                  for a, v in table.items() if v["kind"] == "scratch"
                  and v["family"] == "tokenformer" and j in v["budgets"]}
@@ -610,7 +610,7 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
     reads has its current size trained for >= min_stage_share of that budget's steps."""
     preset = get_preset(name)
     results = _scratch_results(preset, ENVELOPE_SHAPES[shape](preset.num_budgets))
-    measured = {f: {j: e["size"] for j, e in report.envelope(results, f).items()}
+    measured = {f: {j: e["size"] for j, e in analysis.envelope(results, f).items()}
                 for f in preset.families}
     chains = plan(preset, 256, envelopes=measured, kinds=("chain", "widen"))
     for run in chains:
@@ -745,7 +745,7 @@ def _report_frame():
 def test_a_question_without_data_is_not_resolved():
     results = _with_questions({"runs": {}, "budgets": [1e10], "sweeps": {}},
                               questions_.GROWTH_QUESTIONS[:1])
-    (row,) = report.answers(results)
+    (row,) = analysis.answers(results)
     assert row["decision"] == "not resolved" and row["diffs"] == [] and row["budget"] is None
     assert "no data" in report.answer_rows([row])[0][3]
 

@@ -55,10 +55,10 @@ from ..common.machine import machine_summary
 from ..common.report import to_json
 from ..common.saved import damaged, read_saved_json
 from ..common.sweep import sweep_lr
+from . import analysis, report
 from . import plan as plan_
 from . import presets as presets_
 from . import recipes as recipes_
-from . import report
 from . import schedule as schedule_
 from .presets import Preset
 from .schedule import Branch, Run
@@ -623,7 +623,7 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     # the chains follow the MEASURED envelopes (plan's module docstring); a run id is one arm
     # and seed, so a resumed experiment finds its chains' results and states under the same ids
     measured = {"runs": results_runs, "budgets": preset.budgets}
-    envelopes = {f: {j: e["size"] for j, e in report.envelope(measured, f).items()}
+    envelopes = {f: {j: e["size"] for j, e in analysis.envelope(measured, f).items()}
                  if preset.follow == "measured" else
                  plan_.predicted_envelope(preset, f, ds.vocab_size) for f in preset.families}
     chains = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"], envelopes,
