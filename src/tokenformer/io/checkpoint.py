@@ -480,7 +480,8 @@ class MetricsLog:
     @staticmethod
     def truncate(path: str | Path, step: int) -> None:
         """Keep the records up to ``step`` (a resumed run rewrites what came after its
-        checkpoint); a line cut short by a kill is dropped."""
+        checkpoint; a growth at ``step`` itself came after it too); a line cut short by a kill
+        is dropped."""
         path = Path(path)
         if path.is_file():
             atomic_write_text(path, "".join(MetricsLog.kept(path, step)))
@@ -505,7 +506,10 @@ class MetricsLog:
                 raise CheckpointError(f"{path} line {number} is not a metrics record (a JSON "
                                       f"object with an integer step): fix or delete that line, "
                                       f"then resume again")
-            if record.get("step", 0) <= step:
+            # A growth at step s runs after s steps, so after the checkpoint of step s: the run
+            # resumed from that checkpoint grows again and writes the record again.
+            last = step - 1 if record.get("type") == "grow" else step
+            if record.get("step", 0) <= last:
                 kept.append(line + "\n")
         return kept
 
