@@ -227,6 +227,16 @@ def apply_optimizer_state(optimizer: Any, state: dict[str, Any], path: str | Pat
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CheckpointError(f"{Path(path) / OPTIMIZER_NAME} does not match the model: "
                               f"{first}") from None
+    # load_state_dict checks the parameter counts only: a moment (AdamW's exp_avg, exp_avg_sq)
+    # of another shape would fail at the first step, or be carried into a grown model.
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+                    raise CheckpointError(
+                        f"{Path(path) / OPTIMIZER_NAME} does not match the model: its {key} of "
+                        f"shape {tuple(value.shape)} belongs to a parameter of shape "
+                        f"{tuple(param.shape)}")
 
 
 def read_rng_state(path: str | Path) -> dict[str, Any] | None:

@@ -204,13 +204,6 @@ def initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimiz
     if not ckpt.has_optimizer_state(cfg.init_from):
         return None
     optimizer = make_optimizer(model, cfg)
-    state = ckpt.load_optimizer_state(cfg.init_from)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    ckpt.apply_optimizer_state(optimizer, state, cfg.init_from)
-    for p in params:
-        moment = optimizer.state.get(p, {}).get("exp_avg")
-        if moment is not None and moment.shape != p.shape:
-            raise CheckpointError(f"{cfg.init_from}/{ckpt.OPTIMIZER_NAME} does not match the "
-                                  f"model (a moment of shape {tuple(moment.shape)} for a "
-                                  f"parameter of shape {tuple(p.shape)})")
+    ckpt.apply_optimizer_state(optimizer, ckpt.load_optimizer_state(cfg.init_from),
+                               cfg.init_from)
     return optimizer
