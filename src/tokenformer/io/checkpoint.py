@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .files import atomic_dir, atomic_write, atomic_write_text, read_marker, save_safetensors
-from .paths import has_regular_file, read_json_object, regular_file, sha256_file
+from .paths import has_regular_file, not_found, read_json_object, regular_file, sha256_file
 from .untrusted import safe_torch_load
 
 CHECKPOINTS = "checkpoints"
@@ -287,6 +287,8 @@ def verify_checkpoint(path: str | Path) -> bool:
     :class:`CheckpointError`, one line, otherwise."""
     path = Path(path)
     manifest_file = path / MANIFEST_NAME
+    if not path.exists():
+        raise not_found(path, "checkpoint")  # says so when it is a dangling link or a loop
     if not path.is_dir():
         raise CheckpointError(f"checkpoint not found: {path}")
     if not has_regular_file(manifest_file, folder=path):

@@ -18,7 +18,7 @@ from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir, atomic_write_text
 from ...io.outputs import check_output
-from ...io.paths import has_regular_file, read_json_object
+from ...io.paths import has_regular_file, not_found, read_json_object
 from ...models.config import flops_per_token
 from ...models.memory import check_memory
 from ...ops.growth import (
@@ -31,7 +31,7 @@ from ...ops.growth import (
     resets_optimizer,
 )
 from ...ops.growth import grow as grow_model
-from ..options import comma_list
+from ..options import comma_list, seed
 
 
 def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
@@ -57,7 +57,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
-        raise CheckpointError(f"checkpoint not found: {source}")
+        raise not_found(source, "checkpoint")
     check_output(out, [source], command="grow", overwrite=overwrite)
     model = load_model(source)  # a folder is checked against its manifest first
     has_state = source.is_dir() and ckpt.has_optimizer_state(source)
@@ -279,7 +279,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated indices of the new blocks in the grown model "
                         "(default: spread evenly)")
     p.add_argument("--strategy", choices=STRATEGIES, default="exact")
-    p.add_argument("--seed", type=int, default=0, help="seed of the new random rows")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the new random rows")
     p.add_argument("--reset-optimizer", action="store_true",
                    help="fresh optimizer state instead of carrying it over (the released code)")
     # Accepted only to explain why it cannot be grown.
