@@ -101,3 +101,10 @@ def test_train_resume_of_a_grow_output_says_to_init_from_it(capsys, model_dir, t
     capsys.readouterr()
     line = one_line(capsys, ["train", "--resume", tmp_path / "g", "--no-progress"])
     assert f"--init-from {tmp_path / 'g'}" in line and len(line) < 300, line
+
+
+def test_a_memory_error_without_a_message_says_out_of_memory():
+    """Under a memory limit the old line was "error: MemoryError: " with nothing after it."""
+    from tokenformer.cli import describe_failure
+
+    assert describe_failure(MemoryError()).startswith("MemoryError: out of memory")

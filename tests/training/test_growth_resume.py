@@ -164,3 +164,18 @@ def test_divergence_after_a_noisy_growth_names_the_noise():
     with pytest.raises(DivergedError, match=r"growth at step 2.*width_noise=1e\+30") as info:
         fit(model, batches, cfg, progress=False)
     assert "\n" not in str(info.value)
+
+
+def test_a_plan_of_absurd_depth_is_refused_at_once():
+    """--grow-at 6:layers=200000 ran > 60 s (the placement planned in O(N²)) before its memory
+    check; now the plan is arithmetic and the memory check refuses it, naming the flag."""
+    import time
+
+    from tokenformer.errors import ConfigError
+    from tokenformer.training.growth_events import check_growth_plan, growth_events
+
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"--grow-at '6:layers=20000000'.*GiB"):
+        check_growth_plan(TokenFormerConfig.from_name("tiny"),
+                          growth_events(["6:layers=20000000"], 12))
+    assert time.perf_counter() - started < 5
