@@ -175,7 +175,20 @@ def test_a_plan_of_absurd_depth_is_refused_at_once():
     from tokenformer.training.growth_events import check_growth_plan, growth_events
 
     started = time.perf_counter()
-    with pytest.raises(ConfigError, match=r"--grow-at '6:layers=20000000'.*GiB"):
+    with pytest.raises(ConfigError, match=r"--grow-at '6:layers=20000000' \(step 6.*GiB"):
         check_growth_plan(TokenFormerConfig.from_name("tiny"),
                           growth_events(["6:layers=20000000"], 12))
     assert time.perf_counter() - started < 5
+
+
+def test_a_fresh_plan_that_shrinks_is_refused_before_the_first_step(tmp_path, capsys,
+                                                                   dataset_dir):
+    """The second growth applies to the model the first one made (64 qkv tokens): refused
+    before anything is written, naming the flag, the spec and its step."""
+    out = tmp_path / "run"
+    assert cli(["train", "--config", "tiny", "--steps", "12", "--out", str(out), "--grow-at",
+                "6:qkv=2x", "--grow-at", "10:qkv=48", *run_args(dataset_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1, err
+    assert "--grow-at '10:qkv=48' (step 10" in err and "cannot shrink from 64 to 48" in err, err
+    assert not out.exists()

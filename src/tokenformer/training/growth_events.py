@@ -278,7 +278,8 @@ def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
             grown = plan_growth(config, **planned)
             check_memory(grown, 4, "the grown model")  # weights, gradients, two moments
         except TokenFormerError as exc:
-            raise ConfigError(f"--grow-at {event.spec!r}: {exc}") from None
+            raise ConfigError(f"--grow-at {event.spec!r} (step {event.step}, applied to the "
+                              f"model of the growths before it): {exc}") from None
         if _old_token_options(event) and event.kwargs.get("how") == "stack":
             raise ConfigError(f"--grow-at {event.spec!r}: freeze_old and noise_old act on the "
                               f"tokens a growth of tokens or identity blocks keeps, not on a "
