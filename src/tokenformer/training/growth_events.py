@@ -210,7 +210,7 @@ def check_resumed_plan(recorded: Sequence[GrowthEvent], given: Sequence[GrowthEv
     config): the growths before ``step`` happened and cannot be replayed differently, and the
     later ones are part of the run the checkpoint continues (its schedule too). Any
     difference is one ConfigError naming --grow-at and the first step where they differ
-    (docs/reliability.md, "Growth on resume")."""
+    (docs/reliability.md, "Growth and resume")."""
     steps = sorted({e.step for e in (*recorded, *given)})
     for at in steps:
         old = [e for e in recorded if e.step == at]
@@ -232,9 +232,9 @@ def check_resumed_plan(recorded: Sequence[GrowthEvent], given: Sequence[GrowthEv
 
 def check_history(events: Sequence[GrowthEvent], applied: object, step: int,
                   where: str) -> None:
-    """The growths a checkpoint of ``step`` records as applied (its trainer state's
-    ``growth``: the specs before ``step``; before this check, those at ``step`` too) are the
-    ``events`` before ``step``: else the model would grow twice, or miss a growth."""
+    """The growths a checkpoint of ``step`` records as applied (its trainer state's ``growth``:
+    the specs before ``step``; checkpoints of earlier versions also listed the one at ``step``)
+    are the ``events`` before ``step``: else the model would grow twice, or miss a growth."""
     if applied is None:
         return  # a checkpoint of an earlier version that did not record it
     if not (isinstance(applied, list) and all(isinstance(a, str) for a in applied)):
