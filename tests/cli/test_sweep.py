@@ -42,9 +42,9 @@ from tokenformer.cli import main
 LIMIT_S = 20  # a case that runs longer hangs (each takes well under a second)
 
 FILE_KINDS = ("missing", "empty", "fifo", "dir", "not-utf8", "truncated")
-FOLDER_KINDS = ("missing", "empty", "fifo", "file")  # plus, per inner file: INNER_KINDS
+FOLDER_KINDS = ("missing", "empty", "fifo", "file", "loop")  # plus, per inner file: INNER_KINDS
 INNER_KINDS = ("fifo", "dir", "not-utf8", "truncated", "symlink")
-OUTPUT_KINDS = ("fifo", "wrong-kind", "parent-file")
+OUTPUT_KINDS = ("fifo", "wrong-kind", "parent-file", "loop")
 NOT_UTF8 = b"\xff\xfe\x00\x80 not \xc3\x28 UTF-8 \xe2\x82 and no format at all \xa0\xa1" * 4
 
 
@@ -62,6 +62,7 @@ class Kind:
 
 KINDS = {
     "model": Kind(True, ("config.json", "model.safetensors", "tokenizer.json")),
+    "topk-model": Kind(True, ("config.json", "model.safetensors", "tokenizer.json")),
     "official-dir": Kind(True, ("pytorch_model.bin", "config.json")),
     "dataset": Kind(True, ("meta.json", "train.bin", "tokenizer_bytes.json")),
     "adapter": Kind(True, ("adapter_config.json", "adapter.safetensors")),
@@ -77,12 +78,12 @@ KINDS = {
 }
 
 
-def _tiny_lm(vocab: int):
+def _tiny_lm(vocab: int, **overrides):
     from tokenformer import TokenFormerConfig, TokenFormerLM
 
     return TokenFormerLM(TokenFormerConfig(
         vocab_size=vocab, eos_token_id=0, hidden_size=32, num_layers=1, num_heads=2,
-        qkv_tokens=4, proj_tokens=4, ffn_tokens=8, max_seq_len=32))
+        qkv_tokens=4, proj_tokens=4, ffn_tokens=8, max_seq_len=32, **overrides))
 
 
 @pytest.fixture(scope="session")
@@ -117,6 +118,10 @@ def pristine(tmp_path_factory) -> dict[str, Path]:
     paths["model"] = root / "model"
     model.save(paths["model"])
     tok.save(paths["model"])
+    torch.manual_seed(1)  # a top-k model (a count and a fraction): what growth treats apart
+    paths["topk-model"] = root / "topk-model"
+    _tiny_lm(tok.vocab_size, ffn_top_k=3, proj_top_k=0.5).save(paths["topk-model"])
+    tok.save(paths["topk-model"])
     paths["config-json"] = root / "config.json"
     shutil.copy(paths["model"] / "config.json", paths["config-json"])
     paths["official-bin"] = root / "pytorch_model.bin"
@@ -187,6 +192,16 @@ ROWS = [
     Row("train-resume", "train --resume {ARG} --steps 3 --no-progress", "run",
         exempt=(CUT_LOG_LINE,)),
     Row("train-out", "train --config {yaml} --out {ARG} --no-progress", "out-dir"),
+    # growth inside a run (issue 36): a path is refused before the plan is even looked at
+    Row("train-grow-at-config", "train --config {ARG} --grow-at 1:hidden=2x,width_noise=0.1 "
+                                "--out {NEW} --no-progress", "yaml"),
+    Row("train-grow-at-data", "train --config {yaml} --data {ARG} --grow-at 1:ffn=2x,layers=2 "
+                              "--out {NEW} --no-progress", "dataset"),
+    Row("train-grow-at-out", "train --config {yaml} --grow-at 1:qkv=2x --out {ARG} "
+                             "--no-progress", "out-dir"),
+    # a resume whose --grow-at differs from the run's recorded plan (none): the path first
+    Row("train-resume-other-growth", "train --resume {ARG} --steps 3 --grow-at 2:ffn=2x "
+                                     "--no-progress", "run", exempt=(CUT_LOG_LINE,)),
     Row("plot-runs", "plot {ARG} --out {NEW}.png", "run", inner=("metrics.jsonl",),
         exempt=(CUT_LOG_LINE,)),
     Row("plot-out", "plot {run} --out {ARG}", "out-file"),
@@ -206,6 +221,11 @@ ROWS = [
                           "--no-progress", "tokenizer"),
     Row("grow-model", "grow {ARG} --ffn 2x --out {NEW} --no-progress", "model"),
     Row("grow-out", "grow {model} --ffn 2x --out {ARG} --no-progress", "out-dir"),
+    Row("grow-width-noise", "grow {ARG} --hidden 2x --width-noise 0.1 --out {NEW} "
+                            "--no-progress", "model"),
+    Row("grow-top-k-model", "grow {ARG} --layers 2 --ffn 2x --out {NEW} --no-progress",
+        "topk-model"),
+    Row("grow-top-k-out", "grow {topk-model} --layers 2 --out {ARG} --no-progress", "out-dir"),
     Row("prune-model", "prune {ARG} {NEW} --ffn 4 --by value", "model"),
     Row("prune-data", "prune {model} {NEW} --ffn 4 --data {ARG}", "dataset"),
     Row("prune-tokenizer", "prune {model} {NEW} --ffn 4 --tokenizer {ARG}", "tokenizer"),
@@ -314,6 +334,9 @@ def _bad_argument(row: Row, kind: str, pristine: dict[str, Path], tmp: Path
             else:
                 arg.mkdir()
             return arg, None
+        if kind == "loop":
+            _loop(arg)
+            return arg, None
         (tmp / "parent").write_text("a file\n")  # parent-file
         return tmp / "parent" / "arg", None
     source = pristine[row.kind]
@@ -327,6 +350,8 @@ def _bad_argument(row: Row, kind: str, pristine: dict[str, Path], tmp: Path
             return arg, arg
         elif kind == "file":
             arg.write_bytes(NOT_UTF8)
+        elif kind == "loop":
+            _loop(arg)
         return arg, None
     if KINDS[row.kind].folder:
         shutil.copytree(source, arg, symlinks=True)
@@ -335,6 +360,14 @@ def _bad_argument(row: Row, kind: str, pristine: dict[str, Path], tmp: Path
     if kind != "missing":
         shutil.copy(source, arg)
     return arg, _damage(arg, kind, source, tmp / "outside")
+
+
+def _loop(arg: Path) -> None:
+    """``arg`` → ``arg-2`` → ``arg``: a symbolic link loop, which exists (as a link) and leads
+    nowhere."""
+    other = arg.with_name(f"{arg.name}-2")
+    other.symlink_to(arg)
+    arg.symlink_to(other)
 
 
 class FifoWatch:

@@ -35,6 +35,8 @@ def describe_failure(exc: BaseException) -> str:
         return f"no space left on device{f' writing {where}' if where else ''}"
     text = str(exc).strip()
     message = text.splitlines()[0] if text else ""
+    if isinstance(exc, MemoryError) and not message:  # Python's own gives no message
+        message = "out of memory (the request needs more than this process may allocate)"
     return f"{type(exc).__name__}: {message} (TOKENFORMER_DEBUG=1 shows the traceback)"
 
 

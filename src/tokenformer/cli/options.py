@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import TokenFormerError
+from ..models.config import SEED_MAX
 from ..training.execution import parse_device
 
 
@@ -33,6 +34,17 @@ def positive(kind: type) -> Callable[[str], Any]:
 
     return parse
 
+
+
+def seed(text: str) -> int:
+    """argparse ``type=`` for a seed: an integer in 0..SEED_MAX (32 bits)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer in 0..{SEED_MAX}, got {text}")
+    return value
 
 
 def comma_list(kind: type, what: str) -> Callable[[str], list[Any]]:

@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from .files import atomic_dir, atomic_write, atomic_write_text, read_marker, save_safetensors
-from .paths import has_regular_file, read_json_object, regular_file, sha256_file
+from .paths import has_regular_file, not_found, read_json_object, regular_file, sha256_file
 from .untrusted import safe_torch_load
 
 CHECKPOINTS = "checkpoints"
@@ -227,6 +227,16 @@ def apply_optimizer_state(optimizer: Any, state: dict[str, Any], path: str | Pat
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise CheckpointError(f"{Path(path) / OPTIMIZER_NAME} does not match the model: "
                               f"{first}") from None
+    # load_state_dict checks the parameter counts only: a moment (AdamW's exp_avg, exp_avg_sq)
+    # of another shape would fail at the first step, or be carried into a grown model.
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
+                    raise CheckpointError(
+                        f"{Path(path) / OPTIMIZER_NAME} does not match the model: its {key} of "
+                        f"shape {tuple(value.shape)} belongs to a parameter of shape "
+                        f"{tuple(param.shape)}")
 
 
 def read_rng_state(path: str | Path) -> dict[str, Any] | None:
@@ -277,6 +287,8 @@ def verify_checkpoint(path: str | Path) -> bool:
     :class:`CheckpointError`, one line, otherwise."""
     path = Path(path)
     manifest_file = path / MANIFEST_NAME
+    if not path.exists():
+        raise not_found(path, "checkpoint")  # says so when it is a dangling link or a loop
     if not path.is_dir():
         raise CheckpointError(f"checkpoint not found: {path}")
     if not has_regular_file(manifest_file, folder=path):
@@ -480,7 +492,8 @@ class MetricsLog:
     @staticmethod
     def truncate(path: str | Path, step: int) -> None:
         """Keep the records up to ``step`` (a resumed run rewrites what came after its
-        checkpoint); a line cut short by a kill is dropped."""
+        checkpoint; a growth at ``step`` itself came after it too); a line cut short by a kill
+        is dropped."""
         path = Path(path)
         if path.is_file():
             atomic_write_text(path, "".join(MetricsLog.kept(path, step)))
@@ -505,7 +518,10 @@ class MetricsLog:
                 raise CheckpointError(f"{path} line {number} is not a metrics record (a JSON "
                                       f"object with an integer step): fix or delete that line, "
                                       f"then resume again")
-            if record.get("step", 0) <= step:
+            # A growth at step s runs after s steps, so after the checkpoint of step s: the run
+            # resumed from that checkpoint grows again and writes the record again.
+            last = step - 1 if record.get("type") == "grow" else step
+            if record.get("step", 0) <= last:
                 kept.append(line + "\n")
         return kept
 

@@ -13,6 +13,7 @@ is guaranteed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 import time
@@ -45,7 +46,14 @@ class RunFolderBusy(TokenFormerError):
 
 # -------------------------------------------------------------------------------------- checks
 def _resolved(path: str | Path) -> Path:
-    return Path(os.path.abspath(Path(path).expanduser())).resolve()  # follows every symlink
+    try:
+        return Path(os.path.abspath(Path(path).expanduser())).resolve()  # follows every symlink
+    except (RuntimeError, OSError) as exc:  # a link loop: RuntimeError before Python 3.13
+        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+            raise
+        raise OutputError(f"{path} is (or passes through) a symbolic link loop: it leads back "
+                          f"to itself, never to a folder; remove the link or choose another "
+                          f"path") from None
 
 
 def check_not_input(out: str | Path, inputs: Iterable[str | Path | None], flag: str = "--out"

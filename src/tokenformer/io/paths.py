@@ -8,6 +8,7 @@ files inside folders"): every file the package reads passes through :func:`regul
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -40,10 +41,10 @@ def regular_file(path: str | Path, what: str = "file", *, folder: str | Path | N
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
-        dangling = f" (a symbolic link to {os.readlink(path)}, which does not exist)" \
-            if path.is_symlink() else ""
-        raise PathError(f"{what} not found: {path}{dangling}") from None
+        raise not_found(path, what) from None
     except OSError as exc:  # a link loop, a name too long, no permission to look
+        if exc.errno == errno.ELOOP:
+            raise not_found(path, what) from None
         raise PathError(f"cannot read {what} {path}: {exc.strerror}") from None
     for test, kind in _NOT_REGULAR:
         if test(mode):
@@ -55,6 +56,22 @@ def regular_file(path: str | Path, what: str = "file", *, folder: str | Path | N
     if not os.access(path, os.R_OK):
         raise PathError(f"{what} {path} is not readable (permission denied)")
     return path
+
+
+def not_found(path: str | Path, what: str = "file") -> PathError:
+    """The one line for a path that leads to nothing: missing, a link to a missing target, or a
+    symbolic link loop (a link that, through others, points back at itself)."""
+    path = Path(path)
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return PathError(f"{what} {path} is a symbolic link loop (it leads back to itself, "
+                             f"never to a file or folder)")
+    if path.is_symlink():
+        return PathError(f"{what} not found: {path} (a symbolic link to {os.readlink(path)}, "
+                         f"which does not exist)")
+    return PathError(f"{what} not found: {path}")
 
 
 def has_regular_file(path: str | Path, what: str = "file", *,

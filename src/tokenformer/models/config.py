@@ -49,6 +49,10 @@ def one_of(options: Sequence[str]) -> FieldRule:
 POSITIVE = FieldRule("a positive {t}", lambda value: value > 0)
 NON_NEGATIVE = FieldRule("{a} >= 0", lambda value: value >= 0)
 FRACTION = FieldRule("{a} in [0, 1]", lambda value: 0 <= value <= 1)
+# Seeds are 32-bit: torch's generators take 64 bits, and a growth's generator is seeded with
+# seed·1_000_003 + step (training.growth), which must still fit.
+SEED_MAX = 2**32 - 1
+SEED = FieldRule(f"{{a}} in 0..{SEED_MAX}", lambda value: 0 <= value <= SEED_MAX)
 TOP_K = FieldRule("a token count >= 1 or a fraction in (0, 1]",
                   lambda value: value >= 1 if isinstance(value, int) else 0 < value <= 1)
 

@@ -91,7 +91,7 @@ from tqdm.auto import tqdm
 from ..errors import GrowthError
 from ..models.baselines import TransformerConfig
 from ..models.config import TokenFormerConfig
-from ..nn.pattention import KINDS, Pattention, default_scale, kind_names
+from ..nn.pattention import KINDS, Pattention, default_scale, kind_names, resolve_top_k
 from .cloning import carry_moment, product_key_refusal, widen_tensor, widened_config, width_axes
 
 # Growth recipes, by name. "official" is the earlier name of "official-init" (kept so saved plans,
@@ -292,7 +292,20 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
         grown, copy = growth.model, False  # later stages own their input: nothing to protect
     if len(stages) == 1:  # tokens and identity blocks: which rows are old is well defined
         _record_old_tokens(*stages[0], freeze, noise, grow_kwargs.get("generator"))
+    _refuse_non_finite(grown, grow_kwargs.get("width_noise"), noise)
     return grown, optimizer
+
+
+def _refuse_non_finite(model: nn.Module, width_noise: object, noise_old: float) -> None:
+    """A growth never hands on NaN or infinite weights (a noise std so large that the noised
+    rows overflow): every loader would refuse them, and training would diverge at once."""
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(param).all()):
+            causes = [f"{key}={value:g}" for key, value in (("width_noise", width_noise),
+                                                            ("noise_old", noise_old)) if value]
+            cause = f" ({', '.join(causes)} times each tensor's rms overflows)" if causes else ""
+            raise GrowthError(f"the grown model's {name} holds NaN or infinite values{cause}; "
+                              f"lower the noise")
 
 
 def _growths(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, hidden=None,
@@ -525,7 +538,9 @@ def plan_growth(config: Any, *, qkv: int | str | None = None, proj: int | str | 
                               "whole stack in order (block i is old block i mod L)")
         config = dataclasses.replace(config, num_layers=new_layers)
     else:
-        _layer_plan(config.num_layers, new_layers, positions)
+        if positions is not None:  # the default placement is valid by construction: a plan of
+            # absurdly many blocks is refused by its size (check_memory), not by building it
+            _layer_plan(config.num_layers, new_layers, positions)
         if product and new_layers > config.num_layers and strategy != "official":
             raise GrowthError("an identity block needs a branch that is zero for every input, "
                               "which a product-key FFN's top-k cannot give; use how=stack or "
@@ -566,6 +581,13 @@ def _grown_config(config: Any, sizes: dict[str, int], num_layers: int, strategy:
         scale = getattr(config, f"{kind}_scale")
         changes[f"{kind}_scale"] = scale if scale is not None else default_scale(config.norm,
                                                                                  n_old)
+        top_k = getattr(config, f"{kind}_top_k", None)
+        if top_k is not None:
+            # Top-k held like the factor: the new tokens' Θ is 0 (softmax: each old token is r
+            # tokens, each with 1/r of its Θ), so the same k (r·k) largest |Θ| give the same
+            # output, while a fraction of the new n would keep more old tokens than before.
+            k = resolve_top_k(top_k, n_old)
+            changes[f"{kind}_top_k"] = k * n_new // n_old if config.norm == "softmax" else k
     return dataclasses.replace(config, **changes)
 
 
@@ -620,9 +642,9 @@ def _layer_plan(old_layers: int, new_layers: int, positions: list[int] | None
     if len(set(positions)) != added or any(not 0 <= p < new_layers for p in positions):
         raise GrowthError(f"positions must be distinct indices in the grown model, 0 to "
                           f"{new_layers - 1}; got {positions}")
-    plan, old = [], 0
+    inserted, plan, old = set(positions), [], 0
     for index in range(new_layers):
-        if index in positions:
+        if index in inserted:  # a set: planning N blocks is O(N), not O(N²)
             plan.append((max(old - 1, 0), True))  # templated on the old block before it
         else:
             plan.append((old, False))
@@ -695,6 +717,13 @@ def _new_block_tokens(new: Pattention, like: Pattention, branch_output: bool,
     if not branch_output:
         return (_randn(n, ref_k, new.key_init_std, generator).to(ref_k),
                 _randn(n, ref_v, new.value_init_std, generator).to(ref_v))
+    k = resolve_top_k(new.top_k, n)
+    if k is not None and k < n:
+        # Top-k keeps each row's k largest |Θ|: it may keep one member of a pair and drop the
+        # other (equal |Θ|, a tie), so cancelling pairs are not exact. Zero values are, for
+        # any selection; the values get a gradient on step 1 (Θ ≠ 0), the keys from step 2.
+        return (_randn(n, ref_k, new.key_init_std, generator).to(ref_k),
+                torch.zeros(n, ref_v.shape[1], dtype=ref_v.dtype))
     # Tokens come in groups sharing one key: pairs with values u, -u, plus, if n is odd, one triple
     # with values centred to sum to zero (rescaled to keep the value init's variance). Equal keys
     # give equal Θ weights, so every group's contribution cancels for every input.

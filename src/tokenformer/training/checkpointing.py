@@ -18,11 +18,19 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, is_disk_full
 from ..io import checkpoint as ckpt
+from ..io.paths import has_regular_file
 from ..io.process_group import World, barrier
-from ..models.baselines import load_model_dir
-from ..models.lm import check_buildable
+from ..models.baselines import load_model_dir, model_class
+from ..models.lm import CONFIG_NAME, check_buildable
+from .config import RUN_CONFIG, load_config
 from .distributed import is_sharded, load_sharded, save_sharded, wrap_model
-from .growth_events import GrowthEvent
+from .growth_events import (
+    GrowthEvent,
+    check_growth_plan,
+    check_history,
+    check_resumed_plan,
+    run_growth_events,
+)
 from .optim import make_optimizer
 from .recording import METRICS
 from .signals import Interrupted, StopOnSignal
@@ -53,7 +61,7 @@ class Checkpointer:
         state = {"format": TRAINER_FORMAT, "step": step, **counters,
                  "param_groups": names, "world_size": world.world_size,
                  "strategy": world.strategy, "growth": [e.spec for e in self.events
-                                                       if e.step <= step],
+                                                       if e.step < step],
                  "train_config": self.cfg.to_dict()}
         if frozen is not None:
             state["frozen_rows"] = frozen
@@ -114,6 +122,22 @@ def resume_point(run_dir: Path, world: World, print_fn: Callable[[str], None]) -
         print_fn(f"{run_dir} has no checkpoint yet: starting from step 0 with its "
                  f"saved config")
     return None
+
+
+def check_resumed_growth(cfg: TrainConfig, run_dir: Path, resume_from: Path,
+                         events: Sequence[GrowthEvent]) -> None:
+    """Before a resumed run writes anything: its growth plan (``events``, from ``cfg``) is the
+    one it recorded (``run_dir``'s saved config, and the growths the checkpoint says it
+    applied), and the growths still to come fit the checkpoint's model (its own config, not the
+    one the run started from). Each refusal is one ConfigError line naming --grow-at."""
+    state = ckpt.read_state(resume_from)
+    step = state["step"]
+    if has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
+        recorded = run_growth_events(load_config(run_dir / RUN_CONFIG))
+        check_resumed_plan(recorded, events, step, str(run_dir), str(resume_from))
+    check_history(events, state.get("growth"), step, str(resume_from / ckpt.STATE_NAME))
+    config = model_class(cfg.arch).config_class.load(resume_from / CONFIG_NAME)
+    check_growth_plan(config, [e for e in events if e.step >= step])
 
 
 def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch.device
@@ -180,13 +204,6 @@ def initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimiz
     if not ckpt.has_optimizer_state(cfg.init_from):
         return None
     optimizer = make_optimizer(model, cfg)
-    state = ckpt.load_optimizer_state(cfg.init_from)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    ckpt.apply_optimizer_state(optimizer, state, cfg.init_from)
-    for p in params:
-        moment = optimizer.state.get(p, {}).get("exp_avg")
-        if moment is not None and moment.shape != p.shape:
-            raise CheckpointError(f"{cfg.init_from}/{ckpt.OPTIMIZER_NAME} does not match the "
-                                  f"model (a moment of shape {tuple(moment.shape)} for a "
-                                  f"parameter of shape {tuple(p.shape)})")
+    ckpt.apply_optimizer_state(optimizer, ckpt.load_optimizer_state(cfg.init_from),
+                               cfg.init_from)
     return optimizer

@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..io.paths import regular_file
 from ..io.process_group import STRATEGIES
 from ..models.baselines import ARCHS, TransformerConfig
-from ..models.config import NON_NEGATIVE, FieldRule, TokenFormerConfig, check_fields
+from ..models.config import NON_NEGATIVE, SEED, FieldRule, TokenFormerConfig, check_fields
 from ..nn.pattention import PATTENTION_IMPLS
 from .execution import parse_device
 from .growth_events import run_growth_events
@@ -35,7 +35,7 @@ RUN_CONFIG = "config.json"  # the run folder's copy of its TrainConfig
 # would refuse betas outside [0, 1) and a negative eps itself, but only once the run folder exists.
 TRAIN_RULES = {**dict.fromkeys(("beta1", "beta2"), FieldRule("{a} in [0, 1)",
                                                              lambda value: 0 <= value < 1)),
-               "eps": NON_NEGATIVE}
+               "eps": NON_NEGATIVE, "seed": SEED}
 
 
 @dataclass
@@ -216,7 +216,21 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None or (isinstance(value, str) and value.lower() in ("null", "none")):
             return None
-        return coerce(value, next(a for a in args if a is not type(None)), key)
+        # each type in order: "3" is the count 3 of ``int | float``, "0.9" the fraction 0.9
+        kinds = [a for a in args if a is not type(None)]
+        for kind in kinds[:-1]:
+            try:
+                return coerce(value, kind, key)
+            except ConfigError:
+                continue
+        try:
+            return coerce(value, kinds[-1], key)
+        except ConfigError:
+            if len(kinds) == 1:
+                raise
+            names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+            allowed = " or ".join(names.get(k, getattr(k, "__name__", str(k))) for k in kinds)
+            raise ConfigError(f"{key} must be {allowed} (or null), got {value!r}") from None
     if origin is list:
         if isinstance(value, str):
             value = [v for v in value.split(",") if v.strip()] if value.strip() else []

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, TokenFormerError
+from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..models.memory import check_memory
 from ..ops.growth import (
     FOREVER,
@@ -194,6 +194,70 @@ def run_growth_events(cfg: TrainConfig) -> list[GrowthEvent]:
                          noise_old=cfg.growth_noise_old)
 
 
+def _same(a: GrowthEvent, b: GrowthEvent) -> bool:
+    """Two events ask for the same growth (their spec text may differ: spaces, key order)."""
+    return (a.step, sorted(a.kwargs.items()), a.lr, a.lr_ramp) == (
+        b.step, sorted(b.kwargs.items()), b.lr, b.lr_ramp)
+
+
+def _plan_text(events: Sequence[GrowthEvent]) -> str:
+    return " ".join(repr(e.spec) for e in events) or "no growth"
+
+
+def check_resumed_plan(recorded: Sequence[GrowthEvent], given: Sequence[GrowthEvent],
+                       step: int, run: str, checkpoint: str) -> None:
+    """A run resumed at ``step`` (steps done) keeps the growth plan it recorded (its saved
+    config): the growths before ``step`` happened and cannot be replayed differently, and the
+    later ones are part of the run the checkpoint continues (its schedule too). Any
+    difference is one ConfigError naming --grow-at and the first step where they differ
+    (docs/reliability.md, "Growth and resume")."""
+    steps = sorted({e.step for e in (*recorded, *given)})
+    for at in steps:
+        old = [e for e in recorded if e.step == at]
+        new = [e for e in given if e.step == at]
+        if len(old) == len(new) and all(_same(a, b) for a, b in zip(old, new, strict=True)):
+            continue
+        was = old[0].spec if old else "no growth"
+        now = new[0].spec if new else "no growth"
+        if at < step:
+            raise ConfigError(
+                f"--grow-at: {run} resumes after step {step}, and at step {at} it grew by "
+                f"{was!r}, not {now!r}: a resumed run keeps the growth it recorded; give "
+                f"--grow-at as the run has it ({_plan_text(recorded)}) or not at all")
+        raise ConfigError(
+            f"--grow-at: {run} resumes after step {step} with the growth {was!r} planned at step "
+            f"{at}, not {now!r}: a resumed run keeps its recorded plan ({_plan_text(recorded)}); "
+            f"to grow differently, start a new run with --init-from {checkpoint}")
+
+
+def check_history(events: Sequence[GrowthEvent], applied: object, step: int,
+                  where: str) -> None:
+    """The growths a checkpoint of ``step`` records as applied (its trainer state's ``growth``:
+    the specs before ``step``; checkpoints of earlier versions also listed the one at ``step``)
+    are the ``events`` before ``step``: else the model would grow twice, or miss a growth."""
+    if applied is None:
+        return  # a checkpoint of an earlier version that did not record it
+    if not (isinstance(applied, list) and all(isinstance(a, str) for a in applied)):
+        raise CheckpointError(f"{where}: growth is {applied!r}, expected a list of --grow-at "
+                              f"specs")
+    try:
+        done = [parse_grow_at(spec) for spec in applied]
+    except ConfigError:
+        raise CheckpointError(f"{where}: growth holds a malformed spec ({applied!r})") from None
+
+    def same(planned: list[GrowthEvent]) -> bool:  # the specs as given: no run-wide defaults
+        return len(planned) == len(done) and all(
+            _same(parse_grow_at(e.spec), d) for e, d in zip(planned, done, strict=True))
+
+    if not (same([e for e in events if e.step < step])
+            or same([e for e in events if e.step <= step])):
+        planned = _plan_text([e for e in events if e.step < step])
+        raise ConfigError(f"--grow-at: the checkpoint of step {step} ({where}) grew by "
+                          f"{', '.join(map(repr, applied)) or 'no growth'}, but the run's plan "
+                          f"before step {step} is {planned}: a resumed run keeps the growth it "
+                          f"recorded")
+
+
 def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
     """Apply every growth to the model config in order, before the first step: a shrink, an
     unknown strategy, an impossible multiple, old-token options on a growth that keeps no
@@ -214,7 +278,8 @@ def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
             grown = plan_growth(config, **planned)
             check_memory(grown, 4, "the grown model")  # weights, gradients, two moments
         except TokenFormerError as exc:
-            raise ConfigError(f"--grow-at {event.spec!r}: {exc}") from None
+            raise ConfigError(f"--grow-at {event.spec!r} (step {event.step}, applied to the "
+                              f"model of the growths before it): {exc}") from None
         if _old_token_options(event) and event.kwargs.get("how") == "stack":
             raise ConfigError(f"--grow-at {event.spec!r}: freeze_old and noise_old act on the "
                               f"tokens a growth of tokens or identity blocks keeps, not on a "

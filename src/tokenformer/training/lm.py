@@ -21,7 +21,12 @@ from ..io.outputs import check_run_folder, hold_run_folder
 from ..io.process_group import World, barrier, init, shutdown
 from ..models.baselines import TransformerConfig, matched_config, model_class
 from ..models.config import PRESETS, TokenFormerConfig, flops_per_token
-from .checkpointing import initial_model, initial_optimizer, resume_point
+from .checkpointing import (
+    check_resumed_growth,
+    initial_model,
+    initial_optimizer,
+    resume_point,
+)
 from .config import RUN_CONFIG, TrainConfig
 from .distributed import consolidate_checkpoint
 from .evaluation import lm_evaluator
@@ -119,7 +124,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
                               f"{model_config.max_seq_len}")
         dataset.check_model(model_config.vocab_size, cfg.seq_len)
         events = run_growth_events(cfg)
-        check_growth_plan(model_config, events)
+        if not resume:  # a resumed run's plan is checked against its checkpoint, below
+            check_growth_plan(model_config, events)
         if world.is_main:
             for note in dict.fromkeys(e.note for e in events if e.note):
                 print_fn(f"note: {note}")
@@ -144,6 +150,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
             raise ConfigError(f"{run_dir} already holds a run; resume it with --resume "
                               f"{run_dir}, or choose another --out")
         resume_from = resume_point(run_dir, world, print_fn) if resume else None
+        if resume_from is not None:  # before the saved config is rewritten
+            check_resumed_growth(cfg, run_dir, resume_from, events)
+        elif resume:  # nothing trained yet: the run starts over from step 0
+            check_growth_plan(model_config, events)
         barrier(world)  # every rank has looked at run_dir before rank 0 writes into it
         # Every rank evaluates the same windows, so the metrics do not depend on the world size.
         eval_fn = lm_evaluator(dataset, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device)

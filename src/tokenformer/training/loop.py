@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, DivergedError
+from ..io.checkpoint import STATE_NAME
 from ..io.outputs import hold_run_folder
 from ..io.process_group import World
 from .checkpointing import Checkpointer, restore
@@ -31,7 +32,7 @@ from .evaluation import EvalFn, Evaluation
 from .execution import autocast_for, prepare_module
 from .freezing import FrozenRows
 from .growth import grow_in_run
-from .growth_events import run_growth_events
+from .growth_events import GrowthEvent, check_history, run_growth_events
 from .optim import group_names, make_optimizer
 from .recording import Callback, Recorder
 from .schedule import lr_at, set_lr
@@ -63,6 +64,23 @@ class FitResult:
     def final_eval(self) -> dict[str, Any] | None:
         evals = self.evals
         return evals[-1] if evals else None
+
+
+def divergence(loss: float, done: int, events: Sequence[GrowthEvent]) -> str:
+    """The line for a loss that became non-finite after ``done`` steps: the growth noise when a
+    noisy growth preceded it (the likelier cause), else the learning rate."""
+    noisy = [e for e in events if e.step < done
+             and (e.kwargs.get("width_noise") or e.kwargs.get("noise_old"))]
+    if noisy:
+        last = noisy[-1]
+        noise = ", ".join(f"{k}={last.kwargs[k]:g}" for k in ("width_noise", "noise_old")
+                          if last.kwargs.get(k))
+        return (f"the training loss became {loss} at step {done}, after the growth at step "
+                f"{last.step} ({last.spec!r}) added noise ({noise}): lower that noise (a std "
+                f"relative to each tensor's rms; HyperCloning used 0.32 for width_noise), then "
+                f"the learning rate")
+    return (f"the training loss became {loss} at step {done}; lower the learning rate or "
+            f"enable grad_clip")
 
 
 def fit(
@@ -134,6 +152,8 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
             raise ConfigError("pass either an optimizer or resume_from, not both")
         model, optimizer, state = restore(type(model), Path(resume_from), cfg, world, device)
         start_step = state["step"]
+        check_history(events, state.get("growth"), start_step,
+                      str(Path(resume_from) / STATE_NAME))
         frozen = state.get("frozen_rows")
         freeze = (FrozenRows.from_state(frozen, str(resume_from)) if frozen is not None
                   else None)
@@ -184,8 +204,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
             recorder.train(done, loss, lr, scalar(grad_norm), tokens,
                            flops_fn(model, batch) * world.world_size, dt, model)
             if not math.isfinite(loss):
-                raise DivergedError(f"the training loss became {loss} at step {done}; "
-                                    f"lower the learning rate or enable grad_clip")
+                raise DivergedError(divergence(loss, done, events))
             recorder.show(loss, lr, tokens / dt)
             if evaluation.due(done):
                 recorder.evaluation(done, evaluation(model), model)

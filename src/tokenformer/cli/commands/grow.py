@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,12 @@ from typing import Any
 import torch
 
 from ...data.tokenizer import BYTES_MARKER, TOKENIZER_FILE, HFTokenizer
-from ...errors import CheckpointError, ConfigError
+from ...errors import CheckpointError, ConfigError, GrowthError
 from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir, atomic_write_text
 from ...io.outputs import check_output
-from ...io.paths import has_regular_file, read_json_object
+from ...io.paths import has_regular_file, not_found, read_json_object
 from ...models.config import flops_per_token
 from ...models.memory import check_memory
 from ...ops.growth import (
@@ -27,9 +28,10 @@ from ...ops.growth import (
     max_logit_change,
     plan_growth,
     refuse_unsupported,
+    resets_optimizer,
 )
 from ...ops.growth import grow as grow_model
-from ..options import comma_list
+from ..options import comma_list, seed
 
 
 def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
@@ -55,11 +57,15 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
-        raise CheckpointError(f"checkpoint not found: {source}")
+        raise not_found(source, "checkpoint")
     check_output(out, [source], command="grow", overwrite=overwrite)
     model = load_model(source)  # a folder is checked against its manifest first
     has_state = source.is_dir() and ckpt.has_optimizer_state(source)
-    carried = has_state and not reset_optimizer
+    trainer_state = _read_trainer_state(source) if has_state else None
+    # official-released starts a fresh optimizer whatever --reset-optimizer says: say so, and
+    # record it, rather than "carried over"
+    reset = reset_optimizer or resets_optimizer(strategy)
+    carried = has_state and not reset
     request = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, hidden=hidden, heads=heads,
                    how=how, width_noise=width_noise, strategy=strategy, positions=positions)
     # Before any tensor is made: the whole request checked, then the memory for the grown
@@ -71,35 +77,51 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     optimizer = None
     if has_state:
         optimizer = _optimizer_from_checkpoint(model, source)
-        grown, optimizer = grow_with_optimizer(model, optimizer, reset_optimizer=reset_optimizer,
-                                               **kwargs)
+        grown, optimizer = grow_with_optimizer(model, optimizer, reset_optimizer=reset, **kwargs)
     else:
         grown = grow_model(model, **kwargs)
     delta, largest = max_logit_change(model, grown)
+    if not (math.isfinite(delta) and math.isfinite(largest)):
+        noise = f" (--width-noise {width_noise:g}: lower it)" if width_noise else ""
+        raise GrowthError(f"the grown model's logits are NaN or infinite on a fixed probe batch "
+                          f"(max |Δlogit| {delta:g}){noise}; nothing written to {out}")
     with atomic_dir(out, overwrite=overwrite, command="grow") as tmp:
         grown.save(tmp)
         if optimizer is not None:
             ckpt.save_optimizer_state(tmp, optimizer)
-            _write_trainer_state(source, tmp, grown, optimizer, {
-                "from": str(source), **request, "seed": seed,
-                "reset_optimizer": reset_optimizer})
+            if trainer_state is not None:
+                _write_trainer_state(source, trainer_state, tmp, grown, optimizer, {
+                    "from": str(source), **request, "seed": seed, "reset_optimizer": reset})
         copy_tokenizer(source, tmp)
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
             "max_abs_logit": largest, "optimizer": optimizer is not None,
-            "reset_optimizer": reset_optimizer, "strategy": strategy, "how": how,
+            "reset_optimizer": reset, "strategy": strategy, "how": how,
             "config_before": model.config, "config": grown.config.to_dict(),
             "grown_config": grown.config}
 
 
-def _write_trainer_state(source: Path, out: Path, model: torch.nn.Module,
-                         optimizer: torch.optim.Optimizer, growth: dict[str, Any]) -> None:
-
+def _read_trainer_state(source: Path) -> dict[str, Any] | None:
+    """The trainer state beside the weights (None: none), its growth history checked before any
+    work: a list of growth records (one JSON object per earlier ``grow``)."""
     state_file = source / ckpt.STATE_NAME
     if not has_regular_file(state_file, folder=source):
-        return
+        return None
     state = read_json_object(state_file)
+    grown = state.get("grown", [])
+    if not (isinstance(grown, list) and all(isinstance(g, dict) for g in grown)):
+        raise CheckpointError(f"{state_file}: grown is {grown!r}, expected a list of growth "
+                              f"records (one object per earlier tokenformer grow); restore the "
+                              f"file from the run or grow that wrote it")
+    return state
+
+
+def _write_trainer_state(source: Path, state: dict[str, Any], out: Path,
+                         model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         growth: dict[str, Any]) -> None:
+    """``state`` (:func:`_read_trainer_state`) with the grown param-group names and ``growth``
+    appended to ``grown``, and the RNG state, into ``out``."""
     names = {id(p): n for n, p in model.named_parameters()}
     state["param_groups"] = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     state["grown"] = [*state.get("grown", []), growth]
@@ -201,8 +223,12 @@ def run(args: argparse.Namespace) -> None:
                               reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
                               progress=not args.no_progress, **unsupported)
     rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
-    optimizer = ("reset" if summary["reset_optimizer"] else "carried over") \
-        if summary["optimizer"] else "none found"
+    optimizer = "none found"
+    if summary["optimizer"] and not summary["reset_optimizer"]:
+        optimizer = "carried over"
+    elif summary["optimizer"]:
+        optimizer = ("reset: a fresh optimizer, as --strategy official-released always starts"
+                     if not args.reset_optimizer else "reset (--reset-optimizer)")
     parts = []
     if args.hidden is not None:
         noise = f", noise {args.width_noise:g}" if args.width_noise else ""
@@ -253,7 +279,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated indices of the new blocks in the grown model "
                         "(default: spread evenly)")
     p.add_argument("--strategy", choices=STRATEGIES, default="exact")
-    p.add_argument("--seed", type=int, default=0, help="seed of the new random rows")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the new random rows")
     p.add_argument("--reset-optimizer", action="store_true",
                    help="fresh optimizer state instead of carrying it over (the released code)")
     # Accepted only to explain why it cannot be grown.

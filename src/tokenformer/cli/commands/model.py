@@ -14,7 +14,7 @@ from ...formats.loading import load_model
 from ...models.config import PRESETS, TokenFormerConfig, embedding_parameters, flops_per_token
 from ...ops.adapters import load_adapted
 from ...ops.growth import parse_growth_request, plan_growth
-from ..options import device, non_negative_float, positive
+from ..options import device, non_negative_float, positive, seed
 from .grow import size_lines
 
 
@@ -128,7 +128,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=non_negative_float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=positive(int), default=None)
     p.add_argument("--top-p", type=non_negative_float, default=None, help="in (0, 1]")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--tokenizer", default=None, help="tokenizer.json path or 'bytes'")
     p.add_argument("--device", type=device, default="cpu")
     p.add_argument("--adapter", action="append", default=None, metavar="DIR",

@@ -9,11 +9,11 @@ from typing import Any
 import torch
 
 from ...data import corpus, datasets
-from ...errors import CheckpointError
 from ...formats.loading import load_model
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir
 from ...io.outputs import check_output
+from ...io.paths import not_found
 from ...ops.pruning import PRUNE_BY, SCALES, needs_calibration, prune, prune_sizes
 from .grow import copy_tokenizer
 
@@ -43,7 +43,7 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
 
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
-        raise CheckpointError(f"checkpoint not found: {source}")
+        raise not_found(source, "checkpoint")
     # every path it reads is an input: --data pout/mydata with --overwrite must not delete it
     check_output(out, [source, data if data != "default" else None, tokenizer],
                  command="prune", overwrite=overwrite)

@@ -12,9 +12,11 @@ from ...io.outputs import check_output
 from ...io.paths import has_regular_file
 from ...models.baselines import TransformerConfig
 from ...models.config import TokenFormerConfig
+from ...models.lm import WEIGHTS_NAME
 from ...training.config import RUN_CONFIG, TrainConfig, load_config
 from ...training.lm import train
 from ...training.plot import plot_runs
+from ...training.recording import METRICS
 from ..options import add_config_flags, config_overrides, describe_field, field_docs
 
 _NESTED = ("model", "baseline", "grow_at")
@@ -73,6 +75,11 @@ def run_train(args: argparse.Namespace) -> int:
         if args.config is not None:
             raise ConfigError("--resume continues a run with its own config; drop --config")
         run_dir = Path(args.resume)
+        if (has_regular_file(run_dir / WEIGHTS_NAME, folder=run_dir)
+                and not (run_dir / METRICS).exists()):  # its config.json is a model's
+            raise ConfigError(f"--resume {run_dir}: a model folder (what grow, merge or a run's "
+                              f"final/ writes), not a training run; continue training from it "
+                              f"with --config CONFIG --init-from {run_dir} --out NEW_RUN")
         if not has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
             raise ConfigError(f"{run_dir} is not a training run directory (no {RUN_CONFIG})")
         overrides["out"] = str(run_dir)

@@ -19,7 +19,7 @@ from ...io.outputs import check_output
 from ...models.vit import TokenFormerViTConfig, ViTConfig, load_vision_model
 from ...training.config import coerce
 from ...training.vision import EVAL_BATCH, open_vision_data, train_vision
-from ..options import DeprecatedAppend, add_config_flags, config_overrides
+from ..options import DeprecatedAppend, add_config_flags, config_overrides, seed
 
 
 # -------------------------------------------------------------------------------------- info
@@ -136,7 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--steps", type=int)
     q.add_argument("--batch-size", type=int)
     q.add_argument("--lr", type=float)
-    q.add_argument("--seed", type=int)
+    q.add_argument("--seed", type=seed)
     q.add_argument("--threads", type=int, help="torch threads (default 1; 0: torch's choice)")
     q.add_argument("--max-shift", type=int, default=1, help="digits: random shift in pixels")
     q.add_argument("--set", dest="model_set", action=DeprecatedAppend, default=[],

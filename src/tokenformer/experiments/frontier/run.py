@@ -19,7 +19,6 @@ import copy
 import dataclasses
 import json
 import math
-import multiprocessing
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from ...data.synthetic import parse_spec, synthetic_dataset
 from ...errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
 from ...io.files import atomic_write, atomic_write_text
 from ...io.untrusted import safe_torch_load
+from ...io.workers import check_parent, worker_pool
 from ...models.baselines import TransformerConfig, model_class
 from ...models.config import TokenFormerConfig
 from ...nn import kernels
@@ -186,6 +186,7 @@ def _checkpoint(path: Path, state: dict[str, Any]) -> None:
 
 
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_parent()  # a worker whose parent (the lock holder) died writes nothing
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
@@ -388,6 +389,7 @@ def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     result["timing"]["wall"] = time.perf_counter() - t0
     path = _result_path(ctx, run)
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_parent()
     atomic_write_text(path, to_json(result) if "diverged" not in result else
                       json.dumps(result, allow_nan=True))
     _state_path(ctx, run).unlink(missing_ok=True)
@@ -449,7 +451,8 @@ def prefetch(ctx: Context, jobs: list[tuple[Run, tuple[float, ...]]]) -> None:
     if len(todo) < 2:
         return
     if ctx.pool is None:  # spawned: no forked torch state; closed by _workers
-        ctx.pool = multiprocessing.get_context("spawn").Pool(ctx.jobs)
+        ctx.pool = worker_pool(ctx.jobs)  # workers die with this process: never write after
+        # its run-folder lock is gone
     pending = {run.id: (run, lr) for run, lr in todo}
     items = [(ctx.preset, ctx.source, str(ctx.out), run, lr) for run, lr in todo]
     for run_id, result in ctx.pool.imap_unordered(_work_item, items):

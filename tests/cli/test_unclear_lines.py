@@ -1,0 +1,110 @@
+"""The unclear lines of issue 36, each now one line naming the argument: a symbolic link loop as
+an output or an input, a seed beyond 32 bits, a fractional top-k on the command line (what
+``--help`` promises), and ``train --resume`` given a model folder (a grow output)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer.cli import main
+from tokenformer.training.config import load_config
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    torch.manual_seed(0)
+    model = TokenFormerLM(TokenFormerConfig(
+        vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, qkv_tokens=4, proj_tokens=4,
+        ffn_tokens=8, max_seq_len=32, eos_token_id=None))
+    model.save(tmp_path / "model")
+    return tmp_path / "model"
+
+
+@pytest.fixture
+def loop(tmp_path) -> Path:
+    """loop1 → loop2 → loop1."""
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    return tmp_path / "loop1"
+
+
+def one_line(capsys, argv: list[str]) -> str:
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:  # argparse's own error: one line, exit 2
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert "TOKENFORMER_DEBUG" not in lines[0], f"an unexpected exception: {lines[0]}"
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv", [
+    ["grow", "{model}", "{loop}", "--ffn", "2x", "--no-progress"],
+    ["train", "--config", "tiny", "--out", "{loop}", "--steps", "1", "--no-progress"],
+])
+def test_a_symlink_loop_as_output(capsys, model_dir, loop, argv):
+    line = one_line(capsys, [a.format(model=model_dir, loop=loop) for a in argv])
+    assert str(loop) in line and "symbolic link loop" in line, line
+
+
+@pytest.mark.parametrize("argv", [
+    ["grow", "{loop}", "{new}", "--ffn", "2x", "--no-progress"],
+    ["info", "{loop}"],
+    ["prune", "{loop}", "{new}", "--ffn", "4", "--by", "value"],
+    ["train", "--config", "tiny", "--init-from", "{loop}", "--out", "{new}", "--steps", "1",
+     "--no-progress"],
+])
+def test_a_symlink_loop_as_input(capsys, loop, tmp_path, argv):
+    """The old line was "checkpoint not found", about a path that exists (as a link)."""
+    line = one_line(capsys, [a.format(loop=loop, new=tmp_path / "new") for a in argv])
+    assert str(loop) in line and "symbolic link loop" in line, line
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["grow", "{model}", "{new}", "--ffn", "2x", "--seed", "99999999999999999999999"],
+    ["train", "--config", "tiny", "--out", "{new}", "--seed", "99999999999999999999999"],
+    ["generate", "{model}", "--prompt", "a", "--seed", "4294967296"],
+])
+def test_a_seed_beyond_32_bits(capsys, model_dir, tmp_path, argv):
+    """Was "ValueError: Overflow when unpacking long long", after the model was loaded."""
+    line = one_line(capsys, [a.format(model=model_dir, new=tmp_path / "new") for a in argv])
+    assert "seed" in line and "4294967295" in line, line
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_fractional_top_k_on_the_command_line_is_a_fraction():
+    """--help says INT|FLOAT|NONE: 0.9 is a fraction of the tokens, 3 a count, null dense."""
+    model = load_config("tiny", {"model.qkv_top_k": "0.9", "model.ffn_top_k": "3",
+                                 "model.proj_top_k": "null"}).model
+    assert model["qkv_top_k"] == 0.9 and isinstance(model["qkv_top_k"], float)
+    assert model["ffn_top_k"] == 3 and isinstance(model["ffn_top_k"], int)
+    assert model["proj_top_k"] is None
+
+
+def test_a_malformed_top_k_names_every_allowed_type(capsys, tmp_path):
+    line = one_line(capsys, ["train", "--config", "tiny", "--out", tmp_path / "new",
+                             "--model.qkv_top_k", "abc"])
+    assert "model.qkv_top_k must be an integer or a number" in line, line
+
+
+def test_train_resume_of_a_grow_output_says_to_init_from_it(capsys, model_dir, tmp_path):
+    """Was an 880-character "unknown config key(s)" line: its config.json is a model's."""
+    assert main(["grow", str(model_dir), str(tmp_path / "g"), "--ffn", "2x",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    line = one_line(capsys, ["train", "--resume", tmp_path / "g", "--no-progress"])
+    assert f"--init-from {tmp_path / 'g'}" in line and len(line) < 300, line
+
+
+def test_a_memory_error_without_a_message_says_out_of_memory():
+    """Under a memory limit the old line was "error: MemoryError: " with nothing after it."""
+    from tokenformer.cli import describe_failure
+
+    assert describe_failure(MemoryError()).startswith("MemoryError: out of memory")
