@@ -15,7 +15,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenformer.data.synthetic import parse_spec
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
@@ -105,7 +104,8 @@ def test_full_preset_sizes_budgets_seeds_and_corpus_repeats():
             assert len({r.seed for r in runs if r.arm == arm}) >= 8, arm
     assert preset.tuning_seeds >= 2 and preset.horizon_factors == (0.5, 1.0, 2.0)
     chain = next(r for r in runs if r.arm == "chain-paper-final-lr")
-    assert chain.lr_policy == "final-size" and chain.lr_from == f"tokenformer-{chain.stages[-1].size}"
+    assert chain.lr_policy == "final-size"
+    assert chain.lr_from == f"tokenformer-{chain.stages[-1].size}"
     for run in runs:
         for b in run.branches:
             assert abs(b.flops - b.budget) <= run.stages[-1].flops_per_step
