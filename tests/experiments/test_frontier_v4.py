@@ -102,7 +102,8 @@ def test_tuning_seeds_choose_and_held_out_seeds_score(monkeypatch, tmp_path):
     """Fake losses: on the TUNING seeds S0 (smallest budget), then S1, at ×2 of the sweep's
     pick are best; on the held-out seeds S2 would be better than S1. The envelope is S1 at
     that LR (chosen on the tuning seeds), valued on the held-out seeds; the held-out runs are
-    only the chosen pairs; the chain is tuned on the tuning seeds and runs its held-out seeds at the chosen factor."""
+    only the chosen pairs; the chain is tuned on the tuning seeds and runs its held-out seeds
+    at the chosen factor."""
     preset = V4
     seen: list[tuple[str, int, tuple[float, ...]]] = []
 
