@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", choices=tuple(PRESETS), default="quick",
                    help="quick: TokenFormer envelope and a chain following it, one seed (<= 10 "
                         "min on 2 CPU cores); full: the v4 protocol (tuning vs held-out seeds, 8 "
-                        "held-out seeds; the decisive CPU run); sparse: product-key TokenFormer (16x FFN "
+                        "held-out seeds; the decisive CPU run); sparse: product-key "
+                        "TokenFormer (16x FFN "
                         "tokens at equal FLOPs) vs dense TokenFormer and Transformer++, 3 "
                         "seeds, no chains (about 1 h on one thread); gpu: the v3 protocol at "
                         "GPU sizes (needs --data with a large corpus); gpu-code: the v4 protocol "
