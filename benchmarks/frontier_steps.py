@@ -2,10 +2,15 @@
 preset's estimated wall time from them (experiments/frontier/plan.estimate_seconds).
 
     python benchmarks/frontier_steps.py --preset full [--cpu-time]
+    python benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step 32 --jobs 4
 
 The LR sweeps' extensions are not known in advance: the estimate adds one extra sweep point per
-(family, size) as a margin (with every sweep seed). The chains are those of the plan-time
-predicted envelope (the run follows the measured one: a chain may end one size up or down).
+(family, size) as a margin (with every tuning seed). The chains and the held-out runs are those
+of the plan-time predicted envelope (the run follows the one its tuning seeds measure: a chain
+may end one size up or down; a size whose LR differs between budgets runs one more stable run
+per LR). The stages run one after another (plan.stage_plans), each spread over --jobs workers.
+``--gpu-ms-per-step`` measures nothing: every step of every size costs that many milliseconds
+(small GPU runs are launch-bound), times ``--contention`` when --jobs > 1 runs share the GPU.
 """
 
 from __future__ import annotations
@@ -28,12 +33,12 @@ from tokenformer.experiments.frontier.plan import (
     estimate_seconds,
     model_configs,
     parallel_seconds,
-    plan,
-    sweep_plan,
+    stage_plans,
     sweep_run,
-    sweep_seeds,
+    swept_sizes,
+    tuning_seeds,
 )
-from tokenformer.experiments.frontier.presets import family_sizes, get_preset, size_key
+from tokenformer.experiments.frontier.presets import get_preset, size_key
 from tokenformer.models.baselines import model_class
 
 
@@ -44,6 +49,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3, help="training steps per round")
     parser.add_argument("--jobs", type=int, default=2,
                         help="also estimate `scale --jobs N` (runs of a phase over N workers)")
+    parser.add_argument("--gpu-ms-per-step", type=float, default=None,
+                        help="assume this many ms per step for every size instead of measuring "
+                             "(a launch-bound GPU)")
+    parser.add_argument("--contention", type=float, default=1.25,
+                        help="with --gpu-ms-per-step and --jobs > 1: each run's slowdown from "
+                             "sharing the GPU (an assumption)")
     add_clock_args(parser)
     args = parser.parse_args()
     clock = apply_clock_args(args)
@@ -53,6 +64,10 @@ def main() -> int:
     ids = torch.randint(0, 256, (preset.batch_size, preset.seq_len))
     for family in preset.families:
         for size, config in model_configs(preset, family, 256).items():
+            if args.gpu_ms_per_step is not None:
+                seconds[size_key(family, size)] = args.gpu_ms_per_step / 1000 * (
+                    args.contention if args.jobs > 1 else 1.0)
+                continue
             torch.manual_seed(0)
             model = model_class(arch(family))(config)
             opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -66,28 +81,31 @@ def main() -> int:
 
             t = interleaved({"step": step}, args.rounds, warmup=1)["step"]
             seconds[size_key(family, size)] = t["min"] / args.steps
-    runs = plan(preset, 256)
-    sweeps = sweep_plan(preset, 256)
+    stages = stage_plans(preset, 256)
     margin = [sweep_run(preset, f, s, 1.0, 256, seed) for f in preset.families
-              for s in family_sizes(preset, f) for seed in sweep_seeds(preset)]
-    final = estimate_seconds(preset, runs, seconds)
-    sweep = estimate_seconds(preset, sweeps + margin, seconds)
+              for s in swept_sizes(preset, f, 256) for seed in tuning_seeds(preset)]
+    stages["sweep"] = stages["sweep"] + margin
+    times = {name: estimate_seconds(preset, runs, seconds) for name, runs in stages.items()}
     print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine_before} (at the end: {load_average()}); timing: "
-          f"{clock}, min over {args.rounds} rounds of {args.steps} steps  ")
+          + (f"{args.gpu_ms_per_step:g} ms/step ASSUMED for every size (× {args.contention:g} "
+             f"with --jobs {args.jobs})" if args.gpu_ms_per_step is not None else
+             f"{clock}, min over {args.rounds} rounds of {args.steps} steps") + "  ")
     print(f"Preset `{preset.name}`: batch {preset.batch_size} × {preset.seq_len}, "
           f"{preset.dtype} (this script runs fp32)\n")
     print("| family-size | ms/step |\n|---|---|")
     for key, s in seconds.items():
         print(f"| {key} | {1000 * s:.1f} |")
-    print(f"\nEstimated: LR sweeps {sweep / 60:.1f} min (incl. one extension per size), final "
-          f"runs {final / 60:.1f} min, total {(sweep + final) / 60:.1f} min "
-          f"({len(sweeps)} + {len(runs)} runs).")
-    phases = [sweeps + margin, [r for r in runs if r.kind == "scratch"],
-              [r for r in runs if r.kind != "scratch"]]
-    wall = parallel_seconds(preset, phases, seconds, args.jobs)
-    print(f"With --jobs {args.jobs} (each run one thread, a phase's runs over {args.jobs} "
-          f"workers, the phases one after another; needs {args.jobs} idle cores): "
+    print("\n| stage | runs | steps | one worker (min) |\n|---|---|---|---|")
+    for name, runs in stages.items():
+        print(f"| {name} | {len(runs)} | {sum(r.total_steps for r in runs):,} | "
+              f"{times[name] / 60:.1f} |")
+    print(f"\nEstimated: {sum(times.values()) / 60:.1f} min on one worker (the sweeps incl. "
+          f"one extension per size).")
+    wall = parallel_seconds(preset, [runs for runs in stages.values() if runs], seconds,
+                            args.jobs)
+    print(f"With --jobs {args.jobs} (each run one thread, a stage's runs over {args.jobs} "
+          f"workers, the stages one after another; needs {args.jobs} idle cores): "
           f"{wall / 60:.1f} min.")
     return 0
 

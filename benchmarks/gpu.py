@@ -720,8 +720,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="train: skip the profile of the eager models")
     parser.add_argument("--extra-tests", nargs="*", default=[],
                         help="tests: more test files, run on the CPU (e.g. tests/test_fused.py)")
-    parser.add_argument("--frontier-preset", default="gpu-30m",
-                        help="tokenformer scale --preset (gpu-30m: its generated corpus, no "
+    parser.add_argument("--frontier-preset", default="gpu-code",
+                        help="tokenformer scale --preset (gpu-code: its corpus is built here, no "
                              "--frontier-data)")
     parser.add_argument("--frontier-data", default=None, help="tokenformer scale --data")
     parser.add_argument("--frontier-dir", default=str(ROOT / "runs" / "frontier-gpu"),

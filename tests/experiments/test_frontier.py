@@ -15,7 +15,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenformer.data.synthetic import parse_spec
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
@@ -39,13 +38,14 @@ from tokenformer.models.config import (
 
 KJV_TRAIN_TOKENS = 4_000_000  # below the embedded corpus' training split (a safe lower bound)
 
-# S0–S2 (Transformer++ S1–S2), chains on the predicted envelope (fixed before the run, so the
-# resume test can kill one): TokenFormer S0 → S1 → S2, Transformer++ S1 → S2
+# S0–S3 (Transformer++ S1–S3: S3 the size above the predicted optimum that the plan-time edge
+# check asks for), chains on the predicted envelope (fixed before the run, so the resume test
+# can kill one): TokenFormer S0 → S1 → S2, Transformer++ S1 → S2
 TINY = dataclasses.replace(
-    PRESETS["full"], name="tiny", hidden_size=32, num_layers=1, num_heads=2,
-    base_tokens=(16, 16, 64), num_sizes=3, seq_len=32, batch_size=4, max_budget=1.2e9,
+    presets_.FULL_V3, name="tiny", hidden_size=32, num_layers=1, num_heads=2,
+    base_tokens=(16, 16, 64), num_sizes=4, seq_len=32, batch_size=4, max_budget=1.2e9,
     num_budgets=3, warmup_steps=2, min_steps=8, sweep_steps=12, anneal_steps=3,
-    eval_batches=1, seeds=2, sweep_seeds=1, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
+    eval_batches=1, seeds=2, tuning_seeds=1, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
     families=("tokenformer", "transformer++"),
     recipes=("chain-exact", "chain-exact-anneal", "widen-zero"), follow="predicted",
     tokens_per_parameter=0.5, questions=(
@@ -85,39 +85,36 @@ def test_every_run_of_every_preset_uses_one_wsd_family(name):
 
 
 def test_full_preset_sizes_budgets_seeds_and_corpus_repeats():
+    """v4 (issue 35; replaces v3's version of this test): sizes S-1…S3 in every family
+    (Transformer++ by width), 4 budgets ×2 apart over 0.9 decades, >= 8 held-out seeds on
+    every arm a question reads, the primary chain at its final size's LR, branches within one
+    step of their budgets, and no run reading the corpus more than 4 times."""
     preset = get_preset("full")
     runs = plan(preset, 256, KJV_TRAIN_TOKENS)  # raises if any run repeats the corpus > 4×
     budgets = preset.budgets
-    assert math.log10(budgets[-1] / budgets[0]) >= 1.5
+    assert len(budgets) == 4 and budgets[-1] == 2.5e12
     assert all(b / a == pytest.approx(preset.budget_ratio) for a, b in itertools.pairwise(budgets))
+    for family in preset.families:
+        assert presets_.family_sizes(preset, family) == ("S-1", "S0", "S1", "S2", "S3")
     arms = {r.arm for r in runs}
-    tf = sorted(a.split("-")[-1] for a in arms if a.startswith("tokenformer-S"))
-    tpp = sorted(a.split("-")[-1] for a in arms if a.startswith("transformer++-"))
-    gelu = sorted(a.split("-")[-1] for a in arms if a.startswith("tokenformer-gelu-"))
-    # S0 below today's S1, TokenFormer families only (no matched Transformer++ exists there)
-    assert tf == gelu == ["S0", "S1", "S2", "S3"] and tpp == ["S1", "S2", "S3"]
-    assert {"chain-paper", "chain-paper-final-lr", "chain-official-init",
-            "chain-official-released", "chain-exact-anneal", "chain-stack", "widen-zero",
-            "widen-net2net", "widen-stack", "widen-duplicate", "chain-gelu"} <= arms
-    # every arm a question uses has >= 5 seeds (issue 25)
+    assert {"chain-paper", "chain-paper-final-lr"} <= arms
     used = {t.split(":", 1)[-1] for q in preset.questions for t in q.terms()}
     for arm in arms:
         if arm in used or any(arm.startswith(f + "-S") for f in used):
-            assert len({r.seed for r in runs if r.arm == arm}) >= 5, arm
-    # a chain ends at its final size's LR, grows only in the stable phase
-    chain = next(r for r in runs if r.arm == "chain-paper")
+            assert len({r.seed for r in runs if r.arm == arm}) >= 8, arm
+    assert preset.tuning_seeds >= 2 and preset.horizon_factors == (0.5, 1.0, 2.0)
+    chain = next(r for r in runs if r.arm == "chain-paper-final-lr")
+    assert chain.lr_policy == "final-size"
     assert chain.lr_from == f"tokenformer-{chain.stages[-1].size}"
-    assert chain.lr_policy == "per-stage"
-    # every branch ends within one step of its budget
     for run in runs:
         for b in run.branches:
             assert abs(b.flops - b.budget) <= run.stages[-1].flops_per_step
     with pytest.raises(ConfigError, match="times"):
-        plan(dataclasses.replace(preset, max_budget=preset.max_budget * 4), 256, KJV_TRAIN_TOKENS)
+        plan(preset, 256, KJV_TRAIN_TOKENS // 8)
 
 
 def test_matched_transformer_sizes_track_tokenformer_parameters():
-    preset = get_preset("full")
+    preset = presets_.FULL_V3
     tf = plan_.model_configs(preset, "tokenformer", 256)
     tpp = plan_.model_configs(preset, "transformer++", 256)
     gelu = plan_.model_configs(preset, "tokenformer-gelu", 256)
@@ -478,20 +475,21 @@ def test_another_experiment_in_the_same_out_is_refused(tiny_run, dataset_dir):
         run_.run_frontier(other, data=dataset_dir, out=tiny_run[0], print_fn=lambda line: None)
 
 
-@pytest.mark.parametrize("name", ["gpu", "gpu-30m"])
+@pytest.mark.parametrize("name", ["gpu", "gpu-code"])
 def test_gpu_presets_run_a_few_steps_on_cpu(name, dataset_dir, tmp_path, monkeypatch):
-    """Both GPU presets at their model widths, a few steps on CPU in fp32; gpu-30m on its own
-    generated corpus (here 300 kB: generated, cached under TOKENFORMER_CACHE, never
-    downloaded), with its chains following the measured envelope."""
+    """Both GPU presets at their model widths, a few steps on CPU in fp32; gpu-code (v4: the
+    horizon stage, held-out seeds, chain tuning) on its own kind of corpus, the Python sources
+    of an installed package (here this package: small; cached under TOKENFORMER_CACHE, never
+    downloaded), with its chains following the tuning seeds' envelope."""
     monkeypatch.setenv("TOKENFORMER_CACHE", str(tmp_path / "cache"))
     gpu = get_preset(name)
     small = dataclasses.replace(gpu, seq_len=32, batch_size=2, num_sizes=2, seeds=1,
-                                sweep_seeds=1, families=("tokenformer",),
+                                tuning_seeds=1, families=("tokenformer",),
                                 recipes=("chain-exact",), questions=gpu.questions[:0],
                                 min_steps=4, sweep_steps=6, warmup_steps=2, anneal_steps=1,
                                 eval_batches=1, num_budgets=2, dtype="fp32",
                                 follow="predicted", tokens_per_parameter=1e-3,
-                                corpus="synthetic:300000" if gpu.corpus else None)
+                                corpus="pysource:tokenformer" if gpu.corpus else None)
     configs = plan_.model_configs(small, "tokenformer", 256)
     per_step = plan_._stage(small, small.sizes[0], configs[small.sizes[0]], 0).flops_per_step
     small = dataclasses.replace(small, max_budget=12 * per_step)
@@ -499,26 +497,39 @@ def test_gpu_presets_run_a_few_steps_on_cpu(name, dataset_dir, tmp_path, monkeyp
     results = run_.run_frontier(small, data=data, out=tmp_path / "gpu",
                                 print_fn=lambda line: None, plots=False)
     arms = {r["arm"] for r in results["runs"].values()}
-    assert {presets_.size_key("tokenformer", z) for z in small.sizes} <= arms
+    held_out = ({presets_.size_key("tokenformer", e["size"])  # v4: the envelope's choices
+                 for e in results["tuning"]["envelope"]["tokenformer"].values()}
+                if small.horizon_factors else
+                {presets_.size_key("tokenformer", z) for z in small.sizes})
+    assert held_out and held_out <= arms
     assert results["preset"]["hidden_size"] == gpu.hidden_size >= 256
     assert (tmp_path / "gpu" / "report.md").is_file() and gpu.expected_hours
     if gpu.corpus:
-        assert results["data"]["name"].startswith("generated corpus (synthetic:300000")
-        assert results["data"]["train_tokens"] >= 0.9 * 300_000
+        (package,) = results["data"]["corpus"]["packages"]
+        assert package["name"] == "tokenformer" and package["version"]
+        assert len(results["data"]["corpus"]["sha256"]) == 64
+        assert results["data"]["train_tokens"] >= 0.9 * results["data"]["corpus"]["bytes"]
+        assert results["protocol"] == "v4" and results["tuning"]["envelope"]["tokenformer"]
+        assert {r["seed"] for r in results["runs"].values()} == {0}  # held-out seeds only
 
 
-def test_gpu_30m_fits_its_corpus_and_the_protocol():
-    """gpu-30m: the v3 protocol (pre-registered questions, >= 5 seeds, >= 2 sweep seeds, chains
-    following the envelope, the plain-GELU control) on a generated corpus that no run reads
-    more than 4 times (the plan refuses otherwise; the corpus' training split is >= 95 % of
-    its bytes, one byte a token)."""
-    preset = get_preset("gpu-30m")
-    assert preset.corpus and preset.dtype == "bf16" and preset.seeds >= 5
-    assert preset.sweep_seeds >= 2 and preset.questions and "tokenformer-gelu" in preset.families
-    train_tokens = int(0.95 * parse_spec(preset.corpus))
-    runs = plan(preset, 256, train_tokens)
-    assert max(r.total_steps for r in runs) * preset.tokens_per_step <= 4 * train_tokens
-    assert preset.arm_names() >= {"chain-paper", "chain-gelu", "tokenformer-S0"}
+def test_gpu_code_fits_its_corpus_and_the_protocol():
+    """gpu-code (v4, replaces gpu-30m): the v4 protocol (questions, 8 held-out and 2 tuning
+    seeds, horizon factors) on the Python sources of torch and transformers; no run reads
+    more than 4 epochs of a 1e8-byte corpus (its training split >= 95 % of its bytes)."""
+    preset = get_preset("gpu-code")
+    assert preset.corpus == "pysource:torch,transformers" and preset.dtype == "bf16"
+    assert preset.seeds >= 8 and preset.tuning_seeds >= 2 and preset.horizon_factors
+    assert {q.id for q in preset.questions} >= {"G1", "L1", "A1", "T1", "T2"}
+    runs = plan(preset, 256, int(0.95 * 1e8))
+    assert preset.arm_names() >= {"chain-paper-final-lr", "tokenformer-S0"}
+    # every size the plan sweeps is the predicted optimum somewhere or its neighbour
+    for family in preset.families:
+        best = set(plan_.predicted_envelope(preset, family, 256).values())
+        order = list(presets_.family_sizes(preset, family))
+        for z in plan_.swept_sizes(preset, family, 256):
+            assert any(abs(order.index(z) - order.index(b)) <= 1 for b in best)
+    assert runs
 
 
 def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):
@@ -540,18 +551,26 @@ def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):
 
 
 def test_cli_plan_prints_every_arm_and_trains_nothing(capsys, tmp_path, monkeypatch):
+    """v4 (replaces v3's arm count): the plan names tuning vs held-out seeds, each stage's runs
+    and FLOPs, and every held-out arm with its seeds and LR sources; nothing is written."""
     from tokenformer.cli import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["scale", "--preset", "full", "--plan"]) == 0
     out = capsys.readouterr().out
-    # 11 sizes over 3 families and 11 growing arms, 5 seeds each
-    assert "schedule wsd for all" in out and "110 final runs" in out
-    for arm in ("tokenformer-S0", "transformer++-S1", "tokenformer-gelu-S3",
-                "chain-exact-anneal", "widen-net2net", "chain-gelu", "chain-stack",
-                "widen-duplicate", "chain-official-released", "chain-paper-final-lr"):
-        assert f"| {arm} | 5 |" in out
-    # each stage's LR source: per-stage chains name every size's sweep, final-size one
+    preset = get_preset("full")
+    stages = plan_.stage_plans(preset, 256)
+    assert "schedule wsd for all" in out
+    assert "**tuning seeds** 1000, 1001" in out and "**held-out seeds** 0–7" in out
+    for name, seeds in (("sweep", "tuning"), ("horizon", "tuning"), ("chain tuning", "tuning"),
+                        ("held-out from scratch", "held-out"), ("held-out chains", "held-out")):
+        runs = stages[name]
+        assert f"| {name} | {seeds} | {len(runs)} | {sum(r.total_steps for r in runs):,} |" in out
+    # 3 families × 3 sizes × 3 LRs × 2 tuning seeds = 90 horizon runs over S-1..S3's windows
+    assert len(stages["horizon"]) == 90 and len(stages["chain tuning"]) == 12
+    for arm in ("tokenformer-S0", "transformer++-S1", "tokenformer-gelu-S2", "chain-paper",
+                "chain-paper-final-lr"):
+        assert f"| {arm} | 8 |" in out
     paper = next(x for x in out.splitlines() if x.startswith("| chain-paper | "))
     assert paper.endswith("| tokenformer-S0 → tokenformer-S1 → tokenformer-S2 |")
     final = next(x for x in out.splitlines() if x.startswith("| chain-paper-final-lr | "))
@@ -645,7 +664,7 @@ def test_growth_points_follow_the_rule_by_hand():
     1.25e11 … 4e12): it grows into S1 at the 5e11 branch's decay start and into S2 at the 2e12
     branch's decay start; both give the new size >= 40 % of the next budget's steps, so no
     growth moves earlier."""
-    preset = get_preset("full")
+    preset = presets_.FULL_V3
     configs = plan_.model_configs(preset, "tokenformer", 256)
     best = dict(enumerate(["S0", "S0", "S0", "S1", "S1", "S2"]))
     stages = plan_.follow_envelope(preset, configs, best)
@@ -664,7 +683,7 @@ def test_min_stage_share_moves_a_growth_earlier():
     """Budgets only 1.25× apart: growing right after the previous branch point would leave the
     new size far less than 40 % of the next budget, so the growth moves to the latest step that
     gives it exactly that share (and the budget before it is then not read)."""
-    preset = dataclasses.replace(get_preset("full"), budget_ratio=1.25, num_budgets=4)
+    preset = dataclasses.replace(presets_.FULL_V3, budget_ratio=1.25, num_budgets=4)
     configs = plan_.model_configs(preset, "tokenformer", 256)
     stages = plan_.follow_envelope(preset, configs, dict(enumerate(["S1", "S1", "S1", "S2"])))
     b = schedule_.branch_for(stages, 3, preset.budgets[3], preset)
@@ -756,11 +775,12 @@ def test_cli_plan_lists_the_pre_registered_questions(capsys):
     assert main(["scale", "--preset", "full", "--plan"]) == 0
     out = capsys.readouterr().out
     questions = get_preset("full").questions
-    assert len(questions) >= 8 and {q.family for q in questions} >= {"growth", "control"}
+    assert len(questions) >= 8 and {q.family for q in questions} >= {"growth", "trend"}
     for q in questions:
         line = next(x for x in out.splitlines() if x.startswith(f"| {q.id} |"))
         assert q.text in line and q.family in line and q.budgets in line
-        assert (f"TOST ±{q.margin:g}" in line) == (q.margin is not None)
+        assert (q.margin is not None and f"TOST ±{q.margin:g}" in line) == (
+            q.margin is not None)
     assert "Holm–Bonferroni within each family" in out and "Margin: 0.02 nats" in out
     assert out.index("Pre-registered questions") < out.index("| arm |")  # before the runs
 
@@ -769,7 +789,7 @@ def test_sweep_seeds_average_and_non_monotone_sweeps_are_flagged(monkeypatch):
     """The LR is the argmin of the mean over sweep seeds; a mean curve with a second dip is
     flagged non-monotone, and seeds whose own argmins differ are named."""
     preset = dataclasses.replace(TINY, lr_grid=(1e-3, 2e-3, 4e-3, 8e-3), families=("tokenformer",),
-                                 num_sizes=2, recipes=(), questions=(), sweep_seeds=2)
+                                 num_sizes=2, recipes=(), questions=(), tuning_seeds=2)
     table = {1e-3: (2.2, 2.2), 2e-3: (2.0, 2.2), 4e-3: (2.15, 2.15), 8e-3: (2.1, 1.9)}
 
     def fake_execute(ctx, run, lrs):
@@ -834,7 +854,7 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     from tokenformer.training.config import TrainConfig
     from tokenformer.training.optim import make_optimizer
 
-    preset = get_preset("full")
+    preset = presets_.FULL_V3
     configs = plan_.model_configs(preset, "tokenformer-gelu", 256)
     torch.manual_seed(0)
     model = model_class("tokenformer")(configs["S0"])

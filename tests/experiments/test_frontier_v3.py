@@ -24,7 +24,7 @@ CHOSEN = {"tokenformer-S0": 8e-3, "tokenformer-S1": 4e-3, "tokenformer-S2": 2e-3
 
 
 def _chain(arm: str) -> schedule_.Run:
-    preset = get_preset("full")
+    preset = presets_.FULL_V3
     sizes = {f: presets_.family_sizes(preset, f) for f in preset.families}  # T++ has no S0
     runs = plan(preset, 256, envelopes={f: {j: z if z in sizes[f] else sizes[f][0]
                                             for j, z in ENVELOPE.items()}
@@ -36,7 +36,7 @@ def test_per_stage_lr_schedule_is_piecewise_the_plans():
     """Per-stage: S0's stable steps at 8e-3, S1's at 4e-3, S2's at 2e-3 (the peak moves at once
     at each growth step); the warmup ramps to S0's peak; every branch cools the size it reached
     down to 0.1 × that size's peak. Final-size: 2e-3 everywhere."""
-    preset = get_preset("full")
+    preset = presets_.FULL_V3
     run = _chain("chain-paper")
     assert [s.size for s in run.stages] == ["S0", "S1", "S2"]
     lrs = schedule_.stage_lrs(run, CHOSEN)
@@ -65,7 +65,7 @@ def test_per_stage_lr_schedule_is_piecewise_the_plans():
 
 
 def test_official_released_restarts_the_warmup_at_each_growth():
-    preset = get_preset("full")
+    preset = presets_.FULL_V3
     run = _chain("chain-official-released")
     lrs = schedule_.stage_lrs(run, CHOSEN)
     w, steps = preset.warmup_steps, max(b.steps for b in run.branches)
@@ -86,7 +86,7 @@ def test_half_stages_take_the_nearest_swept_sizes_lr():
     stack = _chain("chain-stack")
     assert [s.size for s in stack.stages] == ["S2/half-depth", "S2"]
     assert stack.stages[0].config.num_parameters(non_embedding=True) == plan_.model_configs(
-        get_preset("full"), "tokenformer", 256)["S1"].num_parameters(non_embedding=True)
+        presets_.FULL_V3, "tokenformer", 256)["S1"].num_parameters(non_embedding=True)
     assert schedule_.stage_lrs(stack, CHOSEN) == (4e-3, 2e-3)
     clone = _chain("widen-duplicate")
     assert [schedule_.stage_lr_key(clone, s) for s in clone.stages] == [
@@ -97,10 +97,10 @@ def test_half_stages_take_the_nearest_swept_sizes_lr():
 # a two-block tiny preset whose predicted envelopes move in both families (so every arm kind
 # is planned): TokenFormer S0 → S2, Transformer++ S1 → S2
 V3 = dataclasses.replace(
-    PRESETS["full"], name="tiny-v3", hidden_size=32, num_layers=2, num_heads=2,
+    presets_.FULL_V3, name="tiny-v3", hidden_size=32, num_layers=2, num_heads=2,
     base_tokens=(16, 16, 64), num_sizes=3, seq_len=32, batch_size=4, max_budget=4.8e9,
     num_budgets=3, warmup_steps=2, min_steps=8, sweep_steps=12, anneal_steps=3, eval_batches=1,
-    seeds=1, sweep_seeds=1, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
+    seeds=1, tuning_seeds=1, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
     families=("tokenformer", "transformer++"),
     recipes=("chain-paper", "chain-official-released", "chain-stack", "widen-stack",
              "widen-duplicate", "chain-paper-final-lr"),
@@ -140,6 +140,18 @@ def test_every_new_arm_kind_trains_into_its_planned_size(dataset_dir, tmp_path, 
             assert (moments == 0) == (run["arm"] == "chain-official-released"), run["arm"]
 
 
+# v3's gpu-30m as it was (issue 26; replaced by gpu-code in v4): the refusal's test case
+GPU_30M = dataclasses.replace(
+    presets_.FULL_V3, name="gpu-30m", hidden_size=256, num_layers=4, num_heads=4,
+    base_tokens=(128, 128, 512), first_size=0, num_sizes=3, seq_len=512, batch_size=128,
+    max_budget=1e15, num_budgets=4, warmup_steps=50, min_steps=120, sweep_steps=150,
+    anneal_steps=50, lr_grid=(5e-4, 1e-3, 2e-3, 4e-3), eval_batches=16, dtype="bf16",
+    tokens_per_parameter=20.0, recipes=("chain-paper", "chain-gelu"),
+    questions=tuple(q for q in presets_.GROWTH_QUESTIONS + presets_.ARCHITECTURE_QUESTIONS
+                    + presets_.CONTROL_QUESTIONS if q.id in ("G1", "A1", "A2", "C1", "C2")),
+    corpus="synthetic:30000000")
+
+
 def test_question_whose_arm_never_runs_refused_at_plan_time(capsys, tmp_path, monkeypatch):
     """v3's gpu-30m asked G6 (widen-zero vs Transformer++'s envelope) while its own plan put
     Transformer++ at S1 only, so widen-zero never grew and G6 got no data after the whole run.
@@ -149,8 +161,8 @@ def test_question_whose_arm_never_runs_refused_at_plan_time(capsys, tmp_path, mo
     from tokenformer.errors import ConfigError
 
     v3_gpu = dataclasses.replace(
-        PRESETS["gpu-30m"], recipes=("chain-paper", "widen-zero", "chain-gelu"),
-        questions=(*PRESETS["gpu-30m"].questions,
+        GPU_30M, recipes=("chain-paper", "widen-zero", "chain-gelu"),
+        questions=(*GPU_30M.questions,
                    next(q for q in presets_.GROWTH_QUESTIONS if q.id == "G6")))
     with pytest.raises(ConfigError, match=r"question G6 needs widen-zero, which preset "
                                           r"'gpu-30m' never runs"):

@@ -299,10 +299,10 @@ def _tiny_frontier(vocab: int):
     from tokenformer.experiments.frontier import presets as presets_
 
     preset = dataclasses.replace(
-        presets_.PRESETS["full"], name="tiny", hidden_size=32, num_layers=1, num_heads=2,
+        presets_.FULL_V3, name="tiny", hidden_size=32, num_layers=1, num_heads=2,
         base_tokens=(16, 16, 64), num_sizes=2, seq_len=32, batch_size=4, max_budget=1.2e9,
         num_budgets=2, warmup_steps=2, min_steps=8, sweep_steps=12, anneal_steps=3,
-        eval_batches=1, seeds=1, sweep_seeds=1, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
+        eval_batches=1, seeds=1, tuning_seeds=1, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
         families=("tokenformer",), recipes=("chain-exact",), questions=())
     return preset, plan_.sweep_plan(preset, vocab)
 

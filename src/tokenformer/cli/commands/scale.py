@@ -74,12 +74,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Rerunning the same command resumes an interrupted run.")
     p.add_argument("--preset", choices=tuple(PRESETS), default="quick",
                    help="quick: TokenFormer envelope and a chain following it, one seed (<= 10 "
-                        "min on 2 CPU cores); full: the pre-registered questions, every arm, 5 "
-                        "seeds (the decisive CPU run); sparse: product-key TokenFormer (16x FFN "
+                        "min on 2 CPU cores); full: the v4 protocol (tuning vs held-out seeds, 8 "
+                        "held-out seeds; the decisive CPU run); sparse: product-key "
+                        "TokenFormer (16x FFN "
                         "tokens at equal FLOPs) vs dense TokenFormer and Transformer++, 3 "
-                        "seeds, no chains (about 1 h on one thread); gpu: the same protocol at "
-                        "GPU sizes (needs --data with a large corpus); gpu-30m: the protocol "
-                        "in about 25 min of one H100, on a generated corpus")
+                        "seeds, no chains (about 1 h on one thread); gpu: the v3 protocol at "
+                        "GPU sizes (needs --data with a large corpus); gpu-code: the v4 protocol "
+                        "in <= 11 min of one H200 (estimated) on the Python sources of torch and "
+                        "transformers")
     p.add_argument("--seeds", type=positive(int), default=None,
                    help="seeds of every final run (default: the preset's)")
     p.add_argument("--data", default=None,

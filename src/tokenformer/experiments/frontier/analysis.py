@@ -57,13 +57,19 @@ def mean_of(values: list[float]) -> float:
 
 
 def envelope(results: dict[str, Any], family: str) -> dict[int, dict[str, Any]]:
-    """Per budget index: the family's best from-scratch size (lowest mean loss over the seeds
-    every size ran) and its per-seed losses and FLOPs."""
+    """Per budget index: the family's best from-scratch size and its per-seed losses and FLOPs.
+    v4 (``results["tuning"]["envelope"]``): the (size, LR) the TUNING seeds chose, valued on
+    its held-out seeds; v3: the size with the lowest mean loss over the seeds it is scored on."""
     table = arms(results)
     scratch = {a: v for a, v in table.items() if v["kind"] == "scratch" and v["family"] == family}
+    chosen = ((results.get("tuning") or {}).get("envelope") or {}).get(family)
     out: dict[int, dict[str, Any]] = {}
     for j in range(len(results["budgets"])):
         cands = {a: v["budgets"][j] for a, v in scratch.items() if j in v["budgets"]}
+        if chosen is not None:  # v4: never a choice on the scored seeds
+            pick = chosen.get(str(j))
+            cands = {a: c for a, c in cands.items()
+                     if pick is not None and a == size_key(family, pick["size"])}
         if not cands:
             continue
         best = min(cands, key=lambda a: (mean_of([x[0] for x in cands[a].values()]), a))
@@ -232,6 +238,23 @@ def _side_values(side: str, table: dict[str, Any], envs: dict[str, Any]
             for j in sorted(set(x) & set(y))}
 
 
+def _trend_test(q: dict[str, Any], a: dict[int, dict[int, float]],
+                b: dict[int, dict[int, float]], js: list[int], budgets: list[float],
+                order: int) -> dict[str, Any]:
+    """A "trend" question's test: per seed that has every budget of ``js``, the least-squares
+    slope of a − b against log2(budget) (``scipy.stats.linregress``); the slopes are the
+    values the t-test and Holm act on (nats per doubling of compute)."""
+    from scipy.stats import linregress  # lazy: only reports need scipy
+
+    seeds = sorted(set.intersection(*(set(a[j]) & set(b[j]) for j in js))) if js else []
+    x = [math.log2(budgets[j]) for j in js]
+    slopes = ([float(linregress(x, [a[j][s] - b[j][s] for j in js]).slope) for s in seeds]
+              if len(js) >= 2 else [])
+    return {"question": q, "budget_index": None, "budget": None, "budgets_read": js,
+            "seeds": seeds if slopes else [], "diffs": slopes, "margin": q["margin"],
+            "order": order}
+
+
 def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pre-registered question of ``results["preset"]`` answered: one test per budget it
     asks about (paired differences a − b by seed), Holm within each family and TOST where a
@@ -246,6 +269,9 @@ def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
     for q in questions:
         a, b = _side_values(q["a"], table, envs), _side_values(q["b"], table, envs)
         js = [j for j in sorted(set(a) & set(b)) if set(a[j]) & set(b[j])]
+        if q["budgets"] == "trend":
+            tests.append(_trend_test(q, a, b, js, results["budgets"], len(tests)))
+            continue
         if q["budgets"] == "final":
             js = js[-1:]
         if not js:

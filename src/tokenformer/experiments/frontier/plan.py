@@ -28,7 +28,7 @@ budget): it is not run. ``tokenformer scale --plan`` shows the chains of a *pred
 largest budget); the run replaces it by the measured one before any chain trains.
 
 **LR rule** (issue 25): per (family, size), a grid of peak LRs, each run for ``sweep_steps`` steps
-(same WSD family, one branch at the end) with ``sweep_seeds`` seeds (sweep seeds
+(same WSD family, one branch at the end) with ``tuning_seeds`` seeds (tuning seeds
 ``SWEEP_SEED`` + i, not the final runs' seeds); the final runs of that size use the argmin of the
 **mean over sweep seeds**, picked inside the grid (the runner extends the grid by one factor
 beyond an edge argmin, at most ``max_extensions`` times per side). Every verdict-bearing preset
@@ -47,7 +47,7 @@ import math
 from typing import Any
 
 from ...errors import ConfigError
-from ...models.baselines import matched_config
+from ...models.baselines import TransformerConfig, matched_config
 from ...models.config import TokenFormerConfig, flops_per_token
 from ..common.report import markdown_table
 from .presets import (
@@ -60,6 +60,7 @@ from .presets import (
     Preset,
     family_sizes,
     size_key,
+    tpp_shape,
 )
 from .questions import question_lines
 from .recipes import RECIPES, Recipe
@@ -101,8 +102,9 @@ def product_key_config(dense: TokenFormerConfig, ratio: int, name: str | None = 
 def size_tokens(preset: Preset, size: str) -> tuple[int, int, int]:
     """(qkv, proj, ffn) tokens of ``size``: ``base_tokens`` × factor^(k−1) for Sk (S0: ÷ factor)."""
     k = int(size[1:])
-    if k == 0:
-        return tuple(n // preset.factor for n in preset.base_tokens)  # type: ignore[return-value]
+    if k < 1:
+        return tuple(n // preset.factor ** (1 - k)  # type: ignore[return-value]
+                     for n in preset.base_tokens)
     return tuple(n * preset.factor ** (k - 1) for n in preset.base_tokens)  # type: ignore
 
 
@@ -124,6 +126,13 @@ def model_configs(preset: Preset, family: str, vocab_size: int) -> dict[str, Any
                                else f"tokenformer-{name}")
         if family in PRODUCT_KEY_FAMILIES:
             out[name] = product_key_config(tf, PRODUCT_KEY_FAMILIES[family], f"{family}-{name}")
+        elif family == "transformer++" and preset.tpp_widths is not None:
+            d, heads, mlp = tpp_shape(preset, name)
+            out[name] = TransformerConfig(
+                arch=family, vocab_size=vocab_size, hidden_size=d, num_layers=preset.num_layers,
+                num_heads=heads, intermediate_size=mlp, max_seq_len=preset.seq_len,
+                eos_token_id=None, name=f"{family}-{name}")
+            out[name].validate()
         elif family == "transformer++":
             out[name] = matched_config(tf, family, name=f"{family}-{name}")
         else:
@@ -136,9 +145,15 @@ def _stage(preset: Preset, size: str, config: Any, start: int) -> Stage:
     return Stage(size, config, start, per_token * preset.tokens_per_step)
 
 
-def sweep_seeds(preset: Preset) -> list[int]:
-    """The seeds every LR-sweep point runs (module docstring: never a final run's seed)."""
-    return [SWEEP_SEED + i for i in range(preset.sweep_seeds)]
+def tuning_seeds(preset: Preset) -> list[int]:
+    """The tuning seeds (module docstring: never a held-out seed): every LR-sweep point and
+    every horizon run runs them."""
+    return [SWEEP_SEED + i for i in range(preset.tuning_seeds)]
+
+
+def held_out_seeds(preset: Preset) -> list[int]:
+    """The held-out seeds, 0 … seeds − 1: the only ones any reported number rests on."""
+    return list(range(preset.seeds))
 
 
 def sweep_run(preset: Preset, family: str, size: str, lr: float, vocab_size: int,
@@ -246,11 +261,17 @@ def reshaped_chain(preset: Preset, recipe: Recipe, configs: dict[str, Any], best
             raise ConfigError(f"frontier: {recipe.arm} duplicates half the width: hidden size "
                               f"and heads must be even")
         small = dataclasses.replace(c, hidden_size=c.hidden_size // 2, num_heads=c.num_heads // 2)
+        if preset.tpp_widths is not None:  # v4: every width axis halves (S(k−2) exactly)
+            small = dataclasses.replace(small, intermediate_size=c.intermediate_size // 2)
         name = "half-width"
     params = small.num_parameters(non_embedding=True)
     nearest = min(configs, key=lambda z: (abs(math.log(
         configs[z].num_parameters(non_embedding=True) / params)), z))
-    half = f"{final.size}/{name}"
+    same = [z for z, x in configs.items()
+            if {**dataclasses.asdict(x), "name": None} == {**dataclasses.asdict(small),
+                                                           "name": None}]
+    # a half copy that is a from-scratch size of the grid is named (and timed) as that size
+    half = same[0] if same else f"{final.size}/{name}"
     targets = chain_targets(best, tuple(configs))
     two = follow_envelope(preset, {half: small, final.size: c},
                           {j: final.size if z == final.size else half
@@ -267,23 +288,54 @@ def reads_budget(stages: tuple[Stage, ...], branch: Branch, preset: Preset) -> b
 def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None,
          envelopes: dict[str, Envelope] | None = None, kinds: tuple[str, ...] | None = None
          ) -> list[Run]:
-    """Every final run (from-scratch sizes, then the chains) for every seed, seed-major within
-    each. Chains follow ``envelopes[family]`` (the measured envelope; the runner passes it once
-    the from-scratch runs are done) or, without it, :func:`predicted_envelope`; a chain whose
-    target never changes is left out. ``kinds`` keeps only runs of those kinds. Sweep runs are
-    :func:`sweep_plan`'s. ``train_tokens`` checks that no run repeats the corpus more than
-    ``MAX_EPOCHS`` times."""
+    """Every final (held-out) run (from-scratch sizes, then the chains) for every seed,
+    seed-major within each. Chains follow ``envelopes[family]`` (the measured envelope; the
+    runner passes it once the from-scratch runs are done) or, without it,
+    :func:`predicted_envelope`; a chain whose target never changes is left out. ``kinds`` keeps
+    only runs of those kinds. Sweep runs are :func:`sweep_plan`'s; v4's horizon runs
+    :func:`horizon_plan`'s. With ``horizon_factors`` (v4) the from-scratch held-out runs are
+    the envelope's (size, LR) at each budget only (:func:`held_out_scratch`; here on the
+    predicted envelope), else every size at every budget of its window. ``train_tokens``
+    checks that no run repeats the corpus more than ``MAX_EPOCHS`` times."""
     preset.validate()
-    budgets = preset.budgets
     runs: list[Run] = []
+    chains = chain_stages(preset, vocab_size, envelopes)
+    if envelopes is None:
+        _refuse_unplanned_questions(preset, set(chains))
+        _refuse_edge_of_grid(preset, vocab_size)
+    if preset.horizon_factors:
+        runs += held_out_scratch(preset, vocab_size, {
+            f: {j: (z, None) for j, z in predicted_envelope(preset, f, vocab_size).items()}
+            for f in preset.families})
+    else:
+        for seed in held_out_seeds(preset):
+            for family in preset.families:
+                runs += scratch_runs(preset, vocab_size, family, seed)
+    for seed in held_out_seeds(preset):
+        for arm, stages in chains.items():
+            runs.append(chain_run(preset, arm, stages, seed))
+    if kinds is not None:
+        runs = [r for r in runs if r.kind in kinds]
+    if train_tokens is not None:
+        check_epochs(preset, runs, train_tokens)
+    return runs
+
+
+def check_epochs(preset: Preset, runs: list[Run], train_tokens: int) -> None:
+    """Refuse a run that would read the training split more than ``MAX_EPOCHS`` times."""
+    for run in runs:
+        epochs = run.total_steps * preset.tokens_per_step / train_tokens
+        if epochs > MAX_EPOCHS:
+            raise ConfigError(f"frontier: {run.id} would see the training split "
+                              f"{epochs:.1f} times (> {MAX_EPOCHS:g}); lower max_budget or "
+                              f"use a larger corpus (--data)")
+
+
+def chain_stages(preset: Preset, vocab_size: int, envelopes: dict[str, Envelope] | None = None
+                 ) -> dict[str, tuple[Stage, ...]]:
+    """Each growing arm's stages on ``envelopes`` (else the predicted ones); arms that never
+    grow are left out."""
     configs = {f: model_configs(preset, f, vocab_size) for f in preset.families}
-    for seed in range(preset.seeds):
-        for family in preset.families:
-            for size, config in configs[family].items():
-                stages = (_stage(preset, size, config, 0),)
-                key = size_key(family, size)
-                runs.append(_with_branches(preset, key, "scratch", family, seed, stages,
-                                           budgets, key))
     chains = {}
     for arm in preset.recipes:
         recipe = RECIPES[arm]
@@ -294,25 +346,138 @@ def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None,
             stages = reshaped_chain(preset, recipe, configs[recipe.family], best, stages)
         if len(stages) > 1:
             chains[arm] = stages
-    if envelopes is None:
-        _refuse_unplanned_questions(preset, set(chains))
-    for seed in range(preset.seeds):
-        for arm, stages in chains.items():
-            recipe = RECIPES[arm]
-            runs.append(dataclasses.replace(
-                _with_branches(preset, arm, recipe.kind, recipe.family, seed, stages, budgets,
-                               size_key(recipe.family, stages[-1].size), arm),
-                lr_policy=recipe.lr_policy))
-    if kinds is not None:
-        runs = [r for r in runs if r.kind in kinds]
-    if train_tokens is not None:
-        for run in runs:
-            epochs = run.total_steps * preset.tokens_per_step / train_tokens
-            if epochs > MAX_EPOCHS:
-                raise ConfigError(f"frontier: {run.id} would see the training split "
-                                  f"{epochs:.1f} times (> {MAX_EPOCHS:g}); lower max_budget or "
-                                  f"use a larger corpus (--data)")
+    return chains
+
+
+def chain_run(preset: Preset, arm: str, stages: tuple[Stage, ...], seed: int) -> Run:
+    recipe = RECIPES[arm]
+    return dataclasses.replace(
+        _with_branches(preset, arm, recipe.kind, recipe.family, seed, stages, preset.budgets,
+                       size_key(recipe.family, stages[-1].size), arm),
+        lr_policy=recipe.lr_policy)
+
+
+# ------------------------------------------------------------------ v4: tuning vs held-out
+def size_windows(preset: Preset, family: str, vocab_size: int) -> dict[str, set[int]] | None:
+    """Per size, the budget indices it runs under ``size_window`` (within that many sizes of
+    the predicted optimum there); None: no window, every budget of >= min_steps steps."""
+    if preset.size_window is None:
+        return None
+    order = list(family_sizes(preset, family))
+    best = predicted_envelope(preset, family, vocab_size)
+    return {z: {j for j, b in best.items()
+                if abs(order.index(z) - order.index(b)) <= preset.size_window} for z in order}
+
+
+def scratch_runs(preset: Preset, vocab_size: int, family: str, seed: int) -> list[Run]:
+    """One from-scratch run per size of ``family`` (the budgets of its window) for ``seed``."""
+    windows = size_windows(preset, family, vocab_size)
+    runs = []
+    for size, config in model_configs(preset, family, vocab_size).items():
+        only = None if windows is None else windows[size]
+        if only is not None and not only:
+            continue
+        key = size_key(family, size)
+        runs.append(_with_branches(preset, key, "scratch", family, seed,
+                                   (_stage(preset, size, config, 0),), preset.budgets, key,
+                                   only=only))
     return runs
+
+
+def horizon_plan(preset: Preset, vocab_size: int, lr0: dict[str, float] | None = None
+                 ) -> list[Run]:
+    """v4 stage 2: every size of every family at full length (its stable run and every
+    cooldown branch of its window) on every tuning seed, at the short sweep's pick ``lr0``
+    (per size key; 1.0 when not known yet, for the plan) × each of ``horizon_factors``."""
+    runs = []
+    for family in preset.families:
+        for seed in tuning_seeds(preset):
+            for run in scratch_runs(preset, vocab_size, family, seed):
+                for factor in preset.horizon_factors:
+                    lr = (lr0 or {}).get(run.arm, 1.0) * factor
+                    runs.append(dataclasses.replace(
+                        run, id=f"horizon/{run.arm}/x{factor:g}/seed{seed}", kind="horizon",
+                        lr=lr))
+    return runs
+
+
+Choice = dict[str, dict[int, tuple[str, float | None]]]  # family → budget → (size, LR)
+
+
+def held_out_scratch(preset: Preset, vocab_size: int, choice: Choice) -> list[Run]:
+    """v4 stage 3: the envelope's (size, LR) of each family at each budget (chosen on the
+    tuning seeds) on every held-out seed: one stable run per (size, LR) with the cooldown
+    branches of the budgets that chose it. The run id names the LR only when a size has more
+    than one."""
+    configs = {f: model_configs(preset, f, vocab_size) for f in preset.families}
+    runs = []
+    for seed in held_out_seeds(preset):
+        for family in preset.families:
+            by_pair: dict[tuple[str, float | None], set[int]] = {}
+            for j, pair in sorted(choice.get(family, {}).items()):
+                by_pair.setdefault(pair, set()).add(j)
+            for (size, lr), budgets in by_pair.items():
+                key = size_key(family, size)
+                several = sum(z == size for z, _ in by_pair) > 1
+                run = _with_branches(preset, key, "scratch", family, seed,
+                                     (_stage(preset, size, configs[family][size], 0),),
+                                     preset.budgets, key, only=budgets)
+                runs.append(dataclasses.replace(
+                    run, lr=lr, id=f"{key}/lr={lr:.6g}/seed{seed}" if several else run.id))
+    return runs
+
+
+def chain_tuning_plan(preset: Preset, chains: list[Run]) -> list[Run]:
+    """v4: each growing arm (its seed-0 held-out run as the template) on every tuning seed at
+    each of ``horizon_factors`` × its policy's LRs (the runner multiplies; ``lr`` holds the
+    factor here)."""
+    return [dataclasses.replace(run, id=f"tune/{run.arm}/x{factor:g}/seed{seed}", seed=seed,
+                                lr=factor)
+            for run in chains if run.seed == 0
+            for factor in preset.horizon_factors for seed in tuning_seeds(preset)]
+
+
+def stage_plans(preset: Preset, vocab_size: int) -> dict[str, list[Run]]:
+    """Every run of the preset by stage, on the predicted envelope (``--plan`` and the time
+    estimate): the LR sweep, the horizon runs and the chains' tuning (tuning seeds), then the
+    held-out from-scratch and chain runs (held-out seeds). The v3 protocol has no horizon or
+    chain tuning stage."""
+    runs = plan(preset, vocab_size)
+    chains = [r for r in runs if r.kind != "scratch"]
+    return {"sweep": sweep_plan(preset, vocab_size),
+            "horizon": horizon_plan(preset, vocab_size) if preset.horizon_factors else [],
+            "chain tuning": chain_tuning_plan(preset, chains),
+            "held-out from scratch": [r for r in runs if r.kind == "scratch"],
+            "held-out chains": chains}
+
+
+def _refuse_edge_of_grid(preset: Preset, vocab_size: int) -> None:
+    """A question that reads a family's envelope (directly, or through a chain that follows
+    it) at a budget where the family's PREDICTED best size has no size run on one side of it
+    there would read the grid's edge, not an optimum: refused in one line before anything
+    trains. Budgets read: the largest for "final", every budget of the family for "all" and
+    "trend". (The run's measured envelope can still end at an edge: the report flags it.)"""
+    for q in preset.questions:
+        families = dict.fromkeys(
+            t.split(":", 1)[1] if t.startswith("envelope:") else RECIPES[t].family
+            for t in q.terms() if t.startswith("envelope:") or t in RECIPES)
+        for family in families:
+            best = predicted_envelope(preset, family, vocab_size)
+            order = list(family_sizes(preset, family))
+            windows = size_windows(preset, family, vocab_size)
+            js = sorted(best)[-1:] if q.budgets == "final" else sorted(best)
+            for j in js:
+                runs = [z for z in order if (windows is None or j in windows[z]) and branch_for(
+                    (_stage(preset, z, model_configs(preset, family, vocab_size)[z], 0),), j,
+                    preset.budgets[j], preset) is not None]
+                z = best[j]
+                if not (any(order.index(x) < order.index(z) for x in runs)
+                        and any(order.index(x) > order.index(z) for x in runs)):
+                    raise ConfigError(
+                        f"frontier: question {q.id} reads the {family} envelope at "
+                        f"{preset.budgets[j]:.3g} FLOPs, where its predicted best size {z} is "
+                        f"at the edge of the sizes run there ({', '.join(runs)}); add a size on "
+                        f"the other side or change the budgets")
 
 
 def _refuse_unplanned_questions(preset: Preset, chains: set[str]) -> None:
@@ -331,9 +496,11 @@ def _refuse_unplanned_questions(preset: Preset, chains: set[str]) -> None:
 
 def _with_branches(preset: Preset, arm: str, kind: str, family: str, seed: int,
                    stages: tuple[Stage, ...], budgets: list[float], lr_from: str,
-                   recipe: str | None = None) -> Run:
+                   recipe: str | None = None, only: set[int] | None = None) -> Run:
+    """``only``: the budget indices the run may read (a window, a held-out choice)."""
     branches = tuple(b for i, budget in enumerate(budgets)
-                     if (b := branch_for(stages, i, budget, preset)) is not None
+                     if (only is None or i in only)
+                     and (b := branch_for(stages, i, budget, preset)) is not None
                      and reads_budget(stages, b, preset))
     if not branches:
         raise ConfigError(f"frontier: {arm} has no budget of >= {preset.min_steps} steps")
@@ -346,10 +513,17 @@ def _with_branches(preset: Preset, arm: str, kind: str, family: str, seed: int,
 
 
 def sweep_plan(preset: Preset, vocab_size: int) -> list[Run]:
-    """The initial LR grid of every (family, size) the final runs use, for every sweep seed."""
+    """The initial LR grid of every (family, size) the final runs use (a size that runs no
+    budget of its window is not swept), for every tuning seed."""
     return [sweep_run(preset, family, size, lr, vocab_size, seed)
-            for family in preset.families for size in family_sizes(preset, family)
-            for lr in preset.lr_grid for seed in sweep_seeds(preset)]
+            for family in preset.families for size in swept_sizes(preset, family, vocab_size)
+            for lr in preset.lr_grid for seed in tuning_seeds(preset)]
+
+
+def swept_sizes(preset: Preset, family: str, vocab_size: int) -> tuple[str, ...]:
+    """The sizes of ``family`` that run at least one budget (of their window)."""
+    windows = size_windows(preset, family, vocab_size)
+    return tuple(z for z in family_sizes(preset, family) if windows is None or windows[z])
 
 
 def steps_by_size(run: Run) -> dict[str, int]:
@@ -410,45 +584,85 @@ CHAIN_RULE = (
     "copy. Each stage trains at its own size's tuned LR (per-stage), unless the arm is "
     "final-size (the whole chain at its final size's LR).")
 LR_RULE = (
-    "LR: per family and size, the argmin of the mean final validation loss over {seeds} sweep "
+    "LR: per family and size, the argmin of the mean final validation loss over {seeds} tuning "
     "seed(s) of {steps}-step WSD runs on a factor-2 grid, picked inside the grid (extended "
     "beyond an edge argmin); non-monotone sweeps and seeds that disagree are flagged.")
+HORIZON_RULE = (
+    "Horizon (v4): every size then runs at full length (its stable run and every cooldown "
+    "branch it reads) on the tuning seeds at ×{factors} of that pick; at each budget the LR "
+    "with the lowest tuning mean is that size's LR there, and the (size, LR) with the lowest "
+    "tuning mean is the family's envelope there. Held-out seeds run only those (size, LR) pairs "
+    "(one stable run per pair, the branches of the budgets that chose it) and score them. Each "
+    "growing arm runs at full length on the tuning seeds at ×{factors} of its policy's LRs "
+    "(final-size: the final size's LR at its final budget; per-stage: each size's LR at the "
+    "last budget it is cooled down at), the factor with the lowest tuning mean at its final "
+    "budget is the one its held-out runs use.")
+
+
+def seed_lines(preset: Preset) -> list[str]:
+    """Which seeds choose and which seeds score (``--plan`` and the report)."""
+    tuning, held = tuning_seeds(preset), held_out_seeds(preset)
+    span = f"{held[0]}–{held[-1]}" if len(held) > 1 else str(held[0])
+    if not preset.horizon_factors:
+        return [f"Seeds: tuning seeds {', '.join(map(str, tuning))} choose the LRs (the short "
+                f"sweeps); seeds {span} run every final run, and the envelope's size is chosen "
+                f"on the same seeds it is scored on (the v3 protocol)."]
+    return [f"Seeds: **tuning seeds** {', '.join(map(str, tuning))} choose every LR and every "
+            f"best size (LR sweeps, horizon runs, chain tuning); **held-out seeds** {span} are "
+            f"the only seeds any reported number rests on."]
 
 
 def describe(preset: Preset, vocab_size: int) -> str:
-    """The plan as text (``tokenformer scale --plan``): the pre-registered questions, the chain
-    and LR rules, every arm's sizes, growth steps, budgets run and FLOPs (chains on the
-    predicted envelope); sweeps; nothing is trained."""
-
-    runs = plan(preset, vocab_size)
-    sweeps = sweep_plan(preset, vocab_size)
+    """The plan as text (``tokenformer scale --plan``): the pre-registered questions, the seeds
+    and the stages (sweep, horizon, held-out) with their run counts and FLOPs, the chain and LR
+    rules, every held-out arm's sizes, growth steps, budgets run and FLOPs (on the predicted
+    envelope); nothing is trained."""
+    stages = stage_plans(preset, vocab_size)
+    runs = stages["held-out from scratch"] + stages["held-out chains"]
     rows = []
     for run in runs:
         if run.seed:
             continue
-        seeds = sum(r.arm == run.arm for r in runs)
+        seeds = sum(r.arm == run.arm and r.stages == run.stages for r in runs)
         rows.append([run.arm, str(seeds), " → ".join(f"{s.size}@{s.start}" for s in run.stages),
                      ", ".join(f"{b.budget:.2g}:{b.steps}" for b in run.branches),
                      f"{run.total_steps:,}", f"{run.total_flops():.3g}",
                      " → ".join(dict.fromkeys(stage_lr_key(run, s) for s in run.stages))])
     total = sum(r.total_flops() for r in runs)
+    sweeps = stages["sweep"]
     sweep_flops = sum(r.total_flops() for r in sweeps)
+    held = "held-out" if preset.horizon_factors else "final"
+    stage_rows = [[name, "tuning" if name in ("sweep", "horizon", "chain tuning") else held,
+                   str(len(rs)), f"{sum(r.total_steps for r in rs):,}",
+                   f"{sum(r.total_flops() for r in rs):.3g}"]
+                  for name, rs in stages.items() if rs]
     families = sorted({RECIPES[a].family for a in preset.recipes})
+    envelope_families = preset.families if preset.horizon_factors else families
     predicted = [f"- {f}: " + ", ".join(f"{preset.budgets[j]:.2g} {z}" for j, z in
                                         predicted_envelope(preset, f, vocab_size).items())
-                 for f in families]
+                 for f in envelope_families]
+    rules = [CHAIN_RULE.format(share=preset.min_stage_share),
+             LR_RULE.format(seeds=preset.tuning_seeds, steps=preset.sweep_steps)]
+    if preset.horizon_factors:
+        rules.append(HORIZON_RULE.format(factors=", ×".join(
+            f"{f:g}" for f in preset.horizon_factors)))
+    if preset.size_window is not None:
+        rules.append(f"A size runs a budget only when it is within {preset.size_window} "
+                     f"size(s) of the predicted optimum there.")
     return "\n".join([
         f"preset {preset.name}: {len(sweeps)} LR-sweep runs ({sweep_flops:.3g} FLOPs), "
-        f"{len(runs)} final runs ({total:.3g} FLOPs), schedule {SCHEDULE_FAMILY} for all", "",
+        f"{len(runs)} {held} runs ({total:.3g} FLOPs), schedule {SCHEDULE_FAMILY} for all", "",
+        *seed_lines(preset), "",
+        markdown_table(["stage", "seeds", "runs", "steps", "FLOPs"], stage_rows, "llrrr"), "",
         "Pre-registered questions (fixed before anything runs):", "",
         *question_lines(preset.questions), "",
-        CHAIN_RULE.format(share=preset.min_stage_share),
-        LR_RULE.format(seeds=preset.sweep_seeds, steps=preset.sweep_steps), "",
-        *([f"Chains below follow the envelope PREDICTED from {preset.tokens_per_parameter:g} "
-           f"tokens per non-embedding parameter (budget: best size)"
-           + ("; the run replaces it by the measured envelope before any chain trains:"
-              if preset.follow == "measured" else " (this preset keeps it):"), *predicted, ""]
-          if families else []),
+        *rules, "",
+        *([f"The envelope PREDICTED from {preset.tokens_per_parameter:g} tokens per "
+           f"non-embedding parameter (budget: best size)"
+           + ("; the run replaces it by the measured envelope before any chain or held-out run "
+              "trains:" if preset.follow == "measured" else " (this preset keeps it):"),
+           *predicted, ""] if predicted else []),
+        f"{held.capitalize()} runs (chains and held-out sizes on the predicted envelope):", "",
         markdown_table(["arm", "seeds", "sizes@start step", "budget:steps", "steps/seed",
                         "FLOPs/seed", "LR from (per stage)"], rows, "lrllrrl"),
         "time: python benchmarks/frontier_steps.py --preset NAME --cpu-time (measures the step "

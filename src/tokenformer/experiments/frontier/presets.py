@@ -1,10 +1,13 @@
 """The frontier's presets: every setting of an experiment but the data and the device.
 
-Sizes: S1… as before (``base_tokens`` × ``factor``^(k−1) for Sk); ``first_size = 0`` adds S0
-(``base_tokens`` / ``factor``) below today's S1, for the TokenFormer families only: a
-Transformer++ block at d = 64 has more parameters in its attention alone (4·d² per block) than
-TokenFormer S0, so no matched Transformer++ exists there (and product keys need an FFN to
-multiply).
+Sizes: S1… as before (``base_tokens`` × ``factor``^(k−1) for Sk); ``first_size`` 0 or −1 adds
+S0 (``base_tokens`` / ``factor``) and S-1 (/ ``factor``²) below S1, for the TokenFormer families
+only: a Transformer++ block at d = 64 has more parameters in its attention alone (4·d² per
+block) than TokenFormer S0, so no *matched* Transformer++ exists there (and product keys need an
+FFN to multiply). With ``tpp_widths`` (v4, issue 35) Transformer++ scales its width instead:
+size Sk has hidden size ``tpp_widths[k % 2]`` · 2^(k // 2), ``tpp_heads`` · 2^(k // 2) heads and
+an MLP of 8/3 · d (:func:`tpp_shape`), so it has every size of the preset and Sk at half width
+is exactly S(k−2) (the shape HyperCloning starts from is a from-scratch size).
 
 Families: ``tokenformer``, ``transformer++`` (matched to each TokenFormer size in non-embedding
 parameters), ``tokenformer-gelu`` (Θ = plain GELU: every Pattention a GELU MLP, the critics'
@@ -20,22 +23,24 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from ...data.synthetic import parse_spec
+from ...data.corpora import parse_corpus
 from ...errors import ConfigError
 from ...ops.growth import NEW_ROW_MOMENTS, STRATEGIES
 from ...ops.widening import WIDENINGS
 from .questions import (
     ARCHITECTURE_QUESTIONS,
+    BUDGET_READINGS,
     CONTROL_QUESTIONS,
     GROWTH_ARMS,
     GROWTH_QUESTIONS,
     LR_POLICY_QUESTIONS,
+    V4_QUESTIONS,
     Question,
 )
 from .recipes import LR_POLICIES, RECIPES, SHAPES
 
 SCHEDULE_FAMILY = "wsd"
-SIZE_NAMES = ("S0", "S1", "S2", "S3", "S4", "S5", "S6")
+SIZE_NAMES = ("S-1", "S0", "S1", "S2", "S3", "S4", "S5", "S6")
 # product-key TokenFormers (issue 18): family → FFN tokens as a multiple of the dense size's
 PRODUCT_KEY_FAMILIES = {"tokenformer-pk16": 16, "tokenformer-pk64": 64}
 DENSE_FAMILIES = ("tokenformer", "transformer++")  # a preset's default
@@ -44,13 +49,16 @@ DENSE_FAMILIES = ("tokenformer", "transformer++")  # a preset's default
 THETA_FAMILIES = {"tokenformer-gelu": "gelu"}
 # every family a preset may name
 FAMILIES = (*DENSE_FAMILIES, *THETA_FAMILIES, *PRODUCT_KEY_FAMILIES)
-# families with sizes below S1 (no matched Transformer++ or product-key FFN exists there)
+# families with sizes below S1 (no matched Transformer++ or product-key FFN exists there; a
+# width-scaled Transformer++, ``tpp_widths``, starts at S0)
 SMALL_SIZE_FAMILIES = ("tokenformer", *THETA_FAMILIES)
+HORIZON_FACTORS = (0.5, 1.0, 2.0)  # v4: full-length runs at these multiples of the sweep's pick
 # a product-key size's FFN forward FLOPs/token may differ from the dense size's by at most this
 # (k is an integer: one more selected token changes the FFN's count by 2d + Θ's work)
 PK_FLOPS_TOLERANCE = 0.01
 MAX_EPOCHS = 4.0  # no run may see the training split more often than this
-SWEEP_SEED = 1000  # LR sweeps use seeds SWEEP_SEED + i: tuning never sees a final run's batches
+# tuning seeds are SWEEP_SEED + i (LR sweeps, horizon runs, every choice): never a held-out seed
+SWEEP_SEED = 1000
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,8 @@ class Preset:
     # (qkv, proj, ffn) of S1: the smallest size whose matched Transformer++ still has an MLP of a
     # useful width (42 units; its attention alone is 4·d² parameters per block)
     base_tokens: tuple[int, int, int] = (24, 24, 96)
-    first_size: int = 1  # 0: the sizes start at S0 = S1 / factor (TokenFormer families only)
+    # 0 / -1: the sizes start at S0 = S1 / factor or S-1 = S1 / factor² (TokenFormer families)
+    first_size: int = 1
     num_sizes: int = 5
     factor: int = 2  # tokens (≈ non-embedding parameters) multiply by this from size to size
     seq_len: int = 128
@@ -80,7 +89,20 @@ class Preset:
     min_steps: int = 100  # a size runs a budget only when that is at least this many steps
     lr_grid: tuple[float, ...] = (1e-3, 2e-3, 4e-3, 8e-3)
     sweep_steps: int = 250
-    sweep_seeds: int = 2  # the LR is the argmin of the mean over these seeds (module docstring)
+    # seeds SWEEP_SEED + i that choose every LR and (with horizon_factors) every best size
+    tuning_seeds: int = 2
+    # v4 (issue 35): full-length runs on the tuning seeds at these multiples of the short sweep's
+    # pick choose each (family, size, budget)'s LR and the envelope's size; the held-out seeds
+    # (0..seeds-1) only score. () is the v3 protocol: the sweep's pick, the envelope chosen on
+    # the seeds it is scored on (quick, sparse)
+    horizon_factors: tuple[float, ...] = ()
+    # a size runs budget j only when it is within this many sizes of the predicted optimum at j
+    # (None: every budget of >= min_steps steps)
+    size_window: int | None = None
+    # Transformer++ by width (v4): hidden sizes of S0 and S1 (module docstring); None: v3's MLP
+    # matched to each TokenFormer size
+    tpp_widths: tuple[int, int] | None = None
+    tpp_heads: int = 2
     max_extensions: int = 2  # grid points the runner may add beyond an edge, per side
     seeds: int = 5
     families: tuple[str, ...] = DENSE_FAMILIES
@@ -118,7 +140,8 @@ class Preset:
     def sizes(self) -> tuple[str, ...]:
         """Size names from S{first_size} (the same names in every family: a family's Si is
         built from the dense TokenFormer Si; :func:`family_sizes` says which a family has)."""
-        return SIZE_NAMES[self.first_size:self.first_size + self.num_sizes]
+        first = SIZE_NAMES.index(f"S{self.first_size}")
+        return SIZE_NAMES[first:first + self.num_sizes]
 
     @property
     def chains(self) -> tuple[str, ...]:
@@ -136,12 +159,21 @@ class Preset:
             self.recipes)
 
     def validate(self) -> None:
-        if self.first_size not in (0, 1) or not (
-                2 <= self.num_sizes <= len(SIZE_NAMES) - self.first_size):
-            raise ConfigError(f"frontier: first_size must be 0 or 1 and num_sizes in "
-                              f"2..{len(SIZE_NAMES) - self.first_size}")
-        if self.first_size == 0 and any(n % self.factor for n in self.base_tokens):
-            raise ConfigError("frontier: S0 needs base_tokens divisible by factor")
+        if self.first_size not in (-1, 0, 1) or not (
+                2 <= self.num_sizes <= len(SIZE_NAMES) - self.first_size - 1):
+            raise ConfigError(f"frontier: first_size must be -1, 0 or 1 and num_sizes in "
+                              f"2..{len(SIZE_NAMES) - self.first_size - 1}")
+        if self.first_size < 1 and any(n % self.factor ** (1 - self.first_size)
+                                       for n in self.base_tokens):
+            raise ConfigError(f"frontier: S{self.first_size} needs base_tokens divisible by "
+                              f"factor^{1 - self.first_size}")
+        if any(f <= 0 for f in self.horizon_factors) or len(set(self.horizon_factors)) != len(
+                self.horizon_factors) or (self.size_window is not None and self.size_window < 1):
+            raise ConfigError("frontier: horizon_factors distinct and positive, size_window >= 1")
+        if self.tpp_widths is not None and (len(self.tpp_widths) != 2 or any(
+                w % self.tpp_heads or 8 * w % 3 for w in self.tpp_widths)):
+            raise ConfigError("frontier: tpp_widths: two hidden sizes divisible by tpp_heads "
+                              "and by 3 (an MLP of exactly 8/3 · d)")
         if len(self.lr_grid) < 4 or any(
                 b <= a for a, b in itertools.pairwise(self.lr_grid)):
             raise ConfigError("frontier: lr_grid needs >= 4 increasing values")
@@ -181,10 +213,10 @@ class Preset:
                                   f"available ({', '.join(LR_POLICIES)})")
         if self.new_row_moments not in NEW_ROW_MOMENTS:
             raise ConfigError(f"frontier: new_row_moments must be one of {NEW_ROW_MOMENTS}")
-        if not 0 < self.decay_fraction < 1 or self.seeds < 1 or self.sweep_seeds < 1:
-            raise ConfigError("frontier: decay_fraction in (0, 1), seeds and sweep_seeds >= 1")
+        if not 0 < self.decay_fraction < 1 or self.seeds < 1 or self.tuning_seeds < 1:
+            raise ConfigError("frontier: decay_fraction in (0, 1), seeds and tuning_seeds >= 1")
         if self.corpus is not None:
-            parse_spec(self.corpus)
+            parse_corpus(self.corpus)
         arms = self.arm_names()
         ids = [q.id for q in self.questions]
         if len(set(ids)) != len(ids):
@@ -196,10 +228,11 @@ class Preset:
                 if not known:
                     raise ConfigError(f"frontier: question {q.id} names {term!r}, which the "
                                       f"preset does not run")
-            if q.budgets not in ("final", "all") or (q.margin is not None and (
+            if q.budgets not in BUDGET_READINGS or (q.margin is not None and (
                     q.margin <= 0 or not q.margin_why)):
-                raise ConfigError(f"frontier: question {q.id}: budgets 'final' or 'all'; a "
-                                  f"margin must be positive and justified")
+                raise ConfigError(f"frontier: question {q.id}: budgets one of "
+                                  f"{', '.join(BUDGET_READINGS)}; a margin must be positive "
+                                  f"and justified")
 
 
 def size_key(family: str, size: str) -> str:
@@ -213,25 +246,81 @@ def family_sizes(preset: Preset, family: str) -> tuple[str, ...]:
     the others (no matched Transformer++ or product-key FFN exists below S1; module docstring)."""
     if family in SMALL_SIZE_FAMILIES:
         return preset.sizes
-    return tuple(s for s in preset.sizes if s != "S0")
+    if family == "transformer++" and preset.tpp_widths is not None:
+        return preset.sizes
+    return tuple(s for s in preset.sizes if s not in ("S-1", "S0"))
+
+
+def tpp_shape(preset: Preset, size: str) -> tuple[int, int, int]:
+    """(hidden size, heads, MLP width) of the width-scaled Transformer++ ``size`` (module
+    docstring): two interleaved series that double every two sizes, so that S(k−2) is Sk at
+    half width with the same head size, and an MLP of exactly 8/3 · d."""
+    if preset.tpp_widths is None:
+        raise ConfigError("frontier: this preset matches Transformer++ by MLP (no tpp_widths)")
+    k = int(size[1:])
+    d, heads = preset.tpp_widths[k % 2] * 2 ** (k // 2), preset.tpp_heads * 2 ** (k // 2)
+    if d != int(d) or heads != int(heads) or heads < 1 or 8 * d % 3:
+        raise ConfigError(f"frontier: no width-scaled Transformer++ {size} for tpp_widths "
+                          f"{preset.tpp_widths} and tpp_heads {preset.tpp_heads}")
+    return int(d), int(heads), int(8 * d // 3)
 
 
 FULL_RECIPES = (*GROWTH_ARMS, "chain-paper-final-lr", "chain-gelu")
 
-# full: 2.5e12 FLOPs at most (v2 ran 4e12 with 7 arms): with 11 growing arms × 5 seeds that is
-# ≈ 72 min of --jobs 2 on 2 idle Zen 4 cores (benchmarks/frontier_steps.py), inside the issue's
-# 2 h; v2's envelopes put TokenFormer's best size at S2 only from ≈ 2–4e12, so the chains
-# still walk S0 → S1 (→ S2) and Transformer++'s S1 → S2 (docs/results.md)
-_CPU = Preset(name="full", first_size=0, num_sizes=4, max_budget=2.5e12,
-              families=("tokenformer", "transformer++", "tokenformer-gelu"),
-              recipes=FULL_RECIPES,
-              questions=GROWTH_QUESTIONS + LR_POLICY_QUESTIONS + ARCHITECTURE_QUESTIONS
-              + CONTROL_QUESTIONS)
+# v3's full preset (issue 25), the base of the presets that keep its protocol (quick, sparse,
+# gpu): 2.5e12 FLOPs, 11 growing arms × 5 seeds, LRs from 250-step sweeps, the envelope chosen
+# on the seeds it is scored on
+FULL_V3 = Preset(name="full-v3", first_size=0, num_sizes=4, max_budget=2.5e12,
+             families=("tokenformer", "transformer++", "tokenformer-gelu"),
+             recipes=FULL_RECIPES, seeds=5,
+             questions=GROWTH_QUESTIONS + LR_POLICY_QUESTIONS + ARCHITECTURE_QUESTIONS
+             + CONTROL_QUESTIONS)
+# v4 (issue 35; every choice and its reason: docs/frontier-v4.md): tuning seeds choose every LR
+# (a 250-step sweep, then full-length runs at ×½, ×1, ×2 of its pick) and every best size; 8
+# held-out seeds score the envelope's (size, LR) and the chains. Sizes S-1…S3 (TokenFormer and
+# the plain-GELU control; Transformer++ S0…S3 scaled in width, MLP 8/3·d), each run only at the
+# budgets within one size of the predicted optimum (26 tokens per parameter: v3's measured
+# envelope, which the prediction reproduces), so every budget read has a size on each side of
+# it; 4 budgets 3.1e11 … 2.5e12; two growing arms (the paper chain at its final size's LR, the
+# primary; per-stage, the secondary) for 8 questions in 4 families; the plain-GELU chain
+# (C1, C2) is trimmed to fit 100 minutes (docs/frontier-v4.md).
+# benchmarks/frontier_steps.py --preset full --cpu-time predicts its time (docs/frontier-v4.md)
+_CPU = dataclasses.replace(
+    FULL_V3, name="full", first_size=-1, num_sizes=5, num_budgets=4, seeds=8, tuning_seeds=2,
+    horizon_factors=HORIZON_FACTORS, size_window=1, tpp_widths=(36, 48), tpp_heads=2,
+    tokens_per_parameter=26.0, sweep_steps=200,
+    recipes=("chain-paper-final-lr", "chain-paper"),
+    questions=tuple(q for q in V4_QUESTIONS if q.family != "control"))
+# issue 35: the v4 protocol on one H200 in <= 11 minutes over <= 2 calls, on real text: the
+# Python sources of the installed torch and transformers (≈ 1e8 bytes, pinned by their
+# versions, recorded with a sha256; never downloaded). TokenFormer S-1…S3 (0.5–8.4 M
+# non-embedding parameters, d 256, 4 blocks) and Transformer++ S0…S3 by width (d 144…432, MLP
+# 8/3·d), each size only at the budgets within one size of the predicted optimum (20 tokens
+# per parameter, Chinchilla's: this corpus is not v3's): every size is that optimum at a
+# budget or the one size each side of it the edge rule asks for. Two growing arms (the paper
+# chain at its final size's LR, and per-stage), 8 held-out and 2 tuning seeds; stacking,
+# HyperCloning and the plain-GELU control are left to the CPU preset or dropped (their reasons:
+# docs/frontier-v4.md). Time: benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step
+GPU_CODE = dataclasses.replace(
+    _CPU, name="gpu-code", hidden_size=256, num_layers=4, num_heads=4, num_sizes=4,
+    base_tokens=(64, 64, 256), seq_len=512, batch_size=128, max_budget=4e14,
+    num_budgets=3, warmup_steps=30, min_steps=100, sweep_steps=150, anneal_steps=50,
+    lr_grid=(5e-4, 1e-3, 2e-3, 4e-3), eval_batches=16, dtype="bf16",
+    tokens_per_parameter=20.0, families=("tokenformer", "transformer++"),
+    tpp_widths=(108, 144), tpp_heads=2, recipes=("chain-paper-final-lr", "chain-paper"),
+    questions=tuple(q for q in V4_QUESTIONS if q.id in ("G1", "G2", "L1", "A1", "T1", "T2")),
+    corpus="pysource:torch,transformers",
+    expected_hours="≤ 11 min of one H200 (bf16), estimated, not measured: "
+                   "benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step 32 "
+                   "--jobs 4 (the 32 ms/step measured for gpu-30m's sweep runs, launch-bound; "
+                   "4 runs at once assumed to cost 1.25× each). Resumable: --out "
+                   "docs/results/frontier-gpu, committed between calls.")
 PRESETS: dict[str, Preset] = {
     # one seed, one sweep seed: TokenFormer S0–S3 and the paper chain following the measured
-    # envelope; its question is stated and answered, but one seed resolves nothing
+    # envelope; its question is stated and answered, but one seed resolves nothing (v3's
+    # protocol: its time stays inside the README's 10 minutes)
     "quick": dataclasses.replace(
-        _CPU, name="quick", max_budget=1.5e12, num_budgets=4, seeds=1, sweep_seeds=1,
+        FULL_V3, name="quick", max_budget=1.5e12, num_budgets=4, seeds=1, tuning_seeds=1,
         families=("tokenformer",), recipes=("chain-paper",), sweep_steps=60,
         min_steps=60, warmup_steps=20, anneal_steps=50, questions=GROWTH_QUESTIONS[:1]),
     "full": _CPU,
@@ -242,40 +331,23 @@ PRESETS: dict[str, Preset] = {
     # docs/sparse.md), hence also min_steps as in the quick preset and shorter sweeps. Its
     # seeds and single sweep seed are those of the documented run (docs/sparse.md).
     "sparse": dataclasses.replace(
-        _CPU, name="sparse", first_size=1, num_sizes=2,
+        FULL_V3, name="sparse", first_size=1, num_sizes=2,
         families=("tokenformer", "transformer++", "tokenformer-pk16"), recipes=(),
-        questions=(), seeds=3, sweep_seeds=1, max_budget=1e12, num_budgets=3,
+        questions=(), seeds=3, tuning_seeds=1, max_budget=1e12, num_budgets=3,
         budget_ratio=10 ** 0.5, min_steps=60, sweep_steps=200),
     "gpu": dataclasses.replace(
-        _CPU, name="gpu", hidden_size=256, num_layers=6, num_heads=8,
+        FULL_V3, name="gpu", hidden_size=256, num_layers=6, num_heads=8,
         base_tokens=(128, 128, 512), seq_len=512, batch_size=32, max_budget=2e16,
         warmup_steps=200, min_steps=500, sweep_steps=2000, anneal_steps=500,
         lr_grid=(2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3), eval_batches=16, dtype="bf16",
+        # L1 reads every budget, and its smallest ones have their predicted best size at S0,
+        # the grid's edge (plan._refuse_edge_of_grid)
+        questions=tuple(q for q in FULL_V3.questions if q.id != "L1"),
         expected_hours="≈ 3 h of training FLOPs (1.4e18) on one A100-80GB at an assumed 40 % "
                        "bf16 MFU (125 TFLOP/s achieved), up to ≈ 6 h as the small sizes run "
                        "below that; not measured; needs --data with >= 2e8 training tokens "
                        "(<= 4 epochs)"),
-    # issue 26: the v3 protocol on one H100 in ≈ 25 min of bf16 (an estimate, see
-    # expected_hours), TokenFormer S0–S2 (1.0–4.2 M non-embedding parameters), Transformer++
-    # S1–S2 and the plain-GELU control, their chains following the measured envelopes, 5 seeds,
-    # 2 sweep seeds; the generated corpus (3e7 bytes: the largest run reads 8.7e7 tokens, < 4×
-    # its 2.85e7 training bytes), so nothing is downloaded or carried
-    "gpu-30m": dataclasses.replace(
-        _CPU, name="gpu-30m", hidden_size=256, num_layers=4, num_heads=4,
-        base_tokens=(128, 128, 512), first_size=0, num_sizes=3, seq_len=512, batch_size=128,
-        max_budget=1e15, num_budgets=4, warmup_steps=50, min_steps=120, sweep_steps=150,
-        anneal_steps=50, lr_grid=(5e-4, 1e-3, 2e-3, 4e-3), eval_batches=16, dtype="bf16",
-        tokens_per_parameter=20.0, recipes=("chain-paper", "chain-gelu"),
-        # G6 (widen-zero) left out: its plan puts Transformer++ at S1 only, so the arm never
-        # grows and the question would get no data (plan._refuse_unplanned_questions)
-        questions=tuple(q for q in GROWTH_QUESTIONS + ARCHITECTURE_QUESTIONS
-                        + CONTROL_QUESTIONS if q.id in ("G1", "A1", "A2", "C1", "C2")),
-        corpus="synthetic:30000000",
-        expected_hours="≈ 26 min on one H100 (bf16), NOT measured: 50 final runs + 64 sweep "
-                       "runs ≈ 55 k steps of 65,536 tokens (the predicted chains), timed at an "
-                       "assumed 15 ms of per-step overhead (eager launches of 4 layers × 5 "
-                       "Pattentions) plus the step's FLOPs at 100 TFLOP/s; the GPU session "
-                       "measures it and adjusts max_budget. Resumable across 10-minute calls."),
+    "gpu-code": GPU_CODE,
 }
 
 

@@ -16,12 +16,18 @@ from typing import Any
 from ..common.report import markdown_table
 from .recipes import RECIPES
 
+# how a question reads the budgets: "final", "all", "trend" (Question's docstring)
+BUDGET_READINGS = ("final", "all", "trend")
+
 
 @dataclass(frozen=True)
 class Question:
     """A pre-registered question: the difference ``a − b`` of validation loss, paired by seed,
     at ``budgets`` ("final": the largest budget every term was read at; "all": each budget every
-    term was read at, one test each). A side is an arm name (``tokenformer-S2``, ``chain-paper``),
+    term was read at, one test each; "trend": per seed, the least-squares slope of a − b
+    against log2(budget) over every budget all terms were read at (``scipy.stats.linregress``),
+    then one t-test of those slopes against 0 across seeds: nats per doubling of compute). A
+    side is an arm name (``tokenformer-S2``, ``chain-paper``),
     ``envelope:<family>``, or two of those as ``"x - y"`` (a gap; then a − b is a difference of
     gaps). ``family`` is the multiplicity family Holm adjusts over. With ``margin`` the question
     asks for equivalence too: TOST at ±margin nats (``margin_why``: its justification)."""
@@ -92,6 +98,40 @@ CONTROL_QUESTIONS = (
 )
 
 
+# ---------------------------------------------------------------- v4 (issue 35)
+# The chain's LR policy is a pre-registered factor: the final size's LR is the primary arm
+# (chain-paper-final-lr), per-stage the secondary (chain-paper). The token recipes that v3
+# showed equal to paper (official-init, official-released, exact-anneal: gaps 0.036–0.042),
+# G_stack (a 2-block CPU model stacks from 1 block) and MLP widening (its shapes are not on a
+# width-scaled Transformer++ grid) answer nothing new at this scale: docs/frontier-v4.md.
+V4_GROWTH_QUESTIONS = (
+    versus_envelope("G1", "chain-paper-final-lr", "tokenformer", "growth"),
+    versus_envelope("G2", "chain-paper", "tokenformer", "growth"),
+)
+V4_CONTROL_QUESTIONS = (
+    versus_envelope("C1", "chain-gelu", "tokenformer-gelu", "control"),
+    Question("C2", "Is TokenFormer's growth gap (the primary chain − its envelope) "
+                   "distinguishable from the plain-GELU control's (zero-key chain − its "
+                   "envelope)? This separates parameter tokens from wider MLP projections.",
+             "chain-paper-final-lr - envelope:tokenformer",
+             "chain-gelu - envelope:tokenformer-gelu", "control", margin=MARGIN,
+             margin_why=MARGIN_WHY),
+)
+TREND_QUESTIONS = (
+    Question("T1", "Does TokenFormer's growth gap (the primary chain − its envelope) shrink or "
+                   "grow with compute (slope per doubling, over the budgets the chain is read)?",
+             "chain-paper-final-lr", "envelope:tokenformer", "trend", budgets="trend"),
+    Question("T2", "Does TokenFormer − Transformer++ (envelopes) change with compute (slope "
+                   "per doubling)?",
+             "envelope:tokenformer", "envelope:transformer++", "trend", budgets="trend"),
+    Question("T3", "Does TokenFormer − the plain-GELU control (envelopes) change with compute "
+                   "(slope per doubling)?",
+             "envelope:tokenformer", "envelope:tokenformer-gelu", "trend", budgets="trend"),
+)
+V4_QUESTIONS = (V4_GROWTH_QUESTIONS + LR_POLICY_QUESTIONS + ARCHITECTURE_QUESTIONS
+                + V4_CONTROL_QUESTIONS + TREND_QUESTIONS)
+
+
 def question_lines(questions: tuple[Question, ...] | list[Any]) -> list[str]:
     """The pre-registered questions as markdown (``--plan`` and the report print the same
     lines, from a preset's :class:`Question` objects or their dicts in ``results.json``)."""
@@ -100,7 +140,8 @@ def question_lines(questions: tuple[Question, ...] | list[Any]) -> list[str]:
         return ["No pre-registered questions: this preset reports descriptively only."]
     rows = [[q["id"], q["family"], q["text"], f"({q['a']}) − ({q['b']})", q["budgets"],
              f"difference and TOST ±{q['margin']:g}" if q["margin"] is not None
-             else "difference"] for q in qs]
+             else "slope per doubling vs 0" if q["budgets"] == "trend" else "difference"]
+            for q in qs]
     why = list(dict.fromkeys(q["margin_why"] for q in qs if q["margin"] is not None))
     families = list(dict.fromkeys(q["family"] for q in qs))
     return [markdown_table(["id", "family", "question", "Δ validation loss (paired by seed)",

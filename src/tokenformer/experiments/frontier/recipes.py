@@ -89,8 +89,11 @@ RECIPES: dict[str, Recipe] = {r.arm: r for r in (
            width_noise=HYPERCLONING_NOISE,
            label="HyperCloning: the final size at half hidden size and heads, duplicated "
                  "(zero-sum noise 0.32)"),
-    Recipe("chain-gelu", "tokenformer-gelu", "chain", "paper",
-           label="plain-GELU control: zero new keys (exactly function-preserving for this Θ)"),
+    # v4: at the final size's LR, the primary policy, as the TokenFormer chain it is compared
+    # with (C2); v3 ran it per-stage (its results.json records the policy of each run)
+    Recipe("chain-gelu", "tokenformer-gelu", "chain", "paper", lr_policy="final-size",
+           label="plain-GELU control: zero new keys (exactly function-preserving for this Θ), "
+                 "at its final size's LR"),
     # frozen vs trained old tokens (issue 24): not in a preset's arms until a question uses them
     Recipe("chain-exact-frozen", "tokenformer", "chain", "exact", freeze_old="forever",
            label="exact, old tokens frozen for ever (only the new tokens train)"),

