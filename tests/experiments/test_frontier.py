@@ -518,7 +518,7 @@ def test_gpu_code_fits_its_corpus_and_the_protocol():
     seeds, horizon factors) on the Python sources of torch and transformers; no run reads
     more than 4 epochs of a 1e8-byte corpus (its training split >= 95 % of its bytes)."""
     preset = get_preset("gpu-code")
-    assert preset.corpus == "pysource:torch,transformers" and preset.dtype == "bf16"
+    assert preset.corpus == "pysource:torch,transformers,sympy" and preset.dtype == "bf16"
     assert preset.seeds >= 8 and preset.tuning_seeds >= 2 and preset.horizon_factors
     assert {q.id for q in preset.questions} >= {"G1", "L1", "A1", "T1", "T2"}
     runs = plan(preset, 256, int(0.95 * 1e8))

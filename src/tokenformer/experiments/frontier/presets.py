@@ -309,7 +309,7 @@ GPU_CODE = dataclasses.replace(
     tokens_per_parameter=20.0, families=("tokenformer", "transformer++"),
     tpp_widths=(108, 144), tpp_heads=2, recipes=("chain-paper-final-lr", "chain-paper"),
     questions=tuple(q for q in V4_QUESTIONS if q.id in ("G1", "G2", "L1", "A1", "T1", "T2")),
-    corpus="pysource:torch,transformers",
+    corpus="pysource:torch,transformers,sympy",
     expected_hours="≤ 11 min of one H200 (bf16), estimated, not measured: "
                    "benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step 32 "
                    "--jobs 4 (the 32 ms/step measured for gpu-30m's sweep runs, launch-bound; "
