@@ -310,11 +310,12 @@ GPU_CODE = dataclasses.replace(
     tpp_widths=(108, 144), tpp_heads=2, recipes=("chain-paper-final-lr", "chain-paper"),
     questions=tuple(q for q in V4_QUESTIONS if q.id in ("G1", "G2", "L1", "A1", "T1", "T2")),
     corpus="pysource:torch,transformers,sympy",
-    expected_hours="≤ 11 min of one H200 (bf16), estimated, not measured: "
+    expected_hours="≈ 7 min of one H200 (bf16) with --jobs 8, estimated, not measured: "
                    "benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step 32 "
-                   "--jobs 4 (the 32 ms/step measured for gpu-30m's sweep runs, launch-bound; "
-                   "4 runs at once assumed to cost 1.25× each). Resumable: --out "
-                   "docs/results/frontier-gpu, committed between calls.")
+                   "--jobs 8 --contention 1.5 (the 32 ms/step measured for gpu-30m's sweep "
+                   "runs, launch-bound; 8 runs at once assumed to cost 1.5× each; --jobs 4 at "
+                   "1.25×: 11.5 min). Resumable: --out docs/results/frontier-gpu, committed "
+                   "between calls.")
 PRESETS: dict[str, Preset] = {
     # one seed, one sweep seed: TokenFormer S0–S3 and the paper chain following the measured
     # envelope; its question is stated and answered, but one seed resolves nothing (v3's
