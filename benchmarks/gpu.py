@@ -253,7 +253,7 @@ def copy_bandwidth(device: torch.device, nbytes: int, rounds: int = 10) -> float
 # ----------------------------------------------------------------------------------- env
 def environment(device: torch.device, sizes: Sizes) -> dict[str, Any]:
     """Versions, the GPU and its driver, nvidia-smi, and the two ceilings measured here."""
-    from tokenformer.nn import kernels
+    from tokenformer.nn.kernels import cpu_theta as kernels
 
     smi = output(["nvidia-smi"])
     print(smi or "nvidia-smi: not available", flush=True)
