@@ -64,7 +64,10 @@ STUBS = {
         "    # (Triton kernels, the package's): impl='triton' runs the fused PyTorch path here\n"
         "    @staticmethod\n"
         "    def supports(device, dtype, norm):\n"
-        "        return False\n"),
+        "        return False\n\n"
+        "    @staticmethod\n"
+        "    def prepare():\n"
+        "        pass\n"),
 }
 
 

@@ -179,6 +179,8 @@ def check_impl(impl: str) -> None:
 def set_pattention_impl(module: nn.Module, impl: str) -> None:
     """Switch every Pattention inside ``module`` (e.g. a whole model) to ``impl``."""
     check_impl(impl)
+    if impl == "triton":  # register its ops now: torch.compile's tracing cannot
+        triton_theta.prepare()
     for m in module.modules():
         if isinstance(m, Pattention):
             m.impl = impl
@@ -296,6 +298,8 @@ class Pattention(nn.Module):
         check_theta(norm)
         check_impl(impl)
         check_top_k(top_k)
+        if impl == "triton":
+            triton_theta.prepare()
         for name, value in (("in_features", in_features), ("out_features", out_features),
                             ("num_tokens", num_tokens)):
             if not isinstance(value, int) or value <= 0:

@@ -27,32 +27,35 @@ a Pattention then keeps exactly what a GELU MLP keeps (its hidden pre-activation
 and moves the same bytes over them (2 passes forward, 3 backward). The byte counts of this and
 the other designs are in docs/performance.md.
 
-The ops are ``torch.ops.tokenformer_triton.theta_fwd`` / ``theta_bwd``, defined with
-:func:`torch.library.triton_op`, so ``torch.compile`` traces them without a graph break (inductor
-sees the kernels and fuses around them). Without triton installed (the ``triton`` extra) nothing
+The ops are ``torch.ops.tokenformer_triton.theta_fwd`` / ``theta_bwd``, defined on first use
+with :func:`torch.library.triton_op`, so ``torch.compile`` traces them without a graph break
+(inductor sees the kernels and fuses around them); under the interpreter they are opaque custom
+ops of their own (:func:`_ops`). Without triton installed (the ``triton`` extra) nothing
 is registered and :func:`available` says why. On a CPU the kernels run only under Triton's
-interpreter (``TRITON_INTERPRET=1`` set before the first call), which is how CI tests them.
+interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which is how CI tests them
+(tests/nn/test_triton_theta.py runs the device tests so in a child process).
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
 import warnings
-from pathlib import Path
 
 import torch
+from torch.library import custom_op, triton_op
 
 from .fused import no_autocast
 
 try:  # an optional dependency (the triton extra; CUDA builds of torch bring it)
     import triton
-    import triton.language as tl
+
+    from . import triton_theta_jit  # the kernels (decorating them compiles nothing yet)
 
     _IMPORT_ERROR = ""
+    _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 except ImportError as e:  # pragma: no cover - depends on the environment
-    triton = tl = None
+    triton = triton_theta_jit = None
+    _INTERPRET = False
     _IMPORT_ERROR = f"triton is not installed ({e}); pip install 'tokenformer[triton]'"
 
 # The kernels' Θ ids (a constexpr of the kernels: one compiled kernel per variant).
@@ -66,8 +69,10 @@ _state: dict[str, bool] = {}
 
 
 def interpreting() -> bool:
-    """Whether Triton runs its interpreter (``TRITON_INTERPRET=1``): kernels on CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    """Whether Triton runs its interpreter (kernels on CPU tensors): ``TRITON_INTERPRET=1`` was
+    set when this module imported triton. Triton decides it for its own ``@jit`` functions
+    (``tl.sum`` among them) when it is imported, so setting the variable later has no effect."""
+    return _INTERPRET
 
 
 def available() -> bool:
@@ -96,7 +101,8 @@ def supports(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
         _state["warned"] = True
         why = (unavailable_reason() if not available() else
                f"no Triton Θ for {norm} {dtype} scores on {device.type}"
-               + (" (TRITON_INTERPRET=1 runs it on the CPU)" if device.type == "cpu" else ""))
+               + (" (TRITON_INTERPRET=1 set before triton is imported runs it on the CPU)"
+                  if device.type == "cpu" else ""))
         warnings.warn(f"Pattention impl 'triton' falls back to 'fused': {why}", RuntimeWarning,
                       stacklevel=4)
     return False
@@ -111,16 +117,9 @@ def _warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 4096 else 16
 
 
-@functools.cache
-def _kernels(interpret: bool) -> tuple:
-    """(forward, backward) kernels of ``triton_theta_jit.py``, loaded from the file once per
-    interpreter mode (the argument keys the cache; see that module)."""
-    name = f"{__name__}_jit_{'interpreted' if interpret else 'compiled'}"
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(
-        "triton_theta_jit.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.fwd, module.bwd
+def _kernels() -> tuple:
+    """(forward, backward) kernels."""
+    return triton_theta_jit.fwd, triton_theta_jit.bwd
 
 
 def _check(scores: torch.Tensor) -> None:
@@ -129,48 +128,105 @@ def _check(scores: torch.Tensor) -> None:
                          f"{tuple(scores.shape)} strides {scores.stride()}")
 
 
-if triton is not None:
-    from torch.library import triton_op, wrap_triton
+def _launch(kernel, interpret: bool):
+    """``kernel`` as a triton_op body calls it: through :func:`torch.library.wrap_triton`
+    (compiled kernels), or as it is (the interpreter, which runs on real CPU tensors only)."""
+    return kernel if interpret else torch.library.wrap_triton(kernel)
 
-    @triton_op("tokenformer_triton::theta_fwd", mutates_args=())
-    def _theta_fwd(scores: torch.Tensor, norm: str, scale: float, eps: float, block: int
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(Θ [rows, n] contiguous, r [rows] float32) of ``scores`` (rows may be strided)."""
-        _check(scores)
-        rows, n = scores.shape
-        out = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
-        r = torch.zeros(rows, dtype=torch.float32, device=scores.device)
-        if rows and n:
-            wrap_triton(_kernels(interpreting())[0])[(rows,)](
-                scores, out, r, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm],
-                BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
-        return out, r
 
-    @triton_op("tokenformer_triton::theta_bwd", mutates_args=())
-    def _theta_bwd(grad: torch.Tensor, scores: torch.Tensor, r: torch.Tensor, norm: str,
-                   scale: float, eps: float, block: int) -> torch.Tensor:
-        """dS [rows, n] from dΘ (``grad``), the scores and the forward's r."""
-        _check(scores)
-        rows, n = scores.shape
-        grad = grad.contiguous()
-        ds = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
-        if rows and n:
-            wrap_triton(_kernels(interpreting())[1])[(rows,)](
-                grad, scores, r, ds, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm],
-                BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
-        return ds
+def _theta_fwd_impl(interpret: bool, scores: torch.Tensor, norm: str, scale: float, eps: float,
+                    block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Θ [rows, n] contiguous, r [rows] float32) of ``scores`` (rows may be strided)."""
+    _check(scores)
+    rows, n = scores.shape
+    out = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
+    r = torch.zeros(rows, dtype=torch.float32, device=scores.device)
+    if rows and n:
+        _launch(_kernels()[0], interpret)[(rows,)](
+            scores, out, r, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm], BLOCK=block,
+            SINGLE=n <= block, num_warps=_warps(block))
+    return out, r
 
-    def _setup_context(ctx, inputs, output) -> None:
+
+def _theta_bwd_impl(interpret: bool, grad: torch.Tensor, scores: torch.Tensor, r: torch.Tensor,
+                    norm: str, scale: float, eps: float, block: int) -> torch.Tensor:
+    """dS [rows, n] from dΘ (``grad``), the scores and the forward's r."""
+    _check(scores)
+    rows, n = scores.shape
+    grad = grad.contiguous()
+    ds = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
+    if rows and n:
+        _launch(_kernels()[1], interpret)[(rows,)](
+            grad, scores, r, ds, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm],
+            BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
+    return ds
+
+
+_OPS: list[tuple] = []
+
+
+def prepare() -> None:
+    """Register the ops now, outside any ``torch.compile`` tracing (which cannot register an
+    op). ``impl="triton"`` calls it (``Pattention(impl=...)``, ``set_pattention_impl``)."""
+    if available():
+        _ops()
+
+
+def _ops() -> tuple:
+    """The registered (forward, backward) ops, registering them on the first call."""
+    if not _OPS:
+        if torch.compiler.is_compiling():
+            raise RuntimeError("the Triton Θ ops are registered outside torch.compile: set "
+                               "impl='triton' (or call triton_theta.prepare()) before compiling")
+        _OPS.append(_register(interpreting()))
+    return _OPS[0]
+
+
+def _register(interpret: bool) -> tuple:
+    """The (forward, backward) custom ops. Compiled kernels: :func:`torch.library.triton_op`,
+    whose body inductor traces (it sees and schedules the kernels; no graph break, no Python
+    call per step), ``tokenformer_triton::theta_fwd``/``theta_bwd``. Under the interpreter,
+    which cannot run on fake tensors: opaque :func:`torch.library.custom_op` with fake
+    implementations (``..._interpreted``) — the same kernels, bodies and autograd formula, so
+    CPU tests check all but the triton_op wrapper (tests/test_device.py does on CUDA)."""
+    suffix = "_interpreted" if interpret else ""
+
+    def fwd(scores: torch.Tensor, norm: str, scale: float, eps: float, block: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _theta_fwd_impl(interpret, scores, norm, scale, eps, block)
+
+    def bwd(grad: torch.Tensor, scores: torch.Tensor, r: torch.Tensor, norm: str, scale: float,
+            eps: float, block: int) -> torch.Tensor:
+        return _theta_bwd_impl(interpret, grad, scores, r, norm, scale, eps, block)
+
+    if interpret:
+        fwd_op = custom_op(f"tokenformer_triton::theta_fwd{suffix}", fwd, mutates_args=())
+        bwd_op = custom_op(f"tokenformer_triton::theta_bwd{suffix}", bwd, mutates_args=())
+
+        @fwd_op.register_fake
+        def _(scores, norm, scale, eps, block):
+            return (scores.new_empty(scores.shape),
+                    scores.new_empty(scores.shape[0], dtype=torch.float32))
+
+        @bwd_op.register_fake
+        def _(grad, scores, r, norm, scale, eps, block):
+            return scores.new_empty(scores.shape)
+    else:
+        fwd_op = triton_op(f"tokenformer_triton::theta_fwd{suffix}", fwd, mutates_args=())
+        bwd_op = triton_op(f"tokenformer_triton::theta_bwd{suffix}", bwd, mutates_args=())
+
+    def setup_context(ctx, inputs, output) -> None:
         scores, norm, scale, eps, block = inputs
         ctx.save_for_backward(scores, output[1])
         ctx.args = (norm, scale, eps, block)
 
-    def _backward(ctx, grad_theta, grad_r):
+    def backward(ctx, grad_theta, grad_r):
         scores, r = ctx.saved_tensors
         # r is an internal output: nothing downstream differentiates it (grad_r is None or 0).
-        return _theta_bwd(grad_theta, scores, r, *ctx.args), None, None, None, None
+        return bwd_op(grad_theta, scores, r, *ctx.args), None, None, None, None
 
-    _theta_fwd.register_autograd(_backward, setup_context=_setup_context)
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return fwd_op, bwd_op
 
 
 def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0,
@@ -184,7 +240,7 @@ def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0,
     block = block_size(n) if block is None else block
     if block < 1 or block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
-    out = torch.ops.tokenformer_triton.theta_fwd(rows, norm, float(scale), float(eps), block)[0]
+    out = _ops()[0](rows, norm, float(scale), float(eps), block)[0]
     return out.view(scores.shape)
 
 

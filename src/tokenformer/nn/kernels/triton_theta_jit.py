@@ -1,10 +1,6 @@
-"""The Triton kernels of :mod:`tokenformer.nn.kernels.triton_theta` (see there).
-
-Loaded by :func:`tokenformer.nn.kernels.triton_theta._kernels` from this file, once per
-interpreter mode: Triton decides whether a kernel is interpreted when it is decorated, so a
-process that sets ``TRITON_INTERPRET`` after importing triton still gets interpreted kernels.
-Kernel helpers must be module globals (Triton resolves called functions there, not in closures).
-"""
+"""The Triton kernels of :mod:`tokenformer.nn.kernels.triton_theta` (see there), imported by
+it on first use. Kernel helpers are module globals: Triton resolves called functions there, not
+in closures."""
 
 import triton
 import triton.language as tl
