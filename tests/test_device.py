@@ -193,6 +193,52 @@ def test_triton_pattention_compiles_without_graph_breaks(device, norm):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("sizes", [(96, 96, 96), (96, 120, 144)], ids=["equal-n", "grown-n"])
+@pytest.mark.parametrize("impl", ["fused", "triton"])
+def test_grouped_qkv_matches_float64(device, impl, sizes):
+    """One GEMM for three Pattentions (nn.grouped; Θ per segment, grouped value product): the
+    outputs and gradients of X and of every K and V against the float64 formula, as close as
+    the separate layers' are, in fp32 and bf16 autocast."""
+    from tokenformer.nn.grouped import grouped_attend
+
+    if impl == "triton":
+        needs_triton(device)
+    g = torch.Generator().manual_seed(0)
+    d = 48
+    ps = [Pattention(d, d, n, "l2_norm_gelu", impl=impl, device=device) for n in sizes]
+    for p in ps:
+        with torch.no_grad():
+            p.key_param_tokens.copy_(torch.randn(p.num_tokens, d, generator=g) / math.sqrt(d))
+            p.value_param_tokens.copy_(torch.randn(p.num_tokens, d, generator=g)
+                                       / math.sqrt(p.num_tokens))
+    x = torch.randn(2, 33, d, generator=g, dtype=torch.float64)
+    params = [t for p in ps for t in (p.key_param_tokens, p.value_param_tokens)]
+
+    def grads(fn, x, params):
+        ys = fn(x)
+        loss = sum((y.double() * torch.cos(torch.arange(y.numel(), device=y.device)
+                                           ).view_as(y)).sum() for y in ys)
+        return [y.detach() for y in ys], torch.autograd.grad(loss, [x, *params])
+
+    leaves = [t.detach().cpu().double().requires_grad_() for t in params]
+    truth = grads(lambda x: [theta(x @ leaves[2 * i].t(), "l2_norm_gelu", p.scale)
+                             @ leaves[2 * i + 1] for i, p in enumerate(ps)],
+                  x.clone().requires_grad_(), leaves)
+    for precision in ("fp32", "bf16"):
+        results = {}
+        for name, fn in (("grouped", lambda x: grouped_attend(x, ps)),
+                         ("separate", lambda x: [p(x) for p in ps])):
+            xd = x.float().to(device).requires_grad_()
+            with autocast(device, precision):
+                results[name] = grads(fn, xd, params)
+        for got, sep, want in zip([*results["grouped"][0], *results["grouped"][1]],
+                                  [*results["separate"][0], *results["separate"][1]],
+                                  [*truth[0], *truth[1]], strict=True):
+            assert torch.isfinite(got).all()
+            assert norm_rel(got, want) <= max(2 * norm_rel(sep, want), TOLERANCE["fp32"]), (
+                precision, norm_rel(got, want), norm_rel(sep, want))
+
+
 # -------------------------------------------------------------------------------------- the LM
 def test_cached_generation_matches_uncached(device):
     """Greedy generation with the KV cache gives the tokens of generation without it, for equal

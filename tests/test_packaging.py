@@ -95,7 +95,7 @@ CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.f
         "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.kernels",
         "tokenformer.nn.kernels.fused", "tokenformer.nn.kernels.cpu_theta",
         "tokenformer.nn.kernels.dispatch", "tokenformer.nn.kernels.triton_theta",
-        "tokenformer.nn.kernels.triton_theta_jit",
+        "tokenformer.nn.kernels.triton_theta_jit", "tokenformer.nn.grouped",
         "tokenformer.nn.product_keys", "tokenformer.models",
         "tokenformer.models.lm", "tokenformer.models.config", "tokenformer.models.official"}
 
