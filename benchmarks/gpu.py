@@ -496,7 +496,9 @@ def pattention_stage(device: torch.device, sizes: Sizes, args: argparse.Namespac
     modes = [m for m in COMPILE_MODES if m in args.modes]
     tokens = sizes.pattention_tokens
     rows = []
-    for d, n in sizes.pattention_shapes:
+    shapes = ([tuple(int(v) for v in s.lower().split("x")) for s in args.pattention_shapes]
+              if args.pattention_shapes else sizes.pattention_shapes)
+    for d, n in shapes:
         torch.manual_seed(0)
         x = torch.randn(tokens, d, device=device, requires_grad=True)
         grad = torch.randn(tokens, d, device=device)
@@ -520,7 +522,7 @@ def pattention_stage(device: torch.device, sizes: Sizes, args: argparse.Namespac
                          "tflops": flops / t["min"] / 1e12, "vs_mlp": t["min"] / mlp})
         del x, grad, layers, fns
         free_memory()
-    rows += qkv_rows(device, sizes, modes)
+    rows += qkv_rows(device, shapes[0][0], sizes, modes)
     notes = [f"Forward + backward (dX, dK, dV) on {tokens} tokens, bf16 autocast, fp32 "
              f"parameters; best of {sizes.pattention_rounds} interleaved calls after 2 warm-up "
              f"(compiles). TFLOP/s from the matmuls' 12·T·d·n. The CPU goal was Pattention / "
@@ -551,10 +553,10 @@ class QKV(torch.nn.Module):
         return ys[0] + ys[1] + ys[2]
 
 
-def qkv_rows(device: torch.device, sizes: Sizes, modes: list[str]) -> list[dict[str, Any]]:
-    """Q/K/V at the first shape's width, n = d (the 150M model's 768 × 768): one by one (fused,
-    triton) vs one GEMM (triton; PyTorch Θ), fwd + bwd, eager and compiled, interleaved."""
-    d = sizes.pattention_shapes[0][0]
+def qkv_rows(device: torch.device, d: int, sizes: Sizes, modes: list[str]
+             ) -> list[dict[str, Any]]:
+    """Q/K/V of width ``d``, n = d (the 150M model's 768 × 768): one by one (fused, triton) vs
+    one GEMM (triton; PyTorch Θ), fwd + bwd, eager and compiled, interleaved."""
     tokens = sizes.pattention_tokens
     torch.manual_seed(0)
     x = torch.randn(tokens, d, device=device, requires_grad=True)
@@ -803,6 +805,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--train-models", nargs="+", default=None,
                         help="train stage: only these of tokenformer, transformer++, neox, "
                              "tokenformer-triton, tokenformer-triton-qkv (default: all)")
+    parser.add_argument("--pattention-shapes", nargs="+", default=None, metavar="DxN",
+                        help="pattention stage: these d×n (default 768x3072 1536x6144); Q/K/V "
+                             "at the first one's d")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="train: skip the profile of the eager models")
     parser.add_argument("--extra-tests", nargs="*", default=[],
