@@ -70,8 +70,9 @@ _state: dict[str, bool] = {}
 
 def interpreting() -> bool:
     """Whether Triton runs its interpreter (kernels on CPU tensors): ``TRITON_INTERPRET=1`` was
-    set when this module imported triton. Triton decides it for its own ``@jit`` functions
-    (``tl.sum`` among them) when it is imported, so setting the variable later has no effect."""
+    set when this module was imported. Triton decides it for its own ``@jit`` functions
+    (``tl.sum`` among them) when triton is imported (torch itself may import it first), so the
+    variable must be set before the process imports torch, triton or this module."""
     return _INTERPRET
 
 
