@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, autocast, command_line, interleaved, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.nn import kernels
+from tokenformer.nn.kernels import cpu_theta as kernels
 from tokenformer.nn.pattention import set_pattention_impl
 
 
@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     compiled = torch.compile(model)
     tokens = args.batch * args.seq
-    # The same model with impl="kernel" (tokenformer.nn.kernels), a copy with its own optimizer and
-    # compiled module, so that switching impls never invalidates a compiled graph.
+    # The same model with impl="kernel" (tokenformer.nn.kernels.cpu_theta), a copy with its own
+    # optimizer and compiled module, so that switching impls never invalidates a compiled graph.
     with_kernel = kernels.available()
     if with_kernel:
         model_k = copy.deepcopy(model)

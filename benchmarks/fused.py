@@ -26,8 +26,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, autocast, command_line, interleaved, machine
 
-from tokenformer.nn import kernels
-from tokenformer.nn.fused import fused_pattention
+from tokenformer.nn.kernels import cpu_theta as kernels
+from tokenformer.nn.kernels.fused import fused_pattention
 from tokenformer.nn.pattention import Pattention, theta
 from tokenformer.nn.profiling import peak_allocated_bytes
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     print("## Fused Pattention (issue 8)\n")
     print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine()}; timing: {clock}  ")
-    kernel = (f"the C++ Θ kernel (tokenformer.nn.kernels, {kernels.build_name()})"
+    kernel = (f"the C++ Θ kernel (tokenformer.nn.kernels.cpu_theta, {kernels.build_name()})"
               if kernels.available() else
               f"UNAVAILABLE, ran the fused path: {kernels.unavailable_reason()}")
     print(f"Variant `kernel`: {kernel}; `default`: a `Pattention` with nothing set "

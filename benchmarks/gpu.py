@@ -24,15 +24,20 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
     Pythia-160M's shape (``transformers``, from a config, random weights), each eager and
     ``torch.compile``d, interleaved in one run; MFU against the bf16 matmul rate measured here on
     the same GPU; then a profile of one round of each eager model (top kernels by device time).
+    Beside today's TokenFormer (impl ``auto``: the fused PyTorch Function on CUDA), two variants
+    of issue 33 (unmeasured so far): ``impl="triton"`` (the Triton Θ) and that with one GEMM for
+    Q, K and V; ``--train-models`` picks some of ``tokenformer``, ``transformer++``, ``neox``,
+    ``tokenformer-triton``, ``tokenformer-triton-qkv`` (each compile of a TokenFormer ≈ 66 s).
     Estimate: 1.9e13 FLOPs per TokenFormer step (1.14e9 per token × 16,384 tokens), 6 models ×
     (3 warm-up + 5 rounds × 3 steps) ≈ 110 steps ≈ 2e15 FLOPs: ≈ 10–30 s at 10–25 % of the
     ≈ 800 TFLOP/s an H100 multiplies bf16 at; the three inductor compiles of a 12-layer forward
     and backward take ≈ 1–2 min each: ≈ 4–6 min.
 ``pattention``
-    Forward + backward of Pattention (fused and reference impls) vs the two-matmul GELU MLP of the
-    same shapes (benchmarks/pattention.py's ``TwoMatmulMLP``) at the FFN shapes of the 150M
-    (d 768, n 3072) and 1.5B (d 1536, n 6144) models, 8 × 2048 tokens, bf16 autocast, eager and
-    compiled, interleaved. Estimate: 12·T·d·n = 4.6e11 and 1.9e12 FLOPs per call, ≈ 150 calls:
+    Forward + backward of Pattention (fused, reference and triton impls) vs the two-matmul GELU
+    MLP of the same shapes (benchmarks/pattention.py's ``TwoMatmulMLP``) at the FFN shapes of the
+    150M (d 768, n 3072) and 1.5B (d 1536, n 6144) models, 8 × 2048 tokens, bf16 autocast, eager
+    and compiled, interleaved; then Q/K/V at 768 × 768 one by one (fused, triton) vs one GEMM
+    (triton, PyTorch Θ). Estimate: 12·T·d·n = 4.6e11 and 1.9e12 FLOPs per call, ≈ 150 calls:
     seconds; eight compiles of one layer (≈ 10–20 s each): ≈ 2–3 min.
 ``decode``
     Greedy decoding tokens/s of TokenFormer-150M vs HF GPT-NeoX (Pythia-160M shape), bf16
@@ -107,6 +112,8 @@ from train_throughput import Trainer, matmul_ceiling
 
 from tokenformer import Pattention, TokenFormerConfig, TokenFormerLM, __version__, flops_per_token
 from tokenformer.models.baselines import TransformerConfig, TransformerLM, matched_config
+from tokenformer.nn.grouped import grouped_attend, set_grouped_qkv
+from tokenformer.nn.pattention import set_pattention_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -253,7 +260,7 @@ def copy_bandwidth(device: torch.device, nbytes: int, rounds: int = 10) -> float
 # ----------------------------------------------------------------------------------- env
 def environment(device: torch.device, sizes: Sizes) -> dict[str, Any]:
     """Versions, the GPU and its driver, nvidia-smi, and the two ceilings measured here."""
-    from tokenformer.nn import kernels
+    from tokenformer.nn.kernels import cpu_theta as kernels
 
     smi = output(["nvidia-smi"])
     print(smi or "nvidia-smi: not available", flush=True)
@@ -360,12 +367,32 @@ def train_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, ou
     tf = tokenformer_config(sizes, seq)
     tpp = matched_config(tf, "transformer++", multiple_of=sizes.mlp_multiple)
     neox = neox_flops_config(tf, seq)
-    models: dict[str, tuple[Callable[[], torch.nn.Module], Any]] = {
-        f"TokenFormer ({tf.name})": (lambda: TokenFormerLM(tf), tf),
-        f"Transformer++ (matched, MLP {tpp.intermediate_size})": (lambda: TransformerLM(tpp), tpp),
-        "GPT-NeoX (HF, Pythia-160M shape)" if not args.smoke else "GPT-NeoX (HF)":
-            (lambda: neox_model(tf), neox),
+    def tokenformer(impl: str | None = None, grouped: bool = False) -> torch.nn.Module:
+        model = TokenFormerLM(tf)
+        if impl:
+            set_pattention_impl(model, impl)
+        set_grouped_qkv(model, grouped)
+        return model
+
+    # id: (name, build, config); the Triton Θ and the one-GEMM Q/K/V beside today's default
+    # (impl auto: the fused PyTorch Function on CUDA), by id for --train-models
+    catalog: dict[str, tuple[str, Callable[[], torch.nn.Module], Any]] = {
+        "tokenformer": (f"TokenFormer ({tf.name})", tokenformer, tf),
+        "transformer++": (f"Transformer++ (matched, MLP {tpp.intermediate_size})",
+                          lambda: TransformerLM(tpp), tpp),
+        "neox": ("GPT-NeoX (HF, Pythia-160M shape)" if not args.smoke else "GPT-NeoX (HF)",
+                 lambda: neox_model(tf), neox),
+        "tokenformer-triton": (f"TokenFormer ({tf.name}), impl=triton",
+                               lambda: tokenformer("triton"), tf),
+        "tokenformer-triton-qkv": (f"TokenFormer ({tf.name}), impl=triton, one Q/K/V GEMM",
+                                   lambda: tokenformer("triton", grouped=True), tf),
     }
+    unknown = sorted(set(args.train_models or ()) - set(catalog))
+    if unknown:
+        raise ValueError(f"--train-models: unknown {', '.join(unknown)}; use {', '.join(catalog)}")
+    chosen = [i for i in catalog if not args.train_models or i in args.train_models]
+    models = {catalog[i][0]: catalog[i][1:] for i in chosen}
+    ids = {i: catalog[i][0] for i in chosen}
     modes = [m for m in COMPILE_MODES if m in args.modes]
     trainers, per_token, params, notes = {}, {}, {}, []
     for name, (build, config) in models.items():
@@ -404,24 +431,27 @@ def train_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, ou
                      "tflops": rate * per_token[name] / 1e12,
                      "mfu": rate * per_token[name] / peak})
     mfu = {(r["model"], r["mode"]): r["mfu"] for r in rows}
-    names = list(models)
     notes[:0] = [f"bf16 autocast, batch {sizes.batch} × seq {seq}, AdamW, grad clipping: "
              f"`tokenformer.train.fit`; {sizes.rounds} interleaved rounds of "
              f"{sizes.round_steps} steps after {sizes.warmup} warm-up steps, best round. MFU = "
              f"achieved FLOP/s ÷ the measured bf16 rate of this device ({peak / 1e12:.3g} TFLOP/s, "
              f"a {sizes.matmul_n}³ matmul); FLOPs/token from `flops_per_token(..., "
              f"training=True)` (the HF model's from the same count of its shape)."]
+    tpp_name, neox_name = ids.get("transformer++"), ids.get("neox")
     for mode in modes:
-        if (names[0], mode) in mfu and (names[1], mode) in mfu:
-            ratio = mfu[names[0], mode] / mfu[names[1], mode]
-            notes.append(f"{mode}: MFU TokenFormer / Transformer++ = {ratio:.3f} "
-                         f"({'met' if ratio >= 0.95 else 'not met'}: goal >= 0.95)")
-        if (names[0], mode) in mfu and (names[2], mode) in mfu:
+        for i in ("tokenformer", "tokenformer-triton", "tokenformer-triton-qkv"):
+            name = ids.get(i)
+            if (name, mode) in mfu and (tpp_name, mode) in mfu:
+                ratio = mfu[name, mode] / mfu[tpp_name, mode]
+                notes.append(f"{mode}: MFU {name} / Transformer++ = {ratio:.3f} "
+                             f"({'met' if ratio >= 0.95 else 'not met'}: goal >= 0.95)")
+        if (ids.get("tokenformer"), mode) in mfu and (neox_name, mode) in mfu:
             notes.append(f"{mode}: MFU TokenFormer / GPT-NeoX = "
-                         f"{mfu[names[0], mode] / mfu[names[2], mode]:.3f}")
+                         f"{mfu[ids['tokenformer'], mode] / mfu[neox_name, mode]:.3f}")
     profiles = {}
     if args.profile:
-        for name in names[:2]:
+        for name in [ids[i] for i in ("tokenformer", "transformer++", "tokenformer-triton-qkv")
+                     if i in ids]:
             if (name, "eager") in trainers:
                 profiles[name] = profile(trainers[name, "eager"], device)
     del trainers
@@ -466,12 +496,15 @@ def pattention_stage(device: torch.device, sizes: Sizes, args: argparse.Namespac
     modes = [m for m in COMPILE_MODES if m in args.modes]
     tokens = sizes.pattention_tokens
     rows = []
-    for d, n in sizes.pattention_shapes:
+    shapes = ([tuple(int(v) for v in s.lower().split("x")) for s in args.pattention_shapes]
+              if args.pattention_shapes else sizes.pattention_shapes)
+    for d, n in shapes:
         torch.manual_seed(0)
         x = torch.randn(tokens, d, device=device, requires_grad=True)
         grad = torch.randn(tokens, d, device=device)
         layers = {"Pattention fused": Pattention(d, d, n, impl="fused", device=device),
                   "Pattention reference": Pattention(d, d, n, impl="reference", device=device),
+                  "Pattention triton": Pattention(d, d, n, impl="triton", device=device),
                   "MLP GELU(x·Kᵀ)·V": TwoMatmulMLP(d, n).to(device)}
         fns = {}
         for mode in modes:
@@ -489,14 +522,67 @@ def pattention_stage(device: torch.device, sizes: Sizes, args: argparse.Namespac
                          "tflops": flops / t["min"] / 1e12, "vs_mlp": t["min"] / mlp})
         del x, grad, layers, fns
         free_memory()
+    rows += qkv_rows(device, shapes[0][0], sizes, modes)
     notes = [f"Forward + backward (dX, dK, dV) on {tokens} tokens, bf16 autocast, fp32 "
              f"parameters; best of {sizes.pattention_rounds} interleaved calls after 2 warm-up "
              f"(compiles). TFLOP/s from the matmuls' 12·T·d·n. The CPU goal was Pattention / "
-             f"MLP <= 1.05 (benchmarks/pattention.py)."]
+             f"MLP <= 1.05 (benchmarks/pattention.py); the GPU goal (issue 33) <= 1.05 too.",
+             "impl=triton: the Triton Θ (tokenformer.nn.kernels.triton_theta), opt-in until "
+             "these rows show it is faster; on a machine without it, it runs the fused path.",
+             "Q/K/V rows: the three Q/K/V Pattentions of an attention block (n = d), one by one "
+             "or as one GEMM (tokenformer.nn.grouped); ÷ the one-by-one fused time, and the "
+             "TFLOP/s of their 3 × 12·T·d·n."]
     return {"title": "Pattention vs MLP", "rows": rows, "notes": notes,
             "columns": [("d", "d", "{}"), ("n", "n", "{}"), ("layer", "layer", "{}"),
                         ("mode", "mode", "{}"), ("ms", "ms", "{:.3f}"),
                         ("tflops", "TFLOP/s", "{:.3g}"), ("vs_mlp", "÷ MLP", "{:.3f}x")]}
+
+
+class QKV(torch.nn.Module):
+    """Three Pattentions of one input (an attention block's Q, K, V), one by one or as one
+    GEMM (:func:`tokenformer.nn.grouped.grouped_attend`); the outputs summed, so one backward."""
+
+    def __init__(self, d: int, n: int, impl: str, grouped: bool, device: torch.device) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(Pattention(d, d, n, impl=impl, device=device)
+                                          for _ in range(3))
+        self.grouped = grouped
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ys = grouped_attend(x, list(self.layers)) if self.grouped else [p(x) for p in self.layers]
+        return ys[0] + ys[1] + ys[2]
+
+
+def qkv_rows(device: torch.device, d: int, sizes: Sizes, modes: list[str]
+             ) -> list[dict[str, Any]]:
+    """Q/K/V of width ``d``, n = d (the 150M model's 768 × 768): one by one (fused, triton) vs
+    one GEMM (triton; PyTorch Θ), fwd + bwd, eager and compiled, interleaved."""
+    tokens = sizes.pattention_tokens
+    torch.manual_seed(0)
+    x = torch.randn(tokens, d, device=device, requires_grad=True)
+    grad = torch.randn(tokens, d, device=device)
+    blocks = {"Q/K/V one by one, fused": QKV(d, d, "fused", False, device),
+              "Q/K/V one by one, triton": QKV(d, d, "triton", False, device),
+              "Q/K/V one GEMM, triton": QKV(d, d, "triton", True, device),
+              "Q/K/V one GEMM, PyTorch Θ": QKV(d, d, "fused", True, device)}
+    fns = {}
+    for mode in modes:
+        for name, block in blocks.items():
+            target = torch.compile(block) if mode == "compiled" else block
+            fns[name, mode] = synchronized(fwd_bwd(target, list(block.parameters()), x, grad),
+                                           device)
+    start = time.perf_counter()
+    times = interleaved(fns, sizes.pattention_rounds, warmup=2)
+    log(f"pattention: Q/K/V d {d}: {time.perf_counter() - start:.0f} s")
+    flops = 3 * 12 * tokens * d * d
+    rows = []
+    for (name, mode), t in times.items():
+        base = times["Q/K/V one by one, fused", mode]["min"]
+        rows.append({"d": d, "n": d, "layer": name, "mode": mode, "ms": 1e3 * t["min"],
+                     "tflops": flops / t["min"] / 1e12, "vs_mlp": t["min"] / base})
+    del x, grad, blocks, fns
+    free_memory()
+    return rows
 
 
 # -------------------------------------------------------------------------------- decode
@@ -716,6 +802,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tiny shapes and step counts: every stage on a CPU in < 60 s")
     parser.add_argument("--modes", nargs="+", default=list(COMPILE_MODES),
                         choices=COMPILE_MODES, help="train and pattention: eager, compiled")
+    parser.add_argument("--train-models", nargs="+", default=None,
+                        help="train stage: only these of tokenformer, transformer++, neox, "
+                             "tokenformer-triton, tokenformer-triton-qkv (default: all)")
+    parser.add_argument("--pattention-shapes", nargs="+", default=None, metavar="DxN",
+                        help="pattention stage: these d×n (default 768x3072 1536x6144); Q/K/V "
+                             "at the first one's d")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="train: skip the profile of the eager models")
     parser.add_argument("--extra-tests", nargs="*", default=[],

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, command_line, interleaved, machine
 
-from tokenformer.nn import kernels
+from tokenformer.nn.kernels import cpu_theta as kernels
 
 
 def passes(L: int, d: int, n: int, dtype: torch.dtype) -> dict[str, object]:

@@ -37,7 +37,7 @@ from common import (
 from tokenformer.models.baselines import TransformerLM, matched_config
 from tokenformer.models.config import TokenFormerConfig, flops_per_token
 from tokenformer.models.lm import TokenFormerLM
-from tokenformer.nn import kernels
+from tokenformer.nn.kernels import cpu_theta as kernels
 from tokenformer.training.config import TrainConfig
 from tokenformer.training.loop import fit
 
@@ -89,7 +89,7 @@ class Trainer:
 def measure(preset: str, args: argparse.Namespace) -> dict:
     tf_config = TokenFormerConfig.from_name(preset, max_seq_len=args.seq_len)
     configs = {"TokenFormer": tf_config, "Transformer": matched_config(tf_config, "transformer")}
-    if kernels.available():  # the same model with impl="kernel" (tokenformer.nn.kernels)
+    if kernels.available():  # the same model with impl="kernel" (tokenformer.nn.kernels.cpu_theta)
         configs = {"TokenFormer": tf_config, KERNEL: tf_config, **configs}
     trainers, per_token, params = {}, {}, {}
     for name, config in configs.items():

@@ -59,7 +59,7 @@ def one_thread():
 def theta_kernel_built():
     """Build (or load) the C++ Θ kernel once, before any test: the default Pattention impl uses
     it, and a first-use compile must not land inside one test's time."""
-    from tokenformer.nn import kernels
+    from tokenformer.nn.kernels import cpu_theta as kernels
 
     kernels.available()
 

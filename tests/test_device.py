@@ -10,6 +10,11 @@ DDP and FSDP2 in one process (gloo on the CPU, NCCL on CUDA).
 
 ``torch.compile`` runs only with ``--device cuda``: compiling a training step takes tens of
 seconds on a CPU, and CPU compilation is covered by test_kernels.py and benchmarks/compile.py.
+
+The Triton Θ (``impl="triton"``) runs its compiled kernels on CUDA and, with ``--device cpu``,
+Triton's interpreter on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was
+imported (tests/nn/test_triton_theta.py runs these tests so, in a child process); otherwise its
+tests are skipped, saying why.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from tokenformer import THETA_VARIANTS, Pattention, TokenFormerConfig, TokenFormerLM, grow, theta
 from tokenformer.io.checkpoint import step_dir
 from tokenformer.io.process_group import World
+from tokenformer.nn.kernels import triton_theta
 from tokenformer.nn.pattention import PATTENTION_IMPLS
 from tokenformer.training.config import TrainConfig
 from tokenformer.training.distributed import load_sharded_model
@@ -33,6 +39,15 @@ from tokenformer.training.loop import fit
 # TF32); bf16 autocast: matmul inputs rounded to 8 bits of mantissa (2^-9 each) through two
 # matmuls and Θ (measured <= 1e-2).
 TOLERANCE = {"fp32": 2e-5, "bf16": 3e-2}
+
+
+def needs_triton(device: torch.device) -> None:
+    """Skip unless the Triton Θ runs on ``device`` (module docstring)."""
+    if not triton_theta.available():
+        pytest.skip(f"no Triton Θ: {triton_theta.unavailable_reason()}")
+    if device.type == "cpu" and not triton_theta.interpreting():
+        pytest.skip("the Triton Θ on the CPU needs TRITON_INTERPRET=1 set before triton is "
+                    "imported (tests/nn/test_triton_theta.py runs these tests so)")
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -90,6 +105,138 @@ def test_pattention_matches_float64(device, norm, impl, precision):
         assert a.device.type == device.type and a.shape == b.shape, name
         assert torch.isfinite(a).all(), name
         assert norm_rel(a, b) < TOLERANCE[precision], (name, norm_rel(a, b))
+
+
+@pytest.mark.parametrize("block", [None, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm", THETA_VARIANTS)
+def test_triton_theta_matches_float64(device, norm, dtype, block):
+    """The Triton Θ op forward and backward against Θ's formula in float64, on rows of n = 300
+    scores (not a power of two; ``block=64``: five blocks per row, the two-sweep kernels; None:
+    the whole row in one block), with an all-zero row and eps > 0 (where the norm's subgradient
+    0 applies). fp32 to a few roundings; bf16 (stored in 8 bits of mantissa) no worse than twice
+    the PyTorch formula's own error in bf16."""
+    needs_triton(device)
+    g = torch.Generator().manual_seed(1)
+    s64 = torch.randn(9, 300, generator=g, dtype=torch.float64) * 2
+    s64[4] = 0.0
+    grad = torch.randn(9, 300, generator=g, dtype=torch.float64)
+    scale, eps = 7.0, 1e-3
+
+    def run(fn, s: torch.Tensor):
+        s = s.clone().requires_grad_()
+        out = fn(s)
+        (ds,) = torch.autograd.grad(out, s, grad.to(s.device, out.dtype))
+        return out, ds
+
+    truth = run(lambda s: theta(s, norm, scale, eps), s64)
+    got = run(lambda s: triton_theta.theta(s, norm, scale, eps, block=block),
+              s64.to(device, dtype))
+    own = run(lambda s: theta(s, norm, scale, eps), s64.to(dtype))  # the formula in dtype
+    for name, a, b, c in zip(("theta", "dS"), got, truth, own, strict=True):
+        assert a.dtype == dtype and a.device.type == device.type, name
+        assert torch.isfinite(a).all(), name
+        bound = 1e-6 if dtype == torch.float32 else 2 * norm_rel(c, b)
+        assert norm_rel(a, b) <= bound, (name, norm_rel(a, b), bound)
+    if norm != "softmax":  # a zero row: Θ = 0 (the GELU of zero scores, or a zero numerator)
+        assert (got[0][4] == 0).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's 0·inf
+@pytest.mark.parametrize("norm", ["l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm"])
+def test_triton_theta_zero_row_without_eps_is_nan_like_the_reference(device, norm):
+    """eps = 0 keeps the official arithmetic: an all-zero row's norm is 0 and Θ is NaN there
+    (as in the released code and ``theta``), the other rows are unaffected."""
+    needs_triton(device)
+    s = torch.randn(3, 200, dtype=torch.float64)
+    s[1] = 0.0
+    reference = theta(s, norm, 5.0)
+    out = triton_theta.theta(s.float().to(device), norm, 5.0, 0.0).cpu()
+    assert torch.isnan(reference[1]).all() and torch.isnan(out[1]).all()
+    assert norm_rel(out[[0, 2]], reference[[0, 2]]) < 1e-6
+
+
+def test_triton_ops_pass_opcheck(device):
+    """The forward and backward ops' registration (schema, fake tensors, autograd, AOT dispatch)
+    passes torch.library.opcheck, with strided rows and more than one block."""
+    needs_triton(device)
+    triton_theta.prepare()
+    fwd, bwd = triton_theta._ops()
+    s = torch.randn(6, 2 * 150, device=device)[:, :150]  # rows strided by 300
+    fwd_args = (s.requires_grad_(), "gelu_l2_norm", 4.0, 1e-6, 64)
+    torch.library.opcheck(fwd, fwd_args)
+    r = fwd(*fwd_args)[1].detach()
+    torch.library.opcheck(bwd, (torch.randn(6, 150, device=device), s.detach(), r,
+                                "gelu_l2_norm", 4.0, 1e-6, 64))
+
+
+@pytest.mark.parametrize("norm", ["l2_norm_gelu", "softmax"])
+def test_triton_pattention_compiles_without_graph_breaks(device, norm):
+    """``torch.compile(fullgraph=True)`` (inductor) of a Pattention with ``impl="triton"``:
+    forward and gradients equal the eager ones (a graph break would raise). On CUDA the op is a
+    triton_op inductor traces; under the interpreter an opaque custom op of its own."""
+    needs_triton(device)
+    torch.manual_seed(0)
+    layer = Pattention(32, 24, 200, norm, impl="triton", device=device)
+    x = torch.randn(2, 17, 32, device=device)
+
+    def step(layer: Pattention, x: torch.Tensor) -> torch.Tensor:
+        layer.zero_grad()
+        y = layer(x)
+        y.square().sum().backward()
+        return y.detach(), layer.key_param_tokens.grad.clone()
+
+    eager = step(layer, x)
+    torch._dynamo.reset()
+    compiled = step(torch.compile(layer, fullgraph=True), x)
+    for a, b in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sizes", [(96, 96, 96), (96, 120, 144)], ids=["equal-n", "grown-n"])
+@pytest.mark.parametrize("impl", ["fused", "triton"])
+def test_grouped_qkv_matches_float64(device, impl, sizes):
+    """One GEMM for three Pattentions (nn.grouped; Θ per segment, grouped value product): the
+    outputs and gradients of X and of every K and V against the float64 formula, as close as
+    the separate layers' are, in fp32 and bf16 autocast."""
+    from tokenformer.nn.grouped import grouped_attend
+
+    if impl == "triton":
+        needs_triton(device)
+    g = torch.Generator().manual_seed(0)
+    d = 48
+    ps = [Pattention(d, d, n, "l2_norm_gelu", impl=impl, device=device) for n in sizes]
+    for p in ps:
+        with torch.no_grad():
+            p.key_param_tokens.copy_(torch.randn(p.num_tokens, d, generator=g) / math.sqrt(d))
+            p.value_param_tokens.copy_(torch.randn(p.num_tokens, d, generator=g)
+                                       / math.sqrt(p.num_tokens))
+    x = torch.randn(2, 33, d, generator=g, dtype=torch.float64)
+    params = [t for p in ps for t in (p.key_param_tokens, p.value_param_tokens)]
+
+    def grads(fn, x, params):
+        ys = fn(x)
+        loss = sum((y.double() * torch.cos(torch.arange(y.numel(), device=y.device)
+                                           ).view_as(y)).sum() for y in ys)
+        return [y.detach() for y in ys], torch.autograd.grad(loss, [x, *params])
+
+    leaves = [t.detach().cpu().double().requires_grad_() for t in params]
+    truth = grads(lambda x: [theta(x @ leaves[2 * i].t(), "l2_norm_gelu", p.scale)
+                             @ leaves[2 * i + 1] for i, p in enumerate(ps)],
+                  x.clone().requires_grad_(), leaves)
+    for precision in ("fp32", "bf16"):
+        results = {}
+        for name, fn in (("grouped", lambda x: grouped_attend(x, ps)),
+                         ("separate", lambda x: [p(x) for p in ps])):
+            xd = x.float().to(device).requires_grad_()
+            with autocast(device, precision):
+                results[name] = grads(fn, xd, params)
+        for got, sep, want in zip([*results["grouped"][0], *results["grouped"][1]],
+                                  [*results["separate"][0], *results["separate"][1]],
+                                  [*truth[0], *truth[1]], strict=True):
+            assert torch.isfinite(got).all()
+            assert norm_rel(got, want) <= max(2 * norm_rel(sep, want), TOLERANCE["fp32"]), (
+                precision, norm_rel(got, want), norm_rel(sep, want))
 
 
 # -------------------------------------------------------------------------------------- the LM

@@ -44,16 +44,21 @@ def test_smoke_run_writes_finite_results(tmp_path):
         assert values and all(math.isfinite(v) for v in values), stage
     tests = results["tests"]["runs"][0]
     assert tests["passed"] >= 1 and tests["failed"] == 0
-    # 3 models × (eager, compiled); 3 layers × 2 modes per shape; 2 models × 2 batch sizes
-    assert len(results["train"]["rows"]) == 6
+    # 5 models (TokenFormer: default, impl=triton, triton + one Q/K/V GEMM; Transformer++;
+    # GPT-NeoX) × (eager, compiled); 4 layers × 2 modes per shape, and 4 Q/K/V variants × 2
+    # modes; 2 models × 2 batch sizes
+    assert len(results["train"]["rows"]) == 10
     assert all(0 < r["mfu"] and r["tokens_per_s"] > 0 for r in results["train"]["rows"])
-    assert len(results["pattention"]["rows"]) == 6
+    assert len(results["pattention"]["rows"]) == 16
+    layers = {r["layer"] for r in results["pattention"]["rows"]}
+    assert {"Pattention triton", "Q/K/V one GEMM, triton"} <= layers
     assert len(results["decode"]["rows"]) == 4
     assert results["decode"]["expected_ratio_weights"] > 0
     text = (out / "results.md").read_text()
     for title in ("device tests", "training speed", "Pattention vs MLP", "decoding"):
         assert f"## GPU: {title}" in text
     assert "| TokenFormer (tiny) | compiled |" in text
+    assert "| TokenFormer (tiny), impl=triton, one Q/K/V GEMM | compiled |" in text
     assert (out / "tests.log").read_text().strip()
     # the printed section is the file's (the reply of a device call shows stdout's end)
     assert "## GPU: decoding" in result.stdout

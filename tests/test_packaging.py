@@ -92,8 +92,11 @@ def test_constraints_file_pins_the_lowest_tested_versions():
 CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.files",
         "tokenformer.io.checkpoint", "tokenformer.io.paths", "tokenformer.io.untrusted",
         "tokenformer.models.memory",
-        "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.fused",
-        "tokenformer.nn.kernels", "tokenformer.nn.product_keys", "tokenformer.models",
+        "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.kernels",
+        "tokenformer.nn.kernels.fused", "tokenformer.nn.kernels.cpu_theta",
+        "tokenformer.nn.kernels.dispatch", "tokenformer.nn.kernels.triton_theta",
+        "tokenformer.nn.kernels.triton_theta_jit", "tokenformer.nn.grouped",
+        "tokenformer.nn.product_keys", "tokenformer.models",
         "tokenformer.models.lm", "tokenformer.models.config", "tokenformer.models.official"}
 
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.errors import ConfigError
-from tokenformer.nn.fused import PattentionFunction, fused_pattention
+from tokenformer.nn.kernels.fused import PattentionFunction, fused_pattention
 from tokenformer.nn.pattention import THETA_VARIANTS, Pattention, set_pattention_impl, theta
 
 
@@ -178,7 +178,7 @@ def test_pattention_impl_switch():
 def test_tiny_lm_fused_equals_reference(norm, impl):
     """A whole tiny TokenFormerLM in fp32: fused (or the C++ kernel) and reference give the same
     logits, and parameter gradients as close to the float64 model's as the reference path's are."""
-    from tokenformer.nn import kernels
+    from tokenformer.nn.kernels import cpu_theta as kernels
 
     if impl == "kernel" and not kernels.available():
         pytest.skip(f"Θ kernel unavailable: {kernels.unavailable_reason()}")

@@ -32,8 +32,8 @@ from test_fused import (
 )
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.nn import kernels
-from tokenformer.nn.fused import fused_pattention
+from tokenformer.nn.kernels import cpu_theta as kernels
+from tokenformer.nn.kernels.fused import fused_pattention
 from tokenformer.nn.pattention import THETA_VARIANTS, Pattention, set_pattention_impl
 
 
@@ -232,7 +232,7 @@ def test_missing_compiler_in_a_fresh_process(tmp_path, compiler):
         import warnings, torch
         warnings.simplefilter("error")
         from tokenformer import TokenFormerConfig, TokenFormerLM
-        from tokenformer.nn import kernels
+        from tokenformer.nn.kernels import cpu_theta as kernels
         model = TokenFormerLM(TokenFormerConfig.from_name("tiny"))
         ids = torch.randint(0, 100, (2, 12))
         model(ids, labels=ids).loss.backward()
@@ -300,7 +300,7 @@ def test_kernel_peak_memory_below_gelu_mlp(precision):
 _OTHER_ISA_CHECK = textwrap.dedent("""
     import sys, torch
     from unittest import mock
-    from tokenformer.nn import kernels
+    from tokenformer.nn.kernels import cpu_theta as kernels
     from tokenformer.nn.pattention import theta
     with mock.patch.object(kernels, "isa", lambda: sys.argv[1]), \\
             mock.patch.object(kernels, "_cpu_has", lambda flag: False):

@@ -15,10 +15,11 @@ generation with an error naming the module, the line and what it does):
 2. **Package imports** are relative ``from .module import name`` statements at the top of the
    module; they are dropped (the names are defined above, in the same file; ``name as alias``
    becomes ``alias = name``). A package module is imported as an object (``from . import x``)
-   only when :data:`STUBS` stands in for it (the C++ Θ kernel: a class named ``kernels`` whose
-   ``usable``/``supports`` say no, so ``impl="kernel"`` falls back to the fused PyTorch path,
-   exactly as wherever the kernel cannot be built). From the package itself only
-   ``__version__`` is imported; it becomes the constant.
+   only when :data:`STUBS` stands in for it (the C++ and Triton Θ kernels: classes named
+   ``cpu_theta``/``triton_theta`` whose ``usable``/``supports`` say no, so ``impl="kernel"`` or
+   ``"triton"`` falls back to the fused PyTorch path, exactly as wherever a kernel is
+   unavailable). From the package itself only ``__version__`` is imported; it becomes the
+   constant.
 3. **One namespace**: no two bundled modules define the same top-level name.
 4. **Deferred package imports** (a relative import inside a function or an ``if TYPE_CHECKING:``
    block) become ``pass`` when that module is bundled, else ``raise ImportError("needs the
@@ -49,15 +50,24 @@ ALLOWED_PACKAGES = ("torch", "transformers", "safetensors", "yaml", "numpy", "to
                     "huggingface_hub", "packaging", "regex", "tqdm")
 PACKAGE = "tokenformer"
 STUBS = {
-    "nn.kernels": (
-        "class kernels:  # noqa: N801  stands in for tokenformer.nn.kernels (the C++ Θ kernel,\n"
-        "    # which is compiled by the package): impl='kernel' runs the fused PyTorch path here\n"
+    "nn.kernels.cpu_theta": (
+        "class cpu_theta:  # noqa: N801  stands in for tokenformer.nn.kernels.cpu_theta (the C++\n"
+        "    # Θ kernel, compiled by the package): impl='kernel' runs the fused PyTorch path here\n"
         "    @staticmethod\n"
-        "    def supports(x, norm):\n"
+        "    def supports(device, dtype, norm):\n"
         "        return False\n\n"
         "    @staticmethod\n"
-        "    def usable(x, norm):  # impl='auto': the PyTorch paths\n"
+        "    def usable(device, dtype, norm):  # impl='auto': the PyTorch paths\n"
         "        return False\n"),
+    "nn.kernels.triton_theta": (
+        "class triton_theta:  # noqa: N801  stands in for tokenformer.nn.kernels.triton_theta\n"
+        "    # (Triton kernels, the package's): impl='triton' runs the fused PyTorch path here\n"
+        "    @staticmethod\n"
+        "    def supports(device, dtype, norm):\n"
+        "        return False\n\n"
+        "    @staticmethod\n"
+        "    def prepare():\n"
+        "        pass\n"),
 }
 
 

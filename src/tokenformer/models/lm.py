@@ -24,6 +24,7 @@ from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..io.checkpoint import verify_checkpoint
 from ..io.files import atomic_write, atomic_write_text, save_safetensors
 from ..io.paths import has_regular_file
+from ..nn.grouped import grouped_attend
 from ..nn.pattention import Pattention, key_init_std
 from ..nn.pattention import top_k_tokens as _top_k_tokens
 from ..nn.product_keys import ProductKeyPattention
@@ -121,6 +122,8 @@ def _product_ffn(config: TokenFormerConfig) -> nn.Module:
 class Attention(nn.Module):
     """Causal multi-head attention whose Q, K, V and output projections are Pattentions."""
 
+    grouped_qkv = False  # one GEMM for Q, K and V (nn.grouped.set_grouped_qkv); opt-in
+
     def __init__(self, config: TokenFormerConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -140,9 +143,9 @@ class Attention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
 
-        q = rotary(heads(self.query(x)), position_ids)
-        k = rotary(heads(self.key(x)), position_ids)
-        v = heads(self.value(x))
+        qkv = (self.query, self.key, self.value)
+        q, k, v = grouped_attend(x, qkv) if self.grouped_qkv else (p(x) for p in qkv)
+        q, k, v = rotary(heads(q), position_ids), rotary(heads(k), position_ids), heads(v)
         past = 0
         if cache is not None:
             past = cache.get_seq_length(self.layer_idx)

@@ -43,23 +43,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from . import kernels
-from .fused import fused_pattention
+from .kernels import cpu_theta, triton_theta
+from .kernels.dispatch import select_impl
+from .kernels.fused import fused_pattention
 
 THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax",
                                    "gelu")
-# "fused": tokenformer.nn.fused (one custom autograd Function, analytic backward, few passes over
-# the scores); "reference": theta() below under plain autograd, the ground truth the fused path is
-# tested against. "kernel": the fused path with Θ from the C++ CPU kernel (tokenformer.nn.kernels;
-# built once per machine, needs a compiler; where it does not apply or cannot be built: "fused",
-# after one warning). "auto" (default): the kernel wherever it applies and is available
-# (l2_norm_gelu on the CPU in fp32/bf16/fp16), training and inference; elsewhere fused when
-# autograd records the call (less time and half the activation memory) and reference otherwise
-# (at the few rows per call of decoding the Function's per-call overhead outweighs its one saved
-# pass). "torch": that last rule alone (auto without the kernel; auto before the kernel was the
-# default), what the documented experiments ran with, so they can be rerun bit for bit.
-# docs/performance.md.
-PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference", "kernel", "torch")
+# The values of a Pattention's ``impl``; which backend each runs on which device, dtype and Θ is
+# decided in one place, tokenformer.nn.kernels.dispatch.select_impl (its docstring lists them).
+# "reference": theta() below under plain autograd, the ground truth; "fused": one custom
+# autograd Function (tokenformer.nn.kernels.fused); "kernel": that Function with Θ from the C++
+# CPU kernel; "triton": Θ from the Triton kernels (CUDA; opt-in, unmeasured); "auto" (default):
+# the C++ kernel where it applies, else fused when training and reference otherwise; "torch":
+# auto without the kernel, what the documented experiments ran with. docs/performance.md.
+PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference", "kernel", "torch",
+                                     "triton")
 
 # The one map from a TokenFormer block's Pattentions (their names in the block, which are the
 # official checkpoints' names too) to the kind whose token count, Θ factor and top-k the config
@@ -181,6 +179,8 @@ def check_impl(impl: str) -> None:
 def set_pattention_impl(module: nn.Module, impl: str) -> None:
     """Switch every Pattention inside ``module`` (e.g. a whole model) to ``impl``."""
     check_impl(impl)
+    if impl == "triton":  # register its ops now: torch.compile's tracing cannot
+        triton_theta.prepare()
     for m in module.modules():
         if isinstance(m, Pattention):
             m.impl = impl
@@ -298,6 +298,8 @@ class Pattention(nn.Module):
         check_theta(norm)
         check_impl(impl)
         check_top_k(top_k)
+        if impl == "triton":
+            triton_theta.prepare()
         for name, value in (("in_features", in_features), ("out_features", out_features),
                             ("num_tokens", num_tokens)):
             if not isinstance(value, int) or value <= 0:
@@ -330,41 +332,47 @@ class Pattention(nn.Module):
     def attend(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """This layer's Pattention (Θ, scale, eps, impl, top_k) over the tokens ``key``/``value``:
         its own parameters, or those with more tokens appended (token adapters)."""
-        impl = self.impl
         if self.top_k is not None:  # the dense default pays no top-k bookkeeping per call
             k = resolve_top_k(self.top_k, key.shape[0])
             if k is not None and k < key.shape[0]:
                 return self._top_k_forward(x, key, value, k)
-        if impl == "reference":
+        backend, records = self._backend(x, key, value)
+        if backend == "reference":
+            if self.impl == "auto":  # "torch" keeps the layout: it reproduces old results exactly
+                value = self._inference_value(value)
             return _reference(x, key, value, self.norm, self.scale, self.eps)
-        records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
-                                               or value.requires_grad)
-        kernel = (kernels.usable(x, self.norm) if impl == "auto"  # silent fallback
-                  else impl == "kernel" and kernels.supports(x, self.norm))  # warns once
+        if backend == "triton":
+            return triton_theta.pattention(x, key, value, self.norm, self.scale, self.eps)
+        kernel = backend == "cpu_kernel"
         if kernel and not records and not torch.is_autocast_enabled(x.device.type):
             # Inference (decoding: one row per call): as few Python steps as possible.
             scores = F.linear(x, key)
-            theta_ = kernels.theta_forward(scores.view(-1, scores.shape[-1]), self.scale,
-                                           self.eps)[0]
+            theta_ = cpu_theta.theta_forward(scores.view(-1, scores.shape[-1]), self.scale,
+                                             self.eps)[0]
             return torch.matmul(theta_.view(scores.shape), self._inference_value(value))
-        if kernel or records or impl in ("fused", "kernel"):
-            return fused_pattention(x, key, value, self.norm, self.scale, self.eps,
-                                    kernel=kernel)
-        if impl == "auto":  # "torch" keeps the layout too: it reproduces the old results exactly
-            value = self._inference_value(value)
-        return _reference(x, key, value, self.norm, self.scale, self.eps)
+        return fused_pattention(x, key, value, self.norm, self.scale, self.eps, kernel=kernel)
+
+    def _backend(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+                 ) -> tuple[str, bool]:
+        """:func:`select_impl`'s backend for this call, and whether autograd records it."""
+        records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
+                                               or value.requires_grad)
+        if self.impl == "reference":
+            return "reference", records
+        return select_impl(self.impl, x.device, x.dtype, self.norm, training=records), records
 
     def _top_k_forward(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        k: int) -> torch.Tensor:
-        """Θ over all n scores (the C++ kernel at inference where it applies, else ``theta``
-        under autograd), then :func:`top_k_pattention`."""
+        """Θ over all n scores (the C++ kernel at inference or the Triton Θ where the dispatch
+        picks them, else ``theta`` under autograd), then :func:`top_k_pattention`."""
         scores = F.linear(x, key)
-        records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
-                                               or value.requires_grad)
-        if (not records and self.impl in ("auto", "kernel") and kernels.usable(x, self.norm)
+        backend, records = self._backend(x, key, value)
+        if (backend == "cpu_kernel" and not records
                 and not torch.is_autocast_enabled(x.device.type)):
-            theta_ = kernels.theta_forward(scores.reshape(-1, scores.shape[-1]), self.scale,
-                                           self.eps)[0].view(scores.shape)
+            theta_ = cpu_theta.theta_forward(scores.reshape(-1, scores.shape[-1]), self.scale,
+                                             self.eps)[0].view(scores.shape)
+        elif backend == "triton":
+            theta_ = triton_theta.theta(scores, self.norm, self.scale, self.eps)
         else:
             theta_ = theta(scores, self.norm, self.scale, self.eps)
         return top_k_pattention(value, theta_, k)

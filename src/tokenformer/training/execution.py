@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
 from ..io.process_group import World
-from ..nn import kernels
+from ..nn.kernels import cpu_theta
 from ..nn.pattention import set_pattention_impl
 from .distributed import blocks, wrap_model
 
@@ -76,5 +76,5 @@ def prepare_module(model: nn.Module, cfg: TrainConfig, world: World,
                 block.forward = functools.partial(_checkpointed, block.forward)
     module = wrap_model(model, world, device)
     if cfg.compile and cfg.pattention_impl in ("auto", "kernel"):
-        kernels.available()  # build/load before tracing: a decision made mid-trace breaks graphs
+        cpu_theta.available()  # build/load before tracing: a decision made mid-trace breaks graphs
     return torch.compile(module) if cfg.compile else module

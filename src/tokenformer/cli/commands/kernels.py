@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ...errors import TokenFormerError
-from ...nn import kernels
+from ...nn.kernels import cpu_theta as kernels
 
 
 def build_kernels(args: argparse.Namespace) -> int:

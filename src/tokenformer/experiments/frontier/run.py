@@ -39,7 +39,7 @@ from ...io.untrusted import safe_torch_load
 from ...io.workers import check_parent, worker_pool
 from ...models.baselines import TransformerConfig, model_class
 from ...models.config import TokenFormerConfig
-from ...nn import kernels
+from ...nn.kernels import cpu_theta as kernels
 from ...nn.pattention import KINDS, default_scale, pattention_kind
 from ...ops.growth import grow_with_optimizer
 from ...ops.widening import optimizer_for, widen_mlp

@@ -30,8 +30,9 @@ is what the next matmul consumes anyway. Everything is plain torch ops without d
 Python control flow, so ``torch.compile`` traces the function (and inductor fuses the passes).
 
 ``kernel=True`` (``impl="kernel"``) keeps the matmuls and hands everything done to the [L, n]
-scores to the C++ kernel of :mod:`tokenformer.nn.kernels` (l2_norm_gelu on the CPU): one pass per
-direction, and a backward that turns (dΘ, S) into (Θ, dS) in place instead of allocating.
+scores to the C++ kernel of :mod:`tokenformer.nn.kernels.cpu_theta` (l2_norm_gelu on the CPU):
+one pass per direction, and a backward that turns (dΘ, S) into (Θ, dS) in place instead of
+allocating.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from . import kernels
+from . import cpu_theta
 
 _gelu_backward_ = torch.ops.aten.gelu_backward.grad_input  # out= variant: may write into grad
 
@@ -61,7 +62,7 @@ def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _wide((a * b).sum(dim=-1, keepdim=True))
 
 
-def _no_autocast(x: torch.Tensor) -> tuple[torch.dtype, contextlib.AbstractContextManager]:
+def no_autocast(x: torch.Tensor) -> tuple[torch.dtype, contextlib.AbstractContextManager]:
     """The dtype autocast would run a matmul on ``x`` in, and a context that turns autocast off
     (we cast once ourselves; autocast would re-cast every op). Without autocast: ``x.dtype`` and
     a no-op context, because entering ``torch.autocast`` costs microseconds that add up when
@@ -76,10 +77,10 @@ def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
              eps: float, kernel: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Y and what the backward needs: the saved scores, r, Θ. Runs with autocast off, on inputs
     already in the compute dtype (:func:`fused_pattention` casts them). ``kernel``: Θ from the
-    C++ kernel (:mod:`tokenformer.nn.kernels`), which saves only S and r."""
+    C++ kernel (:mod:`tokenformer.nn.kernels.cpu_theta`), which saves only S and r."""
     s = torch.matmul(x, key.t())
     if kernel:
-        theta, r = kernels.theta_forward(s, scale, eps)
+        theta, r = cpu_theta.theta_forward(s, scale, eps)
         return torch.matmul(theta, value), (s, r, theta)
     if norm == "l2_norm_gelu":
         r = _wide(torch.linalg.vector_norm(s, dim=-1, keepdim=True))
@@ -130,14 +131,14 @@ class PattentionFunction(torch.autograd.Function):
     def backward(ctx, grad_y: torch.Tensor):
         norm, scale, eps = ctx.norm, ctx.scale, ctx.eps
         xc, kc, vc, saved, r, *rest = ctx.saved_tensors
-        with _no_autocast(xc)[1]:
+        with no_autocast(xc)[1]:
             gy = grad_y.to(xc.dtype)
             c = None  # the per-row factor folded into the [L, d] side (None: already applied)
             # The order keeps at most three [L, n] tensors alive (a GELU MLP's backward peaks at
             # as many): dV before dΘ, so that a recomputed Θ is used and turned into a buffer
             # before dΘ is allocated.
             if ctx.kernel:  # one pass turns (dΘ, S) into (Θ, dS) in place
-                theta, m = kernels.theta_backward(torch.matmul(gy, vc.t()), saved, r, scale, eps)
+                theta, m = cpu_theta.theta_backward(torch.matmul(gy, vc.t()), saved, r, scale, eps)
                 grad_v = torch.matmul(theta.transpose(-1, -2), gy)
                 del theta
             elif norm == "l2_norm_gelu":
@@ -187,18 +188,18 @@ class PattentionFunction(torch.autograd.Function):
 def fused_pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
                      scale: float, eps: float = 0.0, kernel: bool = False) -> torch.Tensor:
     """``Θ(x·keyᵀ)·value`` for ``x`` of shape [..., d_in] through :class:`PattentionFunction`.
-    ``kernel=True``: Θ from the C++ CPU kernel where it applies (:func:`kernels.supports`:
+    ``kernel=True``: Θ from the C++ CPU kernel where it applies (:func:`cpu_theta.supports`:
     ``l2_norm_gelu`` on the CPU in float32/bf16/fp16), the PyTorch passes elsewhere."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
-    dtype, no_autocast = _no_autocast(x2)
+    dtype, autocast_off = no_autocast(x2)
     # Cast to the compute dtype here, as autograd ops of their own, rather than inside the
     # Function: the casts' backward (to the float32 leaves) then runs after the Function's
     # backward has released its [L, n] tensors, instead of adding float32 gradients on top of
     # them at the memory peak. Autocast is turned off once, here, for everything inside.
     x2, key, value = x2.to(dtype), key.to(dtype), value.to(dtype)
-    kernel = kernel and kernels.supports(x2, norm)
-    with no_autocast:
+    kernel = kernel and cpu_theta.supports(x2.device, x2.dtype, norm)
+    with autocast_off:
         if torch.is_grad_enabled() and (x2.requires_grad or key.requires_grad
                                         or value.requires_grad):
             y = PattentionFunction.apply(x2, key, value, norm, scale, eps, kernel)

@@ -4,7 +4,8 @@ PyTorch runs Θ as separate elementwise kernels, each a pass over the [L, n] sco
 passes are memory-bound and cost a Pattention step 5–10 % over a GELU MLP of the same shapes
 (docs/performance.md). The kernel does the whole Θ — row norm, scale, GELU — in one pass per
 direction, a row at a time while the row sits in cache, so a Pattention step costs what the MLP's
-does. The default ``impl="auto"`` (:mod:`tokenformer.nn.pattention`) uses it wherever it applies.
+does. The default ``impl="auto"`` uses it wherever it applies
+(:func:`tokenformer.nn.kernels.dispatch.select_impl`).
 
 It is compiled from source with :func:`torch.utils.cpp_extension.load` the first time it is asked
 for (≈ 15 s, with one line on stderr; ``tokenformer build-kernels`` does it ahead of time) for the
@@ -169,15 +170,15 @@ def build() -> str:
     return build_name()
 
 
-def covers(x: torch.Tensor, norm: str) -> bool:
-    """Whether the kernel computes Θ ``norm`` for scores of ``x``'s device and dtype."""
-    return norm == "l2_norm_gelu" and x.device.type == "cpu" and x.dtype in DTYPES
+def covers(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
+    """Whether the kernel computes Θ ``norm`` for scores on ``device`` in ``dtype``."""
+    return norm == "l2_norm_gelu" and device.type == "cpu" and dtype in DTYPES
 
 
-def usable(x: torch.Tensor, norm: str) -> bool:
+def usable(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
     """:func:`covers` and :func:`available`, silently: what ``impl="auto"`` asks. When the
     kernel cannot be built, one debug-level log line says why (auto then runs ``fused``)."""
-    if not covers(x, norm):
+    if not covers(device, dtype, norm):
         return False
     if available():
         return True
@@ -188,17 +189,17 @@ def usable(x: torch.Tensor, norm: str) -> bool:
     return False
 
 
-def supports(x: torch.Tensor, norm: str) -> bool:
-    """Whether the kernel computes Θ ``norm`` for scores of ``x``'s device and dtype; warns once
+def supports(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
+    """Whether the kernel computes Θ ``norm`` for scores on ``device`` in ``dtype``; warns once
     when it would but cannot be built."""
-    if not covers(x, norm):
+    if not covers(device, dtype, norm):
         return False
     if available():
         return True
     if not _state.get("warned"):
         _state["warned"] = True
         warnings.warn(f"Pattention impl 'kernel' falls back to 'fused': {unavailable_reason()} "
-                      f"(TOKENFORMER_KERNELS=0 skips the attempt)", RuntimeWarning, stacklevel=3)
+                      f"(TOKENFORMER_KERNELS=0 skips the attempt)", RuntimeWarning, stacklevel=4)
     return False
 
 

@@ -1,0 +1,258 @@
+"""Triton kernels for Θ on CUDA, forward and backward, registered as custom ops (``impl="triton"``).
+
+**Unmeasured**: opt-in until a GPU run of ``benchmarks/gpu.py`` shows it is the fastest
+(docs/performance.md, "A Triton Θ"); ``impl="auto"`` does not choose it.
+
+Every Θ variant of :mod:`tokenformer.nn.pattention` is one row-wise kernel per direction, one
+program per row of the scores S [rows, n] (computing in float32, storing in S's dtype):
+
+* forward: one read of S, one write of Θ(S) and of one float32 number per row (r, the norm:
+  ‖S‖₂, ‖GELU(S)‖₂, ‖GELU(S)‖₁ or Σexp(S); nothing for plain ``gelu``);
+* backward: one read of dΘ and S, one write of dS, from the closed forms of
+  :mod:`tokenformer.nn.kernels.fused` (c = scale / (r + eps)):
+
+  - ``l2_norm_gelu``: u = c·S, g = GELU'(u)⊙dΘ, dS = c·g − c·S·(S·g) / (r·(r + eps)), i.e.
+    c·(g − ŝ·(ŝ·g)·r/(r + eps)) with ŝ = S/r; a zero row (finite only with eps > 0) gets
+    dS = c·g, the reference's subgradient 0 for the norm;
+  - ``gelu_l2_norm``: Θ = c·GELU(S), dS = c·GELU'(S)⊙(dΘ − Θ·(Θ·dΘ)·(r + eps)/(s²·r));
+  - ``gelu_l1_norm``: dS = c·GELU'(S)⊙(dΘ − sign(Θ)·(Θ·dΘ)/s);
+  - ``softmax``: Θ = c·exp(S), dS = Θ⊙(dΘ − (Θ·dΘ)/s);
+  - ``gelu``: Θ = s·GELU(S), dS = s·GELU'(S)⊙dΘ.
+
+A row that fits one block (n ≤ :data:`MAX_BLOCK`) is loaded once and kept in registers; a longer
+row is swept twice (the norm, then Θ), the second sweep reading what the first left in L2.
+
+The Θ op saves S and r for its backward and returns Θ, which the value product's autograd keeps:
+a Pattention then keeps exactly what a GELU MLP keeps (its hidden pre-activation and GELU output)
+and moves the same bytes over them (2 passes forward, 3 backward). The byte counts of this and
+the other designs are in docs/performance.md.
+
+The ops are ``torch.ops.tokenformer_triton.theta_fwd`` / ``theta_bwd``, defined on first use
+with :func:`torch.library.triton_op`, so ``torch.compile`` traces them without a graph break
+(inductor sees the kernels and fuses around them); under the interpreter they are opaque custom
+ops of their own (:func:`_ops`). Without triton installed (the ``triton`` extra) nothing
+is registered and :func:`available` says why. On a CPU the kernels run only under Triton's
+interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which is how CI tests them
+(tests/nn/test_triton_theta.py runs the device tests so in a child process).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+from torch.library import custom_op, triton_op
+
+from .fused import no_autocast
+
+try:  # an optional dependency (the triton extra; CUDA builds of torch bring it)
+    import triton
+
+    from . import triton_theta_jit  # the kernels (decorating them compiles nothing yet)
+
+    _IMPORT_ERROR = ""
+    _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+except ImportError as e:  # pragma: no cover - depends on the environment
+    triton = triton_theta_jit = None
+    _INTERPRET = False
+    _IMPORT_ERROR = f"triton is not installed ({e}); pip install 'tokenformer[triton]'"
+
+# The kernels' Θ ids (a constexpr of the kernels: one compiled kernel per variant).
+NORM_IDS: dict[str, int] = {"l2_norm_gelu": 0, "gelu_l2_norm": 1, "gelu_l1_norm": 2,
+                            "softmax": 3, "gelu": 4}
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# The longest row kept in registers by one program (8192 float32 over 8 warps: 32 per thread);
+# longer rows are swept in blocks of this size.
+MAX_BLOCK = 8192
+_state: dict[str, bool] = {}
+
+
+def interpreting() -> bool:
+    """Whether Triton runs its interpreter (kernels on CPU tensors): ``TRITON_INTERPRET=1`` was
+    set when this module was imported. Triton decides it for its own ``@jit`` functions
+    (``tl.sum`` among them) when triton is imported (torch itself may import it first), so the
+    variable must be set before the process imports torch, triton or this module."""
+    return _INTERPRET
+
+
+def available() -> bool:
+    """True when triton can be imported (the ops are registered)."""
+    return triton is not None
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False ('' when it is True)."""
+    return _IMPORT_ERROR
+
+
+def covers(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
+    """Whether the kernels compute Θ ``norm`` for scores on ``device`` in ``dtype``: CUDA, or
+    the CPU under the interpreter; float32, bf16 or fp16; every Θ variant."""
+    on_device = device.type == "cuda" or (device.type == "cpu" and interpreting())
+    return on_device and dtype in DTYPES and norm in NORM_IDS
+
+
+def supports(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
+    """:func:`covers` and :func:`available`; warns once when the caller asked for the Triton
+    path (``impl="triton"``) and gets the fused PyTorch path instead."""
+    if available() and covers(device, dtype, norm):
+        return True
+    if not _state.get("warned"):
+        _state["warned"] = True
+        why = (unavailable_reason() if not available() else
+               f"no Triton Θ for {norm} {dtype} scores on {device.type}"
+               + (" (TRITON_INTERPRET=1 set before triton is imported runs it on the CPU)"
+                  if device.type == "cpu" else ""))
+        warnings.warn(f"Pattention impl 'triton' falls back to 'fused': {why}", RuntimeWarning,
+                      stacklevel=4)
+    return False
+
+
+def block_size(n: int) -> int:
+    """The block of a row of ``n`` scores: the whole row up to :data:`MAX_BLOCK`."""
+    return min(triton.next_power_of_2(n), MAX_BLOCK)
+
+
+def _warps(block: int) -> int:
+    return 4 if block <= 2048 else 8 if block <= 4096 else 16
+
+
+def _kernels() -> tuple:
+    """(forward, backward) kernels."""
+    return triton_theta_jit.fwd, triton_theta_jit.bwd
+
+
+def _check(scores: torch.Tensor) -> None:
+    if scores.dim() != 2 or scores.stride(1) != 1:
+        raise ValueError(f"Triton Θ takes 2-D scores with contiguous rows, got shape "
+                         f"{tuple(scores.shape)} strides {scores.stride()}")
+
+
+def _launch(kernel, interpret: bool):
+    """``kernel`` as a triton_op body calls it: through :func:`torch.library.wrap_triton`
+    (compiled kernels), or as it is (the interpreter, which runs on real CPU tensors only)."""
+    return kernel if interpret else torch.library.wrap_triton(kernel)
+
+
+def _theta_fwd_impl(interpret: bool, scores: torch.Tensor, norm: str, scale: float, eps: float,
+                    block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Θ [rows, n] contiguous, r [rows] float32) of ``scores`` (rows may be strided)."""
+    _check(scores)
+    rows, n = scores.shape
+    out = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
+    r = torch.zeros(rows, dtype=torch.float32, device=scores.device)
+    if rows and n:
+        _launch(_kernels()[0], interpret)[(rows,)](
+            scores, out, r, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm], BLOCK=block,
+            SINGLE=n <= block, num_warps=_warps(block))
+    return out, r
+
+
+def _theta_bwd_impl(interpret: bool, grad: torch.Tensor, scores: torch.Tensor, r: torch.Tensor,
+                    norm: str, scale: float, eps: float, block: int) -> torch.Tensor:
+    """dS [rows, n] from dΘ (``grad``), the scores and the forward's r."""
+    _check(scores)
+    rows, n = scores.shape
+    grad = grad.contiguous()
+    ds = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
+    if rows and n:
+        _launch(_kernels()[1], interpret)[(rows,)](
+            grad, scores, r, ds, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm],
+            BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
+    return ds
+
+
+_OPS: list[tuple] = []
+
+
+def prepare() -> None:
+    """Register the ops now, outside any ``torch.compile`` tracing (which cannot register an
+    op). ``impl="triton"`` calls it (``Pattention(impl=...)``, ``set_pattention_impl``)."""
+    if available():
+        _ops()
+
+
+def _ops() -> tuple:
+    """The registered (forward, backward) ops, registering them on the first call."""
+    if not _OPS:
+        if torch.compiler.is_compiling():
+            raise RuntimeError("the Triton Θ ops are registered outside torch.compile: set "
+                               "impl='triton' (or call triton_theta.prepare()) before compiling")
+        _OPS.append(_register(interpreting()))
+    return _OPS[0]
+
+
+def _register(interpret: bool) -> tuple:
+    """The (forward, backward) custom ops. Compiled kernels: :func:`torch.library.triton_op`,
+    whose body inductor traces (it sees and schedules the kernels; no graph break, no Python
+    call per step), ``tokenformer_triton::theta_fwd``/``theta_bwd``. Under the interpreter,
+    which cannot run on fake tensors: opaque :func:`torch.library.custom_op` with fake
+    implementations (``..._interpreted``) — the same kernels, bodies and autograd formula, so
+    CPU tests check all but the triton_op wrapper (tests/test_device.py does on CUDA)."""
+    suffix = "_interpreted" if interpret else ""
+
+    def fwd(scores: torch.Tensor, norm: str, scale: float, eps: float, block: int
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        return _theta_fwd_impl(interpret, scores, norm, scale, eps, block)
+
+    def bwd(grad: torch.Tensor, scores: torch.Tensor, r: torch.Tensor, norm: str, scale: float,
+            eps: float, block: int) -> torch.Tensor:
+        return _theta_bwd_impl(interpret, grad, scores, r, norm, scale, eps, block)
+
+    if interpret:
+        fwd_op = custom_op(f"tokenformer_triton::theta_fwd{suffix}", fwd, mutates_args=())
+        bwd_op = custom_op(f"tokenformer_triton::theta_bwd{suffix}", bwd, mutates_args=())
+
+        @fwd_op.register_fake
+        def _(scores, norm, scale, eps, block):
+            return (scores.new_empty(scores.shape),
+                    scores.new_empty(scores.shape[0], dtype=torch.float32))
+
+        @bwd_op.register_fake
+        def _(grad, scores, r, norm, scale, eps, block):
+            return scores.new_empty(scores.shape)
+    else:
+        fwd_op = triton_op(f"tokenformer_triton::theta_fwd{suffix}", fwd, mutates_args=())
+        bwd_op = triton_op(f"tokenformer_triton::theta_bwd{suffix}", bwd, mutates_args=())
+
+    def setup_context(ctx, inputs, output) -> None:
+        scores, norm, scale, eps, block = inputs
+        ctx.save_for_backward(scores, output[1])
+        ctx.args = (norm, scale, eps, block)
+
+    def backward(ctx, grad_theta, grad_r):
+        scores, r = ctx.saved_tensors
+        # r is an internal output: nothing downstream differentiates it (grad_r is None or 0).
+        return bwd_op(grad_theta, scores, r, *ctx.args), None, None, None, None
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+    return fwd_op, bwd_op
+
+
+def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0,
+          block: int | None = None) -> torch.Tensor:
+    """Θ of ``scores`` [..., n] (rows may be strided, the last dimension contiguous) through the
+    Triton op, differentiable; ``block`` (tests) overrides :func:`block_size`."""
+    if not available():
+        raise RuntimeError(f"the Triton Θ is unavailable: {unavailable_reason()}")
+    n = scores.shape[-1]
+    rows = scores.reshape(-1, n) if scores.dim() != 2 else scores
+    block = block_size(n) if block is None else block
+    if block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block}")
+    out = _ops()[0](rows, norm, float(scale), float(eps), block)[0]
+    return out.view(scores.shape)
+
+
+def pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
+               eps: float = 0.0) -> torch.Tensor:
+    """``Θ(x·keyᵀ)·value`` for ``x`` [..., d_in] with Θ from the Triton op and the matmuls from
+    torch (cuBLAS), under autocast as the fused path runs it (cast once, autocast off inside)."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    dtype, off = no_autocast(x2)
+    x2, key, value = x2.to(dtype), key.to(dtype), value.to(dtype)
+    with off:
+        y = torch.matmul(theta(torch.matmul(x2, key.t()), norm, scale, eps), value)
+    return y.view(*shape[:-1], y.shape[-1])

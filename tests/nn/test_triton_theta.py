@@ -1,0 +1,91 @@
+"""The Triton Θ (``impl="triton"``, tokenformer.nn.kernels.triton_theta) without a GPU.
+
+Triton's interpreter runs the kernels on CPU tensors, but only when ``TRITON_INTERPRET=1`` is
+set before triton is imported (triton decides it for its own ``@jit`` functions, ``tl.sum``
+among them, at import). This process imported triton long ago, so the device tests of the
+Triton Θ (tests/test_device.py, ``-k triton``: every Θ forward and backward against float64,
+n not a power of two and over one block, fp32 and bf16, zero rows, Pattention with
+``impl="triton"`` in training and inference, opcheck, ``torch.compile(fullgraph=True)``) run in
+a child process that sets it; on a GPU they run with ``--device cuda`` as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenformer.nn.kernels import triton_theta
+from tokenformer.nn.kernels.dispatch import select_impl
+from tokenformer.nn.pattention import Pattention
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = torch.device("cpu")
+CUDA = torch.device("cuda")
+
+
+@pytest.mark.skipif(not triton_theta.available(), reason=triton_theta.unavailable_reason())
+def test_device_tests_under_the_interpreter():
+    """tests/test_device.py -k triton on the CPU with TRITON_INTERPRET=1: all pass, none is
+    skipped (a skip would mean the kernels did not run)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "triton",
+         "--device", "cpu", str(ROOT / "tests" / "test_device.py")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr[-2000:]
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    passed = re.search(r"(\d+) passed", summary)
+    assert passed and int(passed.group(1)) >= 30, summary
+    assert "skipped" not in summary and "failed" not in summary, summary
+
+
+def test_select_impl_says_what_runs(monkeypatch):
+    """The dispatch table: ``auto`` never picks Triton (unmeasured); ``triton`` runs it where it
+    covers the call and falls back to ``fused`` after one warning elsewhere; reference stays
+    reference; training decides fused vs reference for the PyTorch paths."""
+    monkeypatch.setattr(triton_theta, "_INTERPRET", False)
+    monkeypatch.setattr(triton_theta, "_state", {})
+    f32, f64 = torch.float32, torch.float64
+    assert select_impl("reference", CUDA, f32, "l2_norm_gelu", training=True) == "reference"
+    assert select_impl("auto", CUDA, f32, "l2_norm_gelu", training=True) == "fused"
+    assert select_impl("auto", CUDA, f32, "l2_norm_gelu", training=False) == "reference"
+    assert select_impl("torch", CPU, f32, "l2_norm_gelu", training=False) == "reference"
+    assert select_impl("fused", CUDA, f32, "softmax", training=False) == "fused"
+    if triton_theta.available():
+        assert select_impl("triton", CUDA, f32, "gelu_l1_norm", training=False) == "triton"
+        assert select_impl("triton", CUDA, torch.bfloat16, "gelu", training=True) == "triton"
+    with pytest.warns(RuntimeWarning, match="impl 'triton' falls back to 'fused'"):
+        assert select_impl("triton", CPU, f32, "l2_norm_gelu", training=False) == "fused"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert select_impl("triton", CUDA, f64, "l2_norm_gelu", training=True) == "fused"
+    monkeypatch.setattr(triton_theta, "_INTERPRET", True)
+    if triton_theta.available():
+        assert select_impl("triton", CPU, f32, "softmax", training=True) == "triton"
+
+
+def test_triton_impl_without_interpreter_computes_the_fused_result(monkeypatch):
+    """On a CPU without the interpreter ``impl="triton"`` is the fused path (same numbers)."""
+    monkeypatch.setattr(triton_theta, "_INTERPRET", False)
+    monkeypatch.setattr(triton_theta, "_state", {"warned": True})
+    torch.manual_seed(0)
+    layer = Pattention(16, 12, 40, impl="triton")
+    x = torch.randn(3, 16)
+    y = layer(x)
+    layer.impl = "fused"
+    assert torch.equal(y, layer(x))
+
+
+def test_block_must_be_a_power_of_two():
+    if not triton_theta.available():
+        pytest.skip(triton_theta.unavailable_reason())
+    with pytest.raises(ValueError, match="power of two"):
+        triton_theta.theta(torch.randn(2, 10), "gelu", 1.0, block=48)
