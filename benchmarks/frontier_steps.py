@@ -2,8 +2,8 @@
 preset's estimated wall time from them (experiments/frontier/plan.estimate_seconds).
 
     python benchmarks/frontier_steps.py --preset full [--cpu-time]
-    python benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step 32 --jobs 8 \
-        --contention 1.5
+    python benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step 32 --jobs 8
+        --contention 1.5   (one command)
 
 The LR sweeps' extensions are not known in advance: the estimate adds one extra sweep point per
 (family, size) as a margin (with every tuning seed). The chains and the held-out runs are those
