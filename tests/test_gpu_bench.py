@@ -44,11 +44,11 @@ def test_smoke_run_writes_finite_results(tmp_path):
         assert values and all(math.isfinite(v) for v in values), stage
     tests = results["tests"]["runs"][0]
     assert tests["passed"] >= 1 and tests["failed"] == 0
-    # 3 models × (eager, compiled); 3 layers × 2 modes per shape; 2 models × 2 batch sizes
+    # 3 models × (eager, compiled); 3 layers × 2 modes per shape; 2 models × 2 paths × 2 batches
     assert len(results["train"]["rows"]) == 6
     assert all(0 < r["mfu"] and r["tokens_per_s"] > 0 for r in results["train"]["rows"])
     assert len(results["pattention"]["rows"]) == 6
-    assert len(results["decode"]["rows"]) == 4
+    assert len(results["decode"]["rows"]) == 8
     assert results["decode"]["expected_ratio_weights"] > 0
     text = (out / "results.md").read_text()
     for title in ("device tests", "training speed", "Pattention vs MLP", "decoding"):

@@ -446,6 +446,21 @@ def test_static_generate_equals_dynamic() -> None:
     assert not torch.equal(sampled, free[:, :24])  # sampling did not degenerate to greedy
 
 
+def test_static_cache_is_reused_across_calls() -> None:
+    """A second static generation of the same shapes writes into the first one's buffers (the
+    addresses a captured CUDA graph replays on), emptied: a shorter prompt after a longer run of
+    the same total length decodes as if the cache were new."""
+    model = random_model(torch.float64)
+    batch, mask = padded_batch()
+    model.generate(batch, 11, attention_mask=mask, cache_implementation="static")
+    cache = LM._STATIC_CACHES[model]
+    address = cache.keys[0].data_ptr()
+    static_equals_dynamic(model, batch[:, 3:], 14, attention_mask=mask[:, 3:])  # 6 + 14 = 20
+    assert LM._STATIC_CACHES[model] is cache and cache.keys[0].data_ptr() == address
+    static_equals_dynamic(model, batch, 5)  # another capacity: a new cache replaces it
+    assert LM._STATIC_CACHES[model] is not cache
+
+
 def grown_sparse_model() -> TokenFormerLM:
     """A model grown by tokens (the paper's recipe: new tokens change the function), each kind of
     Pattention with its own token count, then read with top-k Pattention."""

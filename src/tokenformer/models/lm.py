@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,11 @@ class StaticKVCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
         return self.lengths[layer_idx]
+
+    def reset(self) -> None:
+        """Empty, in place (the buffers keep their addresses)."""
+        for t in (*self.keys, *self.values, self.lengths):
+            t.zero_()
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -688,7 +694,7 @@ class TokenFormerLM(nn.Module):
         if max_new_tokens == 0:
             return input_ids
         capacity = T + max_new_tokens  # the last token is never fed back: one slot to spare
-        cache = StaticKVCache.for_model(self, B, capacity)
+        cache = _static_cache(self, B, capacity) if max_new_tokens > 1 else None
         device = input_ids.device
         mask = None
         if attention_mask is not None:  # [B, capacity]: the prompt's padding, then real tokens
@@ -696,7 +702,7 @@ class TokenFormerLM(nn.Module):
         positions = (positions_from_mask(attention_mask, T) if attention_mask is not None
                      else torch.arange(T, device=device).expand(B, T))
         out = self(input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                   use_cache=True, cache_position=torch.arange(T, device=device),
+                   use_cache=cache is not None, cache_position=torch.arange(T, device=device),
                    logits_to_keep=1)
         logits = out.logits[:, -1, :self.config.vocab_size].float()
         step = _compiled_decode_step(device) if compile else _decode_step
@@ -719,6 +725,27 @@ class TokenFormerLM(nn.Module):
 
 
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+# The static cache of each model's last static generation, reused (zeroed) by the next one of the
+# same batch size, capacity, dtype and device: the buffers keep their addresses, so a captured
+# CUDA graph replays instead of being recorded again (torch re-records when a static input moves,
+# and gives graphs up after a limit of re-recordings). One generation at a time per model.
+_STATIC_CACHES: weakref.WeakKeyDictionary[nn.Module, StaticKVCache] = (
+    weakref.WeakKeyDictionary())
+
+
+def _static_cache(model: TokenFormerLM, batch_size: int, capacity: int) -> StaticKVCache:
+    weight = model.word_embeddings.weight
+    cache = _STATIC_CACHES.get(model)
+    if (cache is not None and cache.max_cache_len == capacity
+            and len(cache.keys) == model.config.num_layers
+            and cache.keys[0].shape == (batch_size, model.config.num_heads, capacity,
+                                        model.config.head_dim)
+            and cache.keys[0].dtype == weight.dtype and cache.keys[0].device == weight.device):
+        cache.reset()
+        return cache
+    _STATIC_CACHES.pop(model, None)  # its memory is free before the new one is allocated
+    cache = _STATIC_CACHES[model] = StaticKVCache.for_model(model, batch_size, capacity)
+    return cache
 
 
 def _decode_step(model: TokenFormerLM, token: torch.Tensor, mask: torch.Tensor | None,
