@@ -503,7 +503,8 @@ def test_static_generate_refusals() -> None:
 def test_compiled_static_generate_equals_eager() -> None:
     """``compile=True`` (inductor on the CPU, fullgraph=True: a graph break fails the test) gives
     the eager static path's tokens — grown model, top-k Pattention, a left-padded batch and
-    batch 1 — and the step is reused, not recompiled, by a second call of the same shapes."""
+    batch 1, eos stopping and seeded sampling — and logits within float tolerance of the eager
+    step's; calls of shapes seen before reuse the compiled step (no recompilation)."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -516,5 +517,28 @@ def test_compiled_static_generate_equals_eager() -> None:
                                   cache_implementation="static", compile=True)
         assert torch.equal(compiled, eager)
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    model.generate(batch, 10, attention_mask=mask, cache_implementation="static", compile=True)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames
+    for kwargs in ({"eos_token_id": int(eager[0, 12])},  # batch 1 stops at its 4th token
+                   {"do_sample": True, "temperature": 2.0}):
+        runs = [model.generate(batch[:1], 10, cache_implementation="static", compile=compiled,
+                               generator=torch.Generator().manual_seed(0), **kwargs)
+                for compiled in (False, True)]
+        assert torch.equal(runs[1], runs[0])
+    assert runs[0].shape[1] == 19 and not torch.equal(runs[0], eager)  # sampled, not greedy
+    # the compiled step's logits, step by step, against the eager step's on a copy of its cache
+    caches = [LM.StaticKVCache.for_model(model, 3, 19) for _ in range(2)]
+    padding = torch.nn.functional.pad(mask.bool(), (0, 10), value=True)
+    positions = LM.positions_from_mask(mask, 9)
+    with torch.no_grad():
+        for cache in caches:
+            model(batch, attention_mask=padding, position_ids=positions, past_key_values=cache,
+                  use_cache=True)
+        token, position = batch[:, -1:].contiguous(), positions[:, -1:]  # generate's strides
+        for slot in range(9, 13):
+            position = position + 1
+            eager_logits, compiled_logits = (
+                step(model, token, padding, position, cache, torch.tensor([slot]))
+                for step, cache in ((LM._decode_step, caches[0]),
+                                    (LM._compiled_decode_step(torch.device("cpu")), caches[1])))
+            torch.testing.assert_close(compiled_logits, eager_logits, rtol=1e-4, atol=1e-5)
+            token = eager_logits.argmax(-1, keepdim=True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # nothing recompiled

@@ -105,6 +105,9 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
               file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(seed)
     cache, compile = decoding_defaults(device, cache, compile)
+    if compile:
+        print("note: compiling the decoding step first (a minute or so; --no-compile skips it)",
+              file=sys.stderr)
     out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
                          do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k,
                          top_p=top_p, eos_token_id=tok.eos_token_id, generator=generator,
