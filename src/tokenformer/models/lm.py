@@ -606,7 +606,9 @@ class TokenFormerLM(nn.Module):
         graph replayed at every token (the launch-bound step of a small model then costs little
         more than its memory reads); elsewhere inductor's kernels without graphs. The first
         call compiles (seconds to minutes); later calls with the same batch size and total
-        length reuse it. The tokens equal the dynamic cache's, up to floating-point ties.
+        length reuse it, and the same cache buffers (kept with the model until a static call of
+        other shapes replaces them or the model is freed). The tokens equal the dynamic cache's,
+        up to floating-point ties.
         """
         if cache_implementation not in CACHE_IMPLEMENTATIONS:
             raise ConfigError(f"unknown cache_implementation {cache_implementation!r}; choose "
