@@ -105,7 +105,7 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
               file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(seed)
     cache, compile = decoding_defaults(device, cache, compile)
-    if compile:
+    if compile and cache == "static":  # (compile with the dynamic cache: generate refuses it)
         print("note: compiling the decoding step first (a minute or so; --no-compile skips it)",
               file=sys.stderr)
     out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
