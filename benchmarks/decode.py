@@ -13,6 +13,11 @@ Two measurements:
 
 Target (issue 8): cost at position 1000 within 1.5x of the cost at position 10.
 Prints a markdown section for benchmarks/RESULTS.md.
+
+``--static N``: also ``generate`` N tokens from a 2-token prompt with the dynamic cache, the
+static cache and the static cache + compiled step (issue 34), interleaved, per token, after one
+untimed compiling call whose time is printed (docs/performance.md, "Static cache and compiled
+decoding").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import itertools
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -67,12 +73,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--new", type=int, default=1020, help="tokens generated in part 2")
     parser.add_argument("--gen-runs", type=int, default=3, help="generate runs (min is kept)")
+    parser.add_argument("--static", type=int, default=0, metavar="N",
+                        help="also time generate of N tokens: dynamic vs static vs compiled")
     add_clock_args(parser)
     args = parser.parse_args(argv)
     clock = apply_clock_args(args)
 
     torch.manual_seed(0)
-    context = max(max(args.positions), args.new) + 8
+    context = max(max(args.positions), args.new, args.static + 2) + 8
     config = TokenFormerConfig.from_name(args.preset, max_seq_len=context)
     model = TokenFormerLM(config).eval()
     t = interleaved({p: step_at(model, p) for p in args.positions}, args.rounds, warmup=3)
@@ -96,6 +104,31 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nRatio position {last} / position {first}: one step "
           f"{t[last]['min'] / t[first]['min']:.2f}x, generate {around(last) / around(first):.2f}x "
           f"(target <= 1.5x).\n")
+    if args.static:
+        static_paths(model, args.static, args.rounds)
+
+
+@torch.no_grad()
+def static_paths(model: TokenFormerLM, new: int, rounds: int) -> None:
+    """generate's cost per token with each cache (the same tokens: checked)."""
+    prompt = torch.randint(0, model.config.vocab_size, (1, 2))
+    paths = {"dynamic": {}, "static": {"cache_implementation": "static"},
+             "static + compiled": {"cache_implementation": "static", "compile": True}}
+    start = time.perf_counter()  # wall time: inductor compiles in other processes too
+    first = model.generate(prompt, new, **paths["static + compiled"])
+    compile_s = time.perf_counter() - start
+    for kwargs in paths.values():
+        if not torch.equal(model.generate(prompt, new, **kwargs), first):
+            raise SystemExit(f"{kwargs}: other tokens than the compiled path's")
+    t = interleaved({name: lambda k=kwargs: model.generate(prompt, new, **k)
+                     for name, kwargs in paths.items()}, rounds, warmup=1)
+    print(f"generate of {new} tokens from a 2-token prompt, per token: min (median) over "
+          f"{rounds} interleaved rounds; the first compiled call took {compile_s:.1f} s.\n")
+    print("| cache | ms per token |")
+    print("|---|---|")
+    for name, times in t.items():
+        print(f"| {name} | {1e3 * times['min'] / new:.2f} ({1e3 * times['median'] / new:.2f}) |")
+    print()
 
 
 if __name__ == "__main__":

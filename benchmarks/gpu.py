@@ -2,8 +2,9 @@
 MLP, decoding and the frontier, every result written as JSON and markdown under ``--out``.
 
     python benchmarks/gpu.py --stage tests pattention --out $OUT/gpu      # call 1, ≈ 6 min
-    python benchmarks/gpu.py --stage train decode --out $OUT/gpu          # call 2, ≈ 7 min
-    python benchmarks/gpu.py --stage frontier --frontier-data DIR --out $OUT/gpu   # call 3 (+)
+    python benchmarks/gpu.py --stage train --out $OUT/gpu                 # call 2, ≈ 5 min
+    python benchmarks/gpu.py --stage decode --out $OUT/gpu                # call 3, ≈ 5–8 min
+    python benchmarks/gpu.py --stage frontier --frontier-data DIR --out $OUT/gpu   # call 4 (+)
     python benchmarks/gpu.py --smoke --out /tmp/gpu                       # all, tiny, CPU, < 60 s
 
 Every call records the environment (``env``: nvidia-smi, versions of torch, CUDA, cuDNN, triton,
@@ -41,11 +42,17 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
     seconds; eight compiles of one layer (≈ 10–20 s each): ≈ 2–3 min.
 ``decode``
     Greedy decoding tokens/s of TokenFormer-150M vs HF GPT-NeoX (Pythia-160M shape), bf16
-    weights, batch 1 and 32, a 128-token prompt: the per-token cost is (t(128 new) − t(1 new)) /
-    127, printed beside the ratio expected from the weight bytes each step reads (1.23× more for
+    weights, batch 1 and 32, a 128-token prompt, each model eager (dynamic KV cache) and with a
+    static cache + compiled step (ours: ``generate(cache_implementation="static",
+    compile=True)``, a CUDA graph per token; HF: ``generate(cache_implementation="static")``,
+    which compiles the forward with mode="reduce-overhead" on CUDA): the per-token cost is
+    (t(128 new) − t(1 new)) / 127, printed beside the bandwidth bound (weights + the KV cache a
+    step reads) and the ratio expected from the weight bytes each step reads (1.23× more for
     TokenFormer: its 152M parameters incl. the tied head vs Pythia's 124M without the input
-    embedding) and from weights + KV cache. Estimate: eager decoding of a 150M model is
-    kernel-launch bound, ≈ 5–15 ms per step: 8 settings × 4 runs × ≤ 128 steps ≈ 1 min.
+    embedding). Estimate: eager steps ≈ 5–15 ms: 2 batch sizes × 2 models × 4 runs × ≤ 128
+    steps ≈ 1 min; four inductor compiles + CUDA-graph captures (2 models × 2 batch sizes, the
+    first call of each compiled path, reported as "first call s") ≈ 1–2 min each: ≈ 5–8 min,
+    so run it in a call of its own (``--stage decode``).
 ``frontier``
     ``tokenformer scale --preset PRESET --device cuda --out --frontier-dir`` for at most
     ``--frontier-minutes`` (default 7.5), then SIGINT: every finished run is on disk and a second
@@ -593,6 +600,13 @@ def decode_bytes(model: torch.nn.Module, embedding: torch.Tensor, head: torch.Te
     return total - (embedding.numel() * embedding.element_size() if embedding is not head else 0)
 
 
+# (model, path): our generate with the dynamic cache and with the static cache + compiled CUDA-graph
+# step; HF's generate with its dynamic cache and with cache_implementation="static", which on CUDA
+# compiles the forward (CompileConfig's defaults: mode="reduce-overhead", CUDA graphs)
+DECODE_PATHS = (("TokenFormer", "eager"), ("TokenFormer", "static + compiled"),
+                ("GPT-NeoX (HF)", "eager"), ("GPT-NeoX (HF)", "static + compiled"))
+
+
 def decode_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, out: Path
                  ) -> dict[str, Any]:
     bandwidth = copy_bandwidth(device, sizes.copy_bytes)
@@ -600,64 +614,100 @@ def decode_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, o
     torch.manual_seed(0)
     tf = TokenFormerLM(tf_config).to(device, torch.bfloat16).eval()
     neox = neox_model(tf_config).to(device, torch.bfloat16).eval()
+    models = {"TokenFormer": tf, "GPT-NeoX (HF)": neox}
     weights = {"TokenFormer": decode_bytes(tf, tf.word_embeddings.weight,
                                            tf.word_embeddings.weight),
                "GPT-NeoX (HF)": decode_bytes(neox, neox.get_input_embeddings().weight,
                                              neox.get_output_embeddings().weight)}
-    # K and V of every layer at every earlier position, bf16, read at each step
+    # K and V of every layer at every position read, bf16, at each step: the dynamic caches read
+    # the positions filled so far (their mean), the static ones all prompt + new of them
     kv_per_position = 2 * tf_config.num_layers * tf_config.hidden_size * 2
-    mean_position = sizes.prompt + sizes.new_tokens / 2
     vocab, n_new = tf_config.vocab_size, sizes.new_tokens
+    positions_read = {path: sizes.prompt + (n_new / 2 if path == "eager" else n_new)
+                      for _, path in DECODE_PATHS}
 
-    def generate(model: torch.nn.Module, prompt: torch.Tensor, new: int) -> Callable[[], object]:
-        if isinstance(model, TokenFormerLM):
-            return lambda: model.generate(prompt, new)
+    def generate(name: str, path: str, prompt: torch.Tensor, new: int) -> Callable[[], object]:
+        static, model = path != "eager", models[name]
+        if name == "TokenFormer":
+            kwargs = {"cache_implementation": "static", "compile": True} if static else {}
+            return lambda: model.generate(prompt, new, **kwargs)
         mask = torch.ones_like(prompt)
+        kwargs = {"cache_implementation": "static"} if static else {}
         return lambda: model.generate(input_ids=prompt, attention_mask=mask, max_new_tokens=new,
-                                      min_new_tokens=new, do_sample=False, pad_token_id=0)
+                                      min_new_tokens=new, do_sample=False, pad_token_id=0,
+                                      **kwargs)
 
-    fns = {}
-    for batch in sizes.decode_batches:
+    times, compile_s = {}, {}
+    for batch in sizes.decode_batches:  # one batch size at a time: each keeps its static caches
         prompt = torch.randint(0, vocab, (batch, sizes.prompt),
                                generator=torch.Generator().manual_seed(batch)).to(device)
-        for name, model in (("TokenFormer", tf), ("GPT-NeoX (HF)", neox)):
+        fns = {}
+        for name, path in DECODE_PATHS:
+            if path != "eager":  # the first call compiles and captures: timed apart
+                start = time.perf_counter()
+                synchronized(generate(name, path, prompt, n_new), device)()
+                compile_s[name, path, batch] = time.perf_counter() - start
             for new in (1, n_new):
-                fns[name, batch, new] = synchronized(generate(model, prompt, new), device)
-    with torch.no_grad():
-        times = interleaved(fns, sizes.decode_rounds, warmup=1)
+                fns[name, path, batch, new] = synchronized(generate(name, path, prompt, new),
+                                                           device)
+        with torch.no_grad():
+            times.update(interleaved(fns, sizes.decode_rounds, warmup=1))
+        log(f"decode: batch {batch} timed")
     rows, measured = [], {}
     for batch in sizes.decode_batches:
-        for name, nbytes in weights.items():
-            step = max(times[name, batch, n_new]["min"] - times[name, batch, 1]["min"], 1e-9)
-            step /= n_new - 1
-            measured[name, batch] = batch / step
-            floor = bandwidth / (nbytes + batch * kv_per_position * mean_position) * batch
-            rows.append({"model": name, "batch": batch, "weight_mb": nbytes / 1e6,
-                         "step_ms": 1e3 * step, "tokens_per_s": batch / step,
-                         "bandwidth_bound_tokens_per_s": floor})
+        for name, path in DECODE_PATHS:
+            step = (times[name, path, batch, n_new]["min"] - times[name, path, batch, 1]["min"])
+            step = max(step, 1e-9) / (n_new - 1)
+            measured[name, path, batch] = batch / step
+            nbytes = weights[name] + batch * kv_per_position * positions_read[path]
+            bound = bandwidth / nbytes * batch
+            rows.append({"model": name, "path": path, "batch": batch,
+                         "weight_mb": weights[name] / 1e6, "step_ms": 1e3 * step,
+                         "tokens_per_s": batch / step, "bandwidth_bound_tokens_per_s": bound,
+                         "of_bound": batch / step / bound,
+                         "first_call_s": compile_s.get((name, path, batch))})
     by_weights = weights["TokenFormer"] / weights["GPT-NeoX (HF)"]
-    notes = [f"Greedy `generate`, bf16 weights, KV cache, {sizes.prompt}-token random prompt; "
-             f"one step = (t({n_new} new tokens) − t(1)) / {n_new - 1}, best of "
-             f"{sizes.decode_rounds} interleaved runs. Bandwidth bound: the measured copy rate "
-             f"({bandwidth / 1e9:.3g} GB/s) over the weight bytes plus the KV cache at the mean "
-             f"position {mean_position:.0f}; where it is far above the measured rate, a step "
-             f"is bound by kernel launches, not bytes."]
+    notes = [f"Greedy `generate`, bf16 weights, {sizes.prompt}-token random prompt; one step = "
+             f"(t({n_new} new tokens) − t(1)) / {n_new - 1}, best of {sizes.decode_rounds} "
+             f"interleaved runs per batch size. eager: the dynamic KV cache. TokenFormer static "
+             f"+ compiled: `generate(cache_implementation=\"static\", compile=True)` (the step "
+             f"under torch.compile fullgraph; on CUDA mode=\"reduce-overhead\", a CUDA graph "
+             f"replayed at every token). HF static + "
+             f"compiled: `generate(cache_implementation=\"static\")`, which compiles the "
+             f"forward on CUDA (transformers' CompileConfig defaults; on a CPU it stays eager). "
+             f"first call s: the untimed first run of a compiled path (compile + capture + "
+             f"{n_new} tokens).",
+             f"Bandwidth bound: the measured copy rate ({bandwidth / 1e9:.3g} GB/s) over the "
+             f"weight bytes plus the KV cache each step reads (dynamic: at the mean position "
+             f"{positions_read['eager']:.0f}; static: all {sizes.prompt + n_new} positions, "
+             f"masked or not); where it is far above the measured rate, a step is bound by "
+             f"kernel launches, not bytes."]
     for batch in sizes.decode_batches:
-        kv = batch * kv_per_position * mean_position
+        kv = batch * kv_per_position * positions_read["eager"]
         with_kv = (weights["TokenFormer"] + kv) / (weights["GPT-NeoX (HF)"] + kv)
-        ratio = measured["GPT-NeoX (HF)", batch] / measured["TokenFormer", batch]
-        notes.append(f"batch {batch}: GPT-NeoX / TokenFormer tokens/s measured {ratio:.2f}x; "
-                     f"expected from weight bytes per step {by_weights:.2f}x, from weights + KV "
-                     f"cache {with_kv:.2f}x")
+        for (ours, theirs) in (("eager", "eager"), ("static + compiled", "static + compiled")):
+            ratio = (measured["TokenFormer", ours, batch]
+                     / measured["GPT-NeoX (HF)", theirs, batch])
+            notes.append(f"batch {batch}, {ours} vs HF {theirs}: TokenFormer / GPT-NeoX tokens/s "
+                         f"{ratio:.2f}x (weight bytes per step predict {1 / by_weights:.2f}x, "
+                         f"weights + KV cache {1 / with_kv:.2f}x)")
+        speedup = (measured["TokenFormer", "static + compiled", batch]
+                   / measured["TokenFormer", "eager", batch])
+        notes.append(f"batch {batch}: TokenFormer static + compiled / eager {speedup:.1f}x")
+    notes.append("Goals (issue 34): TokenFormer batch 1 >= 1,000 tokens/s and >= 0.8x HF static "
+                 "+ compiled; batch 32 >= 20,000 tokens/s.")
+    models.clear()
     del tf, neox, fns
     free_memory()
     return {"title": "decoding", "bandwidth_gbps": bandwidth / 1e9,
             "expected_ratio_weights": by_weights, "rows": rows, "notes": notes,
-            "columns": [("model", "model", "{}"), ("batch", "batch", "{}"),
+            "columns": [("model", "model", "{}"), ("path", "path", "{}"),
+                        ("batch", "batch", "{}"),
                         ("weight_mb", "weight MB/step", "{:.4g}"),
                         ("step_ms", "step ms", "{:.2f}"), ("tokens_per_s", "tokens/s", "{:,.0f}"),
                         ("bandwidth_bound_tokens_per_s", "bandwidth bound tokens/s",
-                         "{:,.0f}")]}
+                         "{:,.0f}"), ("of_bound", "of bound", "{:.1%}"),
+                        ("first_call_s", "first call s", "{:.1f}")]}
 
 
 # ------------------------------------------------------------------------------ frontier

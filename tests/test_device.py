@@ -263,6 +263,37 @@ def test_cached_generation_matches_uncached(device):
         assert torch.equal(logits.argmax(-1), cached[1:, 5:])
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_static_cache_generation_matches_dynamic(device, compiled):
+    """generate(cache_implementation="static") gives the dynamic cache's greedy tokens on the
+    device, for batch 1 and a left-padded batch, on a model grown by tokens (Q/K/V, proj and FFN
+    Pattentions of three different sizes) read with top-k Pattention (float64: no near-ties).
+    ``compiled``: the step under torch.compile (fullgraph; mode="reduce-overhead", a CUDA graph
+    replayed at every token, and no cudagraph skip). CUDA only, like every compile here (module
+    docstring); the CPU's inductor path is tests/models/test_lm.py's."""
+    if compiled and device.type != "cuda":
+        pytest.skip("the compiled, CUDA-graph decoding step runs with --device cuda only (the "
+                    "CPU's inductor: test_lm.py::test_compiled_static_generate_equals_eager)")
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = grow(TokenFormerLM(tiny()), qkv="2x", ffn="3x", strategy="paper",
+                 generator=torch.Generator().manual_seed(1))
+    assert len({layer.num_tokens for layer in model.pattentions().values()}) == 3
+    for layer in model.layers:
+        layer.mlp.top_k = 0.25
+    model = model.to(device, torch.float64).eval()
+    prompt = random_ids(model.config.vocab_size, 3, 7).to(device)
+    mask = torch.tensor([[1] * 7, [0, 0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1, 1]], device=device)
+    for ids, attention_mask in ((prompt[:1], None), (prompt, mask)):
+        dynamic = model.generate(ids, 16, attention_mask=attention_mask)
+        static = model.generate(ids, 16, attention_mask=attention_mask,
+                                cache_implementation="static", compile=compiled)
+        assert static.device.type == device.type and torch.equal(static, dynamic)
+    assert not torch._dynamo.utils.counters["inductor"].get("cudagraph_skips")
+
+
 @pytest.mark.parametrize("norm", THETA_VARIANTS)
 def test_growth_preserves_function(device, norm):
     """Exact growth on the device (2x tokens of every kind, one more block) leaves the logits

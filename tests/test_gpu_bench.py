@@ -46,13 +46,13 @@ def test_smoke_run_writes_finite_results(tmp_path):
     assert tests["passed"] >= 1 and tests["failed"] == 0
     # 5 models (TokenFormer: default, impl=triton, triton + one Q/K/V GEMM; Transformer++;
     # GPT-NeoX) × (eager, compiled); 4 layers × 2 modes per shape, and 4 Q/K/V variants × 2
-    # modes; 2 models × 2 batch sizes
+    # modes; decode: 2 models × 2 paths (eager, static + compiled) × 2 batch sizes
     assert len(results["train"]["rows"]) == 10
     assert all(0 < r["mfu"] and r["tokens_per_s"] > 0 for r in results["train"]["rows"])
     assert len(results["pattention"]["rows"]) == 16
     layers = {r["layer"] for r in results["pattention"]["rows"]}
     assert {"Pattention triton", "Q/K/V one GEMM, triton"} <= layers
-    assert len(results["decode"]["rows"]) == 4
+    assert len(results["decode"]["rows"]) == 8
     assert results["decode"]["expected_ratio_weights"] > 0
     text = (out / "results.md").read_text()
     for title in ("device tests", "training speed", "Pattention vs MLP", "decoding"):

@@ -25,7 +25,8 @@ _EXPORTS = {
     "GrowthError": "errors", "TokenFormerError": "errors",
     "grow": "ops.growth", "grow_with_optimizer": "ops.growth", "prune": "ops.pruning",
     "ProductKeyPattention": "nn.product_keys",
-    "CausalLMOutput": "models.lm", "KVCache": "models.lm", "TokenFormerLM": "models.lm",
+    "CausalLMOutput": "models.lm", "KVCache": "models.lm", "StaticKVCache": "models.lm",
+    "TokenFormerLM": "models.lm",
     "load_model": "formats.loading",
     "THETA_VARIANTS": "nn.pattention", "Pattention": "nn.pattention", "theta": "nn.pattention",
     "set_pattention_top_k": "nn.pattention",
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
     from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError  # noqa: F401
     from .formats.loading import load_model  # noqa: F401
     from .models.config import PRESETS, TokenFormerConfig, flops_per_token  # noqa: F401
-    from .models.lm import CausalLMOutput, KVCache, TokenFormerLM  # noqa: F401
+    from .models.lm import CausalLMOutput, KVCache, StaticKVCache, TokenFormerLM  # noqa: F401
     from .models.vit import TokenFormerViT, TokenFormerViTConfig  # noqa: F401
     from .nn.pattention import THETA_VARIANTS, Pattention, set_pattention_top_k, theta  # noqa: F401
     from .nn.product_keys import ProductKeyPattention  # noqa: F401

@@ -192,3 +192,25 @@ def test_subprocess_errors(official_file: Path, tmp_path: Path) -> None:
         out, err = proc.communicate(timeout=120)
         assert_one_error_line(proc.returncode, err, needle)
         assert out == "", argv
+
+
+def test_generate_cache_options(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--cache static gives the dynamic cache's text (greedy and seeded sampling); --compile
+    needs the static cache (one error line); the defaults pick the fast path on CUDA only."""
+    from tokenformer.cli.commands.model import decoding_defaults
+
+    torch.manual_seed(0)
+    TokenFormerLM(tiny_config()).save(tmp_path / "model")
+    argv = ["generate", str(tmp_path / "model"), "--prompt", "hello", "--max-new-tokens", "8"]
+    for extra in (["--temperature", "0"], ["--top-k", "5", "--seed", "3"]):
+        code, dynamic, _ = run(argv + extra, capsys)
+        assert code == 0
+        code, static, err = run(argv + extra + ["--cache", "static"], capsys)
+        assert code == 0 and err == "" and static == dynamic
+    code, _, err = run([*argv, "--cache", "dynamic", "--compile"], capsys)
+    assert_one_error_line(code, err, "compile=True needs cache_implementation='static'")
+    assert decoding_defaults("cuda", None, None) == ("static", True)
+    assert decoding_defaults("cuda:0", None, False) == ("static", False)
+    assert decoding_defaults("cuda", "dynamic", None) == ("dynamic", False)
+    assert decoding_defaults("cpu", None, None) == ("dynamic", False)
+    assert decoding_defaults("cpu", "static", None) == ("static", False)

@@ -30,7 +30,7 @@ from tokenformer.errors import ConfigError, TokenFormerError
 from tokenformer.hf.modeling import (
     LORA_ON_EMBEDDING_WARNING,
     OUTPUT_ATTENTIONS_REFUSED,
-    STATIC_CACHE_REFUSED,
+    SLIDING_CACHE_REFUSED,
 )
 
 CONFIG = dict(vocab_size=257, hidden_size=32, num_layers=3, num_heads=2, qkv_tokens=16,
@@ -179,10 +179,92 @@ def test_output_attentions_refused(folder):
         model(batch(), output_attentions=True)
 
 
-def test_static_cache_refused(folder):
+def padded(seed: int = 4) -> tuple[torch.Tensor, torch.Tensor]:
+    """Three prompts of 10, 4 and 7 tokens, left-padded, and their attention mask."""
+    ids, mask = batch(seed, B=3, T=10), torch.ones(3, 10, dtype=torch.long)
+    mask[1, :6] = mask[2, :3] = 0
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def caches_seen(model: H.TokenFormerPreTrainedModel) -> list[str]:
+    """The class names of the caches the core model receives, call by call."""
+    seen: list[str] = []
+    model.model.register_forward_pre_hook(
+        lambda _, args, kwargs: seen.append(type(kwargs.get("past_key_values")).__name__),
+        with_kwargs=True)
+    return seen
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_static_cache_generate_equals_dynamic(folder, attn):
+    """generate(cache_implementation="static") runs over transformers' StaticCache (and, from 5.24,
+    the 4-D mask generate builds for it: boolean for sdpa, additive for eager) and gives the
+    dynamic cache's tokens, for batch 1 and a left-padded batch."""
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation=attn)
+    seen = caches_seen(model)
+    ids, mask = padded()
+    for kwargs in ({"input_ids": ids[:1]}, {"input_ids": ids, "attention_mask": mask}):
+        seen.clear()
+        dynamic = model.generate(**kwargs, max_new_tokens=12, min_new_tokens=12)
+        assert set(seen) == {"DynamicCache"}
+        seen.clear()
+        static = model.generate(**kwargs, max_new_tokens=12, min_new_tokens=12,
+                                cache_implementation="static")
+        assert set(seen) == {"StaticCache"} and len(seen) == 12
+        assert torch.equal(static, dynamic)
+
+
+def test_static_cache_steps_equal_a_full_forward(folder):
+    """A StaticCache filled by hand (prefill, then one token per call, no 4-D mask: the core builds
+    it from the cache's slots and the padding mask): each step's logits are those of one uncached
+    forward over the whole sequence."""
+    from transformers import StaticCache
+
     model = AutoModelForCausalLM.from_pretrained(folder)
-    with pytest.raises(ConfigError, match=f"^{re.escape(STATIC_CACHE_REFUSED)}$"):
-        model.generate(batch(B=1), max_new_tokens=3, cache_implementation="static")
+    ids, mask = padded()
+    seq = torch.cat((ids, batch(5, B=3, T=6)), dim=1)
+    full_mask = torch.cat((mask, torch.ones(3, 6, dtype=torch.long)), dim=1)
+    cache = StaticCache(config=model.config, max_cache_len=20)
+    with torch.no_grad():
+        full = model(seq, attention_mask=full_mask).logits
+        steps = [model(ids, attention_mask=mask, past_key_values=cache).logits]
+        for t in range(10, 16):
+            steps.append(model(seq[:, t:t + 1], attention_mask=full_mask[:, :t + 1],
+                               past_key_values=cache).logits)
+    real = full_mask.bool()  # padding positions' outputs are junk in both
+    cached, truth = torch.cat(steps, 1)[real].double(), full[real].double()
+    # fp32 roundings in another order (logits up to ~200 with these weights): measured 2e-6,
+    # the dynamic cache's own steps 3e-6
+    assert (cached - truth).norm() / truth.norm() < 2e-5
+
+
+@pytest.mark.slow
+def test_compiled_forward_with_static_cache(folder):
+    """transformers' recipe, ``model.forward = torch.compile(model.forward, fullgraph=True)``
+    (inductor on the CPU; a graph break fails), then generate with the static cache: the dynamic
+    cache's tokens."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    ids, mask = padded()
+    dynamic = model.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
+    model.forward = torch.compile(model.forward, fullgraph=True)
+    static = model.generate(ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8,
+                            cache_implementation="static")
+    assert torch.equal(static, dynamic)
+
+
+def test_sliding_window_cache_refused(folder):
+    from transformers import StaticCache
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    config = copy.deepcopy(model.config)
+    config.sliding_window, config.layer_types = 4, ["sliding_attention"] * config.num_layers
+    cache = StaticCache(config=config, max_cache_len=16)
+    assert all(cache.is_sliding)
+    with pytest.raises(ConfigError, match=f"^{re.escape(SLIDING_CACHE_REFUSED)}$"):
+        model(batch(B=1), past_key_values=cache)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

@@ -17,6 +17,7 @@ from tokenformer import (
     TokenFormerLM,
     flops_per_token,
 )
+from tokenformer.models import lm as LM
 from tokenformer.models.lm import _sample
 
 # Spec §3: the exact parameter counts of the released models and of the paper's scaling chain.
@@ -369,3 +370,175 @@ def test_bf16_cached_decoding_is_as_close_to_fp32_as_a_full_forward(masked: bool
         return (torch.linalg.vector_norm(a - truth) / torch.linalg.vector_norm(truth)).item()
 
     assert err(cached) < 2e-2 and err(cached) <= 1.5 * err(full) + 1e-3, (err(cached), err(full))
+
+
+# ------------------------------------------------------------------------------- static cache
+def padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three prompts of 9, 4 and 7 tokens, left-padded to 9, and their attention mask."""
+    batch, mask = ids(3, 9, seed=5), torch.ones(3, 9, dtype=torch.long)
+    mask[1, :5] = mask[2, :2] = 0
+    return batch.masked_fill(mask == 0, 1), mask
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_static_cache_steps_equal_a_full_forward(masked: bool) -> None:
+    """Prefill then one token at a time through a StaticKVCache (buffers of the full capacity,
+    masked): every step's logits equal those of one uncached forward over the whole sequence, in
+    float tolerance, for a left-padded batch too; the dynamic cache's steps give the same."""
+    model = random_model()
+    seq, mask = padded_batch()
+    seq = torch.cat((seq, ids(3, 12, seed=6)), dim=1)  # 9 prompt positions + 12 decoded
+    mask = torch.cat((mask, torch.ones(3, 12, dtype=torch.long)), dim=1) if masked else None
+    positions = (LM.positions_from_mask(mask, 21) if masked
+                 else torch.arange(21).expand(3, 21))
+    with torch.no_grad():
+        full = model(seq, attention_mask=mask, position_ids=positions).logits
+        static = LM.StaticKVCache.for_model(model, 3, 24)  # 3 slots more than needed
+        out = model(seq[:, :9], attention_mask=mask, position_ids=positions[:, :9],
+                    past_key_values=static, use_cache=True)
+        steps = [out.logits]
+        for t in range(9, 21):
+            out = model(seq[:, t:t + 1], attention_mask=mask, position_ids=positions[:, t:t + 1],
+                        past_key_values=static, use_cache=True)
+            steps.append(out.logits)
+        dynamic = model(seq[:, :9], attention_mask=None if mask is None else mask[:, :9],
+                        position_ids=positions[:, :9], use_cache=True)
+        dynamic_steps = [dynamic.logits]
+        for t in range(9, 21):
+            dynamic = model(seq[:, t:t + 1], attention_mask=None if mask is None else
+                            mask[:, :t + 1], position_ids=positions[:, t:t + 1],
+                            past_key_values=dynamic.past_key_values, use_cache=True)
+            dynamic_steps.append(dynamic.logits)
+    real = mask.bool() if masked else torch.ones(3, 21, dtype=torch.bool)  # padding rows: junk
+    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.cat(steps, 1)[real], torch.cat(dynamic_steps, 1)[real],
+                               rtol=1e-5, atol=1e-5)
+    assert int(static.get_seq_length()) == 21 and static.keys[0].shape[2] == 24
+
+
+def static_equals_dynamic(model: TokenFormerLM, prompt: torch.Tensor, new: int,
+                          seed: int | None = None, **kwargs) -> torch.Tensor:
+    """The static cache's generation (``seed``: sampling, a fresh generator each) is the
+    dynamic cache's."""
+    def generator() -> dict:
+        return {} if seed is None else {"generator": torch.Generator().manual_seed(seed)}
+
+    dynamic = model.generate(prompt, new, **kwargs, **generator())
+    static = model.generate(prompt, new, cache_implementation="static", **kwargs, **generator())
+    assert torch.equal(static, dynamic), (static, dynamic)
+    return static
+
+
+def test_static_generate_equals_dynamic() -> None:
+    """Token for token (float64: no near-ties): batch 1, a left-padded batch, eos stopping (rows
+    finish at different steps) and seeded sampling."""
+    model = random_model(torch.float64)
+    batch, mask = padded_batch()
+    out = static_equals_dynamic(model, batch[:1], 20)
+    assert out.shape == (1, 29)
+    static_equals_dynamic(model, batch, 20, attention_mask=mask)
+    free = model.generate(batch, 20, attention_mask=mask)
+    eos = int(free[1, 12])  # row 1's fourth new token
+    stopped = static_equals_dynamic(model, batch, 20, attention_mask=mask, eos_token_id=eos)
+    assert (stopped[1, 12:] == eos).all()
+    sampled = static_equals_dynamic(model, batch, 15, seed=3, attention_mask=mask,
+                                    do_sample=True, temperature=1.5, top_k=20)
+    assert not torch.equal(sampled, free[:, :24])  # sampling did not degenerate to greedy
+
+
+def test_static_cache_is_reused_across_calls() -> None:
+    """A second static generation of the same shapes writes into the first one's buffers (the
+    addresses a captured CUDA graph replays on), emptied: a shorter prompt after a longer run of
+    the same total length decodes as if the cache were new."""
+    model = random_model(torch.float64)
+    batch, mask = padded_batch()
+    model.generate(batch, 11, attention_mask=mask, cache_implementation="static")
+    cache = LM._STATIC_CACHES[model]
+    address = cache.keys[0].data_ptr()
+    static_equals_dynamic(model, batch[:, 3:], 14, attention_mask=mask[:, 3:])  # 6 + 14 = 20
+    assert LM._STATIC_CACHES[model] is cache and cache.keys[0].data_ptr() == address
+    static_equals_dynamic(model, batch, 5)  # another capacity: a new cache replaces it
+    assert LM._STATIC_CACHES[model] is not cache
+
+
+def grown_sparse_model() -> TokenFormerLM:
+    """A model grown by tokens (the paper's recipe: new tokens change the function), each kind of
+    Pattention with its own token count, then read with top-k Pattention."""
+    from tokenformer import grow
+
+    model = grow(random_model(torch.float64), qkv="2x", ffn=80, strategy="paper",
+                 generator=torch.Generator().manual_seed(0))
+    counts = {layer.num_tokens for layer in model.pattentions().values()}
+    assert counts == {32, 12, 80}
+    for name, layer in model.pattentions().items():
+        layer.top_k = 8 if name.endswith("mlp") else 0.5
+    return model.eval()
+
+
+def test_static_generate_grown_and_top_k() -> None:
+    model = grown_sparse_model()
+    batch, mask = padded_batch()
+    static_equals_dynamic(model, batch, 12, attention_mask=mask)
+    static_equals_dynamic(model, batch[:1], 12, top_k_tokens="ffn=4")
+
+
+def test_static_generate_refusals() -> None:
+    model = random_model()
+    prompt = ids(1, 4)
+    with pytest.raises(ConfigError, match="unknown cache_implementation 'sliding'"):
+        model.generate(prompt, 2, cache_implementation="sliding")
+    with pytest.raises(ConfigError, match="compile=True needs cache_implementation='static'"):
+        model.generate(prompt, 2, compile=True)
+    with pytest.raises(ConfigError, match="pass neither past_key_values"):
+        model.generate(prompt, 2, cache_implementation="static", use_cache=False)
+    cache = LM.StaticKVCache.for_model(model, 1, 6)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache, use_cache=True)
+        with pytest.raises(TokenFormerError, match="the static cache holds 6 positions; 7 "):
+            model(ids(1, 3), past_key_values=cache, use_cache=True)
+    assert torch.equal(model.generate(prompt, 0, cache_implementation="static"), prompt)
+
+
+@pytest.mark.slow
+def test_compiled_static_generate_equals_eager() -> None:
+    """``compile=True`` (inductor on the CPU, fullgraph=True: a graph break fails the test) gives
+    the eager static path's tokens — grown model, top-k Pattention, a left-padded batch and
+    batch 1, eos stopping and seeded sampling — and logits within float tolerance of the eager
+    step's; calls of shapes seen before reuse the compiled step (no recompilation)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = grown_sparse_model().float()
+    batch, mask = padded_batch()
+    for prompt, attention_mask in ((batch, mask), (batch[:1], None)):
+        eager = model.generate(prompt, 10, attention_mask=attention_mask,
+                               cache_implementation="static")
+        compiled = model.generate(prompt, 10, attention_mask=attention_mask,
+                                  cache_implementation="static", compile=True)
+        assert torch.equal(compiled, eager)
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for kwargs in ({"eos_token_id": int(eager[0, 12])},  # batch 1 stops at its 4th token
+                   {"do_sample": True, "temperature": 2.0}):
+        runs = [model.generate(batch[:1], 10, cache_implementation="static", compile=compiled,
+                               generator=torch.Generator().manual_seed(0), **kwargs)
+                for compiled in (False, True)]
+        assert torch.equal(runs[1], runs[0])
+    assert runs[0].shape[1] == 19 and not torch.equal(runs[0], eager)  # sampled, not greedy
+    # the compiled step's logits, step by step, against the eager step's on a copy of its cache
+    caches = [LM.StaticKVCache.for_model(model, 3, 19) for _ in range(2)]
+    padding = torch.nn.functional.pad(mask.bool(), (0, 10), value=True)
+    positions = LM.positions_from_mask(mask, 9)
+    with torch.no_grad():
+        for cache in caches:
+            model(batch, attention_mask=padding, position_ids=positions, past_key_values=cache,
+                  use_cache=True)
+        token, position = batch[:, -1:].contiguous(), positions[:, -1:]  # generate's strides
+        for slot in range(9, 13):
+            position = position + 1
+            eager_logits, compiled_logits = (
+                step(model, token, padding, position, cache, torch.tensor([slot]))
+                for step, cache in ((LM._decode_step, caches[0]),
+                                    (LM._compiled_decode_step(torch.device("cpu")), caches[1])))
+            torch.testing.assert_close(compiled_logits, eager_logits, rtol=1e-4, atol=1e-5)
+            token = eager_logits.argmax(-1, keepdim=True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # nothing recompiled

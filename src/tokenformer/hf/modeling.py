@@ -54,10 +54,9 @@ AUTO_MAP = {"AutoConfig": f"{REMOTE_CONFIG_MODULE}.TokenFormerHFConfig",
 OUTPUT_ATTENTIONS_REFUSED = (
     "output_attentions is not supported: TokenFormer's attention runs in torch's "
     "scaled_dot_product_attention, which never materialises the attention weights")
-STATIC_CACHE_REFUSED = (
-    "cache_implementation='static' (a fixed-size, compileable cache) is not supported: "
-    "TokenFormer's attention reads back exactly the cached positions; use the default dynamic "
-    "cache")
+SLIDING_CACHE_REFUSED = (
+    "a sliding-window cache is not supported: TokenFormer attends over every earlier position; "
+    "use the default dynamic cache or cache_implementation='static'")
 # transformers 5.24 renamed the cache from ``past_key_values`` to ``cache``: ``generate`` passes
 # ``cache=`` to forward and reads ``outputs["cache"]`` back (generation/utils.py,
 # prepare_inputs_for_generation and _update_model_kwargs_for_generation). Earlier 5.x releases use
@@ -238,14 +237,16 @@ class TokenFormerPreTrainedModel(PreTrainedModel):
     def _core_kwargs(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
                      attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                      past_key_values: Any | None, use_cache: bool | None,
-                     output_attentions: bool | None, output_hidden_states: bool | None
-                     ) -> dict[str, Any]:
-        """transformers' arguments → the core's; refuses what the core cannot do."""
+                     output_attentions: bool | None, output_hidden_states: bool | None,
+                     cache_position: torch.Tensor | None = None) -> dict[str, Any]:
+        """transformers' arguments → the core's; refuses what the core cannot do.
+        ``cache_position``: the static cache's slots, which generate passes before
+        transformers 5.24 (later releases keep the count in the cache itself)."""
         if output_attentions or (output_attentions is None
                                  and getattr(self.config, "output_attentions", False)):
             raise ConfigError(OUTPUT_ATTENTIONS_REFUSED)
-        if past_key_values is not None and getattr(past_key_values, "is_compileable", False):
-            raise ConfigError(STATIC_CACHE_REFUSED)
+        if past_key_values is not None and any(getattr(past_key_values, "is_sliding", ())):
+            raise ConfigError(SLIDING_CACHE_REFUSED)
         if hasattr(self.model.word_embeddings, "base_layer"):  # wrapped by a PEFT adapter
             warnings.warn(LORA_ON_EMBEDDING_WARNING, UserWarning, stacklevel=3)
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -253,18 +254,22 @@ class TokenFormerPreTrainedModel(PreTrainedModel):
             use_cache = False  # recomputing a block would append its keys to the cache twice
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
-        if attention_mask is not None and position_ids is None:
+        # A 4-D mask is transformers' own for a static cache (generate builds it): the core's
+        # static branch takes it as it is, and positions come from the cache slots.
+        padding_mask = attention_mask is not None and attention_mask.dim() == 2
+        if padding_mask and position_ids is None:
             # Left padding: real tokens count positions from 0, as in TokenFormerLM.generate.
             T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
             position_ids = positions_from_mask(attention_mask, T)
-        if attention_mask is not None and bool(attention_mask.all()):
+        if (padding_mask and not torch.compiler.is_compiling()
+                and bool(attention_mask.all())):  # a compiled forward keeps the mask instead
             attention_mask = None  # all ones: let the core take its fused causal path
         if output_hidden_states is None:
             output_hidden_states = bool(getattr(self.config, "output_hidden_states", False))
         return dict(input_ids=input_ids, inputs_embeds=inputs_embeds,
                     attention_mask=attention_mask, position_ids=position_ids,
                     past_key_values=past_key_values, use_cache=use_cache,
-                    output_hidden_states=output_hidden_states)
+                    output_hidden_states=output_hidden_states, cache_position=cache_position)
 
     def _return(self, result: Any, return_dict: bool | None) -> Any:
         return_dict = self.config.return_dict if return_dict is None else return_dict
@@ -296,7 +301,7 @@ class TokenFormerModel(TokenFormerPreTrainedModel):
         body = self.model.body(**self._core_kwargs(
             input_ids, inputs_embeds, attention_mask, position_ids,
             _one_cache(past_key_values, cache), use_cache, output_attentions,
-            output_hidden_states))
+            output_hidden_states, kwargs.get("cache_position")))
         return self._return(BaseModelOutputWithPast(
             last_hidden_state=body.last_hidden_state, hidden_states=body.hidden_states,
             **{CACHE_FIELD: body.past_key_values}), return_dict)
@@ -335,7 +340,8 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         num_items = kwargs.get("num_items_in_batch")
         core_kwargs = self._core_kwargs(input_ids, inputs_embeds, attention_mask, position_ids,
                                         _one_cache(past_key_values, cache), use_cache,
-                                        output_attentions, output_hidden_states)
+                                        output_attentions, output_hidden_states,
+                                        kwargs.get("cache_position"))
         out = self.model(labels=labels if num_items is None else None,
                          logits_to_keep=0 if labels is not None else logits_to_keep,
                          **core_kwargs)
@@ -404,7 +410,7 @@ class TokenFormerForSequenceClassification(TokenFormerPreTrainedModel):
         body = self.model.body(**self._core_kwargs(
             input_ids, inputs_embeds, attention_mask, position_ids,
             _one_cache(past_key_values, cache), False if use_cache is None else use_cache,
-            output_attentions, output_hidden_states))
+            output_attentions, output_hidden_states, kwargs.get("cache_position")))
         logits = self.score(body.last_hidden_state)
         B, T = logits.shape[:2]
         positions = torch.arange(T, device=logits.device)

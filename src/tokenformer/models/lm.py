@@ -8,8 +8,11 @@ are Pattentions) → block (pre-norm, non-parametric LayerNorm, FFN = one Patten
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,6 +104,74 @@ class KVCache:
         return keys[:, :, :end], values[:, :, :end]
 
 
+class StaticKVCache:
+    """A key/value cache of fixed capacity whose write position is a tensor: what a compiled,
+    graph-captured decoding step needs (gpt-fast's recipe; transformers' ``StaticCache``).
+
+    Every layer's keys and values are allocated once, zero-filled, as [B, H, capacity, head_dim];
+    ``update`` writes the new positions in place (``index_copy_`` at ``cache_position``, a tensor)
+    and returns the whole buffers, so the shapes never change from one step to the next and no
+    Python integer that grows with the sequence enters the step. The attention then runs over all
+    ``capacity`` positions with a mask of the valid ones (:func:`_mask`, built once per forward
+    by :meth:`TokenFormerLM.body`). Zeros, not uninitialised memory: a masked key still multiplies
+    its value by a weight of 0, and 0 · NaN would poison the row.
+    """
+
+    is_compileable = True  # what transformers' caches say; the model's static branch keys on it
+
+    def __init__(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int,
+                 capacity: int, *, dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (batch_size, num_heads, capacity, head_dim)
+        self.max_cache_len = capacity
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Positions written, per layer: a tensor updated in place (a compiled step reads it back)
+        self.lengths = torch.zeros(num_layers, dtype=torch.long, device=device)
+        if not torch.compiler.is_compiling():
+            # Fixed addresses: CUDA graphs then write into these buffers instead of copies
+            for t in (*self.keys, *self.values, self.lengths):
+                torch._dynamo.mark_static_address(t)
+
+    @classmethod
+    def for_model(cls, model: nn.Module, batch_size: int, capacity: int) -> StaticKVCache:
+        """A cache for ``model``'s layers, heads, dtype and device."""
+        config, weight = model.config, model.word_embeddings.weight
+        return cls(config.num_layers, batch_size, config.num_heads, config.head_dim, capacity,
+                   dtype=weight.dtype, device=weight.device)
+
+    def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
+        return self.lengths[layer_idx]
+
+    def reset(self) -> None:
+        """Empty, in place (the buffers keep their addresses)."""
+        for t in (*self.keys, *self.values, self.lengths):
+            t.zero_()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        position = (cache_kwargs or {}).get("cache_position")
+        if position is None:
+            position = (torch.arange(key_states.shape[2], device=key_states.device)
+                        + self.lengths[layer_idx])
+        self.keys[layer_idx].index_copy_(2, position, key_states)
+        self.values[layer_idx].index_copy_(2, position, value_states)
+        self.lengths[layer_idx] = position[-1] + 1
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
+def cache_capacity(cache: Any) -> int:
+    """The positions a static cache holds: ours, or a transformers ``StaticCache`` (whose
+    accessor changed name between releases; every layer has ``max_cache_len``)."""
+    if hasattr(cache, "max_cache_len") and not hasattr(cache, "layers"):
+        return int(cache.max_cache_len)
+    return max(int(layer.max_cache_len) for layer in cache.layers)
+
+
+def is_static(cache: Any | None) -> bool:
+    """A cache that hands back full-length buffers (ours or transformers'): see StaticKVCache."""
+    return cache is not None and bool(getattr(cache, "is_compileable", False))
+
+
 # ------------------------------------------------------------------------------------ attention
 def _pattention(config: TokenFormerConfig, kind: str, d_out: int | None = None) -> Pattention:
     d = config.hidden_size
@@ -137,7 +208,10 @@ class Attention(nn.Module):
         self.proj = _pattention(config, "proj")
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None, cache: Any | None) -> torch.Tensor:
+                attention_mask: torch.Tensor | None, cache: Any | None,
+                cache_position: torch.Tensor | None = None) -> torch.Tensor:
+        """``cache_position`` [T] (a static cache only): where this call's positions are written;
+        ``attention_mask`` is then the full [B, 1, T, capacity] mask that the body built."""
         B, T, d = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:
@@ -146,6 +220,11 @@ class Attention(nn.Module):
         qkv = (self.query, self.key, self.value)
         q, k, v = grouped_attend(x, qkv) if self.grouped_qkv else (p(x) for p in qkv)
         q, k, v = rotary(heads(q), position_ids), rotary(heads(k), position_ids), heads(v)
+        if cache_position is not None:  # a static cache: the whole buffers, masked
+            k, v = cache.update(k, v, self.layer_idx, {"cache_position": cache_position})
+            out = (_decode_attention(q, k, v, attention_mask) if T == 1 else
+                   F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask))
+            return self.proj(out.transpose(1, 2).reshape(B, T, d))
         past = 0
         if cache is not None:
             past = cache.get_seq_length(self.layer_idx)
@@ -155,7 +234,8 @@ class Attention(nn.Module):
         elif attention_mask is None and T == 1:
             out = _decode_attention(q, k, v)
         else:
-            mask = _mask(attention_mask, B, T, past, x.device)
+            mask = _mask(attention_mask, B, torch.arange(past, past + T, device=x.device),
+                         past + T)
             out = (_decode_attention(q, k, v, mask) if T == 1 else
                    F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
         return self.proj(out.transpose(1, 2).reshape(B, T, d))
@@ -173,20 +253,35 @@ def _decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def _mask(attention_mask: torch.Tensor | None, B: int, T: int, past: int,
-          device: torch.device) -> torch.Tensor:
-    """Boolean [B, 1, T, past+T] mask: causal, and keys marked 0 in ``attention_mask`` hidden.
+def _mask(attention_mask: torch.Tensor | None, B: int, q_pos: torch.Tensor,
+          S: int) -> torch.Tensor:
+    """Boolean [B, 1, T, S] mask of the keys at cache slots 0..S-1 that the queries at slots
+    ``q_pos`` [T] see: causal, and keys marked 0 in ``attention_mask`` [B, <= S] hidden (slots
+    past its end count as real: a static cache's not-yet-written positions, hidden by causality).
 
     A query row with nothing visible (a left-padding position) sees every key instead, so that
     SDPA returns finite values there; those positions are ignored downstream.
     """
-    S = past + T
-    q_pos = torch.arange(past, S, device=device).unsqueeze(1)
-    mask = (torch.arange(S, device=device).unsqueeze(0) <= q_pos).expand(B, 1, T, S)
+    mask = (torch.arange(S, device=q_pos.device) <= q_pos[:, None]).expand(B, 1, -1, S)
     if attention_mask is not None:
-        mask = mask & attention_mask[:, None, None, :S].bool()
+        keys = attention_mask[:, :S].bool()
+        if keys.shape[1] < S:
+            keys = F.pad(keys, (0, S - keys.shape[1]), value=True)
+        mask = mask & keys[:, None, None, :]
         mask = mask | ~mask.any(dim=-1, keepdim=True)
     return mask
+
+
+def static_mask(attention_mask: torch.Tensor | None, B: int, cache_position: torch.Tensor,
+                capacity: int) -> torch.Tensor:
+    """The mask of a static cache's valid positions for the queries at ``cache_position``: from a
+    [B, <= capacity] padding mask (or none) as :func:`_mask`, or transformers' own 4-D mask
+    (boolean, or additive with 0 where visible) as given, with :func:`_mask`'s rule for rows that
+    see nothing."""
+    if attention_mask is None or attention_mask.dim() == 2:
+        return _mask(attention_mask, B, cache_position, capacity)
+    mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+    return mask | ~mask.any(dim=-1, keepdim=True)
 
 
 def positions_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
@@ -222,8 +317,10 @@ class Block(nn.Module):
                     else _product_ffn(config))
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
-                attention_mask: torch.Tensor | None, cache: Any | None) -> torch.Tensor:
-        x = x + self.attention(self.input_layernorm(x), rotary, position_ids, attention_mask, cache)
+                attention_mask: torch.Tensor | None, cache: Any | None,
+                cache_position: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attention(self.input_layernorm(x), rotary, position_ids, attention_mask, cache,
+                               cache_position)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -289,14 +386,19 @@ class TokenFormerLM(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         logits_to_keep: int = 0,
+        cache_position: torch.Tensor | None = None,
     ) -> CausalLMOutput:
         """``logits_to_keep`` > 0: logits of the last that many positions only (Hugging Face's
-        argument of the same name; generation needs one and saves the [T, vocab] projection)."""
+        argument of the same name; generation needs one and saves the [T, vocab] projection).
+        ``cache_position`` [T]: with a static cache (:class:`StaticKVCache`, transformers'
+        ``StaticCache``), the cache slots of this call's tokens; by default the next free ones.
+        ``attention_mask`` is then [B, <= capacity] (1 = a real token) or a ready 4-D mask."""
         if logits_to_keep > 0 and labels is not None:
             raise ConfigError("logits_to_keep needs every position's logits when labels "
                               "are given; pass one or the other")
         body = self.body(input_ids, attention_mask, position_ids, past_key_values, use_cache,
-                         inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states)
+                         inputs_embeds=inputs_embeds, output_hidden_states=output_hidden_states,
+                         cache_position=cache_position)
         x = body.last_hidden_state
         if logits_to_keep > 0:
             x = x[:, -logits_to_keep:]
@@ -319,6 +421,7 @@ class TokenFormerLM(nn.Module):
         *,
         inputs_embeds: torch.Tensor | None = None,
         output_hidden_states: bool = False,
+        cache_position: torch.Tensor | None = None,
     ) -> BodyOutput:
         """Everything but the output head: embeddings (or ``inputs_embeds`` [B, T, d]), the
         blocks, the final norm. ``output_hidden_states``: the L block inputs, then the final-normed
@@ -336,24 +439,51 @@ class TokenFormerLM(nn.Module):
         B, T = x.shape[:2]
         if use_cache and past_key_values is None:
             past_key_values = KVCache(self.config.num_layers, self.config.max_seq_len)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        if past + T > self.config.max_seq_len:
-            raise TokenFormerError(
-                f"sequence of {past + T} tokens exceeds the model's context of "
-                f"{self.config.max_seq_len} tokens (max_seq_len, the size of the rotary cache)")
-        if position_ids is None:
-            position_ids = torch.arange(past, past + T, device=x.device).expand(B, T)
+        if is_static(past_key_values):
+            cache_position, attention_mask = self._static_positions(
+                past_key_values, cache_position, attention_mask, B, T, x.device)
+            if position_ids is None:
+                position_ids = cache_position.expand(B, T)
+        else:
+            cache_position = None  # the dynamic caches append: their blocks need no slots
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            self._check_length(past + T)
+            if position_ids is None:
+                position_ids = torch.arange(past, past + T, device=x.device).expand(B, T)
         hidden: list[torch.Tensor] | None = [] if output_hidden_states else None
         for block in self.layers:
             if hidden is not None:
                 hidden.append(x)
-            x = block(x, self.rotary, position_ids, attention_mask, past_key_values)
+            x = block(x, self.rotary, position_ids, attention_mask, past_key_values,
+                      cache_position)
         x = self.final_norm(x)
         if hidden is not None:
             hidden.append(x)
         return BodyOutput(last_hidden_state=x,
                           past_key_values=past_key_values if use_cache else None,
                           hidden_states=tuple(hidden) if hidden is not None else None)
+
+    def _check_length(self, length: int) -> None:
+        if length > self.config.max_seq_len:
+            raise TokenFormerError(
+                f"sequence of {length} tokens exceeds the model's context of "
+                f"{self.config.max_seq_len} tokens (max_seq_len, the size of the rotary cache)")
+
+    def _static_positions(self, cache: Any, cache_position: torch.Tensor | None,
+                          attention_mask: torch.Tensor | None, B: int, T: int,
+                          device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slots this call writes in a static cache and the [B, 1, T, capacity] mask of what
+        each query sees there (built once here, not in each of the L layers)."""
+        capacity = cache_capacity(cache)
+        if cache_position is None:
+            cache_position = torch.arange(T, device=device) + cache.get_seq_length()
+        if not torch.compiler.is_compiling():  # one sync, eager only: a compiled step trusts it
+            end = int(cache_position[-1]) + 1
+            self._check_length(end)
+            if end > capacity:
+                raise TokenFormerError(f"the static cache holds {capacity} positions; "
+                                       f"{end} requested")
+        return cache_position, static_mask(attention_mask, B, cache_position, capacity)
 
     # ------------------------------------------------------------------ sizes
     def num_parameters(self, non_embedding: bool = False) -> int:
@@ -457,6 +587,8 @@ class TokenFormerLM(nn.Module):
         generator: torch.Generator | None = None,
         past_key_values: Any | None = None,
         top_k_tokens: Any | None = None,
+        cache_implementation: str = "dynamic",
+        compile: bool = False,
     ) -> torch.Tensor:
         """Continue ``input_ids`` [B, T]; returns [B, T + generated].
 
@@ -469,19 +601,42 @@ class TokenFormerLM(nn.Module):
         ``top_k_tokens``: sparse Pattention for this call only (each row reads its k largest-|Θ|
         value rows; a count or fraction for every kind, a dict or ``"ffn=0.25,qkv=64"``;
         :func:`tokenformer.nn.pattention.top_k_tokens`); None keeps the model's own setting.
+        ``cache_implementation``: ``"dynamic"`` (the default: a cache that appends) or
+        ``"static"`` (transformers' name: a :class:`StaticKVCache` of the prompt plus
+        ``max_new_tokens`` positions, written in place, so that one decoding step serves every
+        position). ``compile=True`` (static only) runs that step through ``torch.compile``
+        with ``fullgraph=True``: on CUDA ``mode="reduce-overhead"``, which captures it as a CUDA
+        graph replayed at every token (the launch-bound step of a small model then costs little
+        more than its memory reads); elsewhere inductor's kernels without graphs. The first
+        call compiles (seconds to minutes); later calls with the same batch size and total
+        length reuse it, and the same cache buffers (kept with the model until a static call of
+        other shapes replaces them or the model is freed). The tokens equal the dynamic cache's,
+        up to floating-point ties.
         """
+        if cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise ConfigError(f"unknown cache_implementation {cache_implementation!r}; choose "
+                              f"one of {', '.join(CACHE_IMPLEMENTATIONS)}")
+        static = cache_implementation == "static"
+        if compile and not static:
+            raise ConfigError("compile=True needs cache_implementation='static' (a compiled step "
+                              "needs the fixed shapes of a static cache)")
+        if static and (past_key_values is not None or not use_cache):
+            raise ConfigError("cache_implementation='static' makes its own cache: pass neither "
+                              "past_key_values nor use_cache=False with it")
         with _top_k_tokens(self, top_k_tokens):
             return self._generate(input_ids, max_new_tokens, do_sample=do_sample,
                                   temperature=temperature, top_k=top_k, top_p=top_p,
                                   eos_token_id=eos_token_id, attention_mask=attention_mask,
                                   use_cache=use_cache, generator=generator,
-                                  past_key_values=past_key_values)
+                                  past_key_values=past_key_values, static=static,
+                                  compile=compile)
 
     def _generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, do_sample: bool,
                   temperature: float, top_k: int | None, top_p: float | None,
                   eos_token_id: int | None, attention_mask: torch.Tensor | None,
                   use_cache: bool, generator: torch.Generator | None,
-                  past_key_values: Any | None) -> torch.Tensor:
+                  past_key_values: Any | None, static: bool = False,
+                  compile: bool = False) -> torch.Tensor:
         if max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if do_sample and temperature <= 0:
@@ -496,6 +651,12 @@ class TokenFormerLM(nn.Module):
                                    f"{self.config.max_seq_len} tokens (rotary cache)")
         max_new_tokens = min(max_new_tokens, self.config.max_seq_len - T)
         vocab = self.config.vocab_size  # never sample the padding rows of the embedding
+        if static:
+            return self._generate_static(
+                input_ids, max_new_tokens, attention_mask,
+                functools.partial(_next_token, do_sample=do_sample, temperature=temperature,
+                                  top_k=top_k, top_p=top_p, generator=generator),
+                eos_token_id, compile)
         tokens, cache = input_ids, past_key_values if use_cache else None
         finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
         step_input = input_ids
@@ -511,12 +672,10 @@ class TokenFormerLM(nn.Module):
             out = self(step_input, attention_mask=attention_mask, position_ids=position_ids,
                        past_key_values=cache, use_cache=use_cache, logits_to_keep=1)
             logits = out.logits[:, -1, :vocab].float()
-            next_token = (_sample(logits, temperature, top_k, top_p, generator) if do_sample
-                          else logits.argmax(dim=-1))
+            next_token = _next_token(logits, do_sample=do_sample, temperature=temperature,
+                                     top_k=top_k, top_p=top_p, generator=generator)
             if eos_token_id is not None:
-                next_token = torch.where(finished, torch.full_like(next_token, eos_token_id),
-                                         next_token)
-                finished = finished | (next_token == eos_token_id)
+                next_token, finished = _after_eos(next_token, finished, eos_token_id)
             tokens = torch.cat((tokens, next_token[:, None]), dim=1)
             if attention_mask is not None:
                 attention_mask = torch.cat((attention_mask, attention_mask.new_ones(B, 1)), dim=1)
@@ -527,6 +686,118 @@ class TokenFormerLM(nn.Module):
             if eos_token_id is not None and bool(finished.all()):
                 break
         return tokens
+
+    def _generate_static(self, input_ids: torch.Tensor, max_new_tokens: int,
+                         attention_mask: torch.Tensor | None,
+                         choose: Callable[[torch.Tensor], torch.Tensor],
+                         eos_token_id: int | None, compile: bool) -> torch.Tensor:
+        """generate's loop over a :class:`StaticKVCache`: the prompt runs eagerly (it fills the
+        cache), then every token through the same step, compiled or not, whose inputs are all
+        tensors of fixed shape: the token, its position ids, its cache slot. The output is
+        preallocated and written in place, as the cache is."""
+        B, T = input_ids.shape
+        if max_new_tokens == 0:
+            return input_ids
+        capacity = T + max_new_tokens  # the last token is never fed back: one slot to spare
+        cache = _static_cache(self, B, capacity) if max_new_tokens > 1 else None
+        device = input_ids.device
+        mask = None
+        if attention_mask is not None:  # [B, capacity]: the prompt's padding, then real tokens
+            mask = F.pad(attention_mask.bool(), (0, capacity - T), value=True)
+        positions = (positions_from_mask(attention_mask, T) if attention_mask is not None
+                     else torch.arange(T, device=device).expand(B, T))
+        out = self(input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                   use_cache=cache is not None, cache_position=torch.arange(T, device=device),
+                   logits_to_keep=1)
+        logits = out.logits[:, -1, :self.config.vocab_size].float()
+        step = _compiled_decode_step(device) if compile else _decode_step
+        tokens = input_ids.new_empty(B, T + max_new_tokens)
+        tokens[:, :T] = input_ids
+        position_ids = positions[:, -1:] + 1  # [B, 1], advanced in place after each step
+        slot = torch.tensor([T], device=device)  # [1]
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        for i in range(max_new_tokens):
+            next_token = choose(logits)
+            if eos_token_id is not None:
+                next_token, finished = _after_eos(next_token, finished, eos_token_id)
+            tokens[:, T + i] = next_token
+            if i + 1 == max_new_tokens or (eos_token_id is not None and bool(finished.all())):
+                return tokens[:, :T + i + 1]
+            logits = step(self, next_token[:, None], mask, position_ids, cache, slot)
+            position_ids += 1
+            slot += 1
+        return tokens
+
+
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+# The static cache of each model's last static generation, reused (zeroed) by the next one of the
+# same batch size, capacity, dtype and device: the buffers keep their addresses, so a captured
+# CUDA graph replays instead of being recorded again (torch re-records when a static input moves,
+# and gives graphs up after a limit of re-recordings). One generation at a time per model.
+_STATIC_CACHES: weakref.WeakKeyDictionary[nn.Module, StaticKVCache] = (
+    weakref.WeakKeyDictionary())
+
+
+def _static_cache(model: TokenFormerLM, batch_size: int, capacity: int) -> StaticKVCache:
+    weight = model.word_embeddings.weight
+    cache = _STATIC_CACHES.get(model)
+    if (cache is not None and cache.max_cache_len == capacity
+            and len(cache.keys) == model.config.num_layers
+            and cache.keys[0].shape == (batch_size, model.config.num_heads, capacity,
+                                        model.config.head_dim)
+            and cache.keys[0].dtype == weight.dtype and cache.keys[0].device == weight.device):
+        cache.reset()
+        return cache
+    _STATIC_CACHES.pop(model, None)  # its memory is free before the new one is allocated
+    cache = _STATIC_CACHES[model] = StaticKVCache.for_model(model, batch_size, capacity)
+    return cache
+
+
+def _decode_step(model: TokenFormerLM, token: torch.Tensor, mask: torch.Tensor | None,
+                 position_ids: torch.Tensor, cache: StaticKVCache,
+                 slot: torch.Tensor) -> torch.Tensor:
+    """One token [B, 1] through the model over a static cache: its float32 logits over the
+    vocabulary (not the embedding's padding rows). What ``compile=True`` compiles."""
+    out = model(token, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                use_cache=True, cache_position=slot, logits_to_keep=1)
+    return out.logits[:, -1, :model.config.vocab_size].float()
+
+
+_COMPILED_STEPS: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def _compiled_decode_step(device: torch.device) -> Callable[..., torch.Tensor]:
+    """:func:`_decode_step` compiled once per device type and process (a model, batch size or
+    capacity not seen before recompiles it: torch.compile's guards). ``fullgraph=True``: a graph
+    break is an error, not a silent fallback; ``dynamic=False``: each shape gets its own static
+    kernels (CUDA graphs want fixed shapes)."""
+    kind = torch.device(device).type
+    if kind not in _COMPILED_STEPS:
+        mode = "reduce-overhead" if kind == "cuda" else None
+        _COMPILED_STEPS[kind] = torch.compile(_decode_step, fullgraph=True, dynamic=False,
+                                              mode=mode)
+    step = _COMPILED_STEPS[kind]
+    if kind != "cuda":
+        return step
+
+    def graph_step(*args: Any) -> torch.Tensor:
+        # A new CUDA-graph iteration: the previous step's logits (already consumed) may be reused
+        torch.compiler.cudagraph_mark_step_begin()
+        return step(*args)
+    return graph_step
+
+
+def _next_token(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int | None,
+                top_p: float | None, generator: torch.Generator | None) -> torch.Tensor:
+    return (_sample(logits, temperature, top_k, top_p, generator) if do_sample
+            else logits.argmax(dim=-1))
+
+
+def _after_eos(next_token: torch.Tensor, finished: torch.Tensor,
+               eos_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows that have finished emit ``eos_token_id`` again; a row that emits it finishes."""
+    next_token = torch.where(finished, torch.full_like(next_token, eos_token_id), next_token)
+    return next_token, finished | (next_token == eos_token_id)
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,

@@ -84,10 +84,12 @@ def _tokenformer_lines(config: TokenFormerConfig, T: int, fwd: dict[str, float],
 def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
                   top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                   tokenizer: str | None = None, device: str = "cpu",
-                  adapters: list[str] | None = None, top_k_tokens: str | None = None) -> str:
+                  adapters: list[str] | None = None, top_k_tokens: str | None = None,
+                  cache: str | None = None, compile: bool | None = None) -> str:
     """Load a model (a preset gives a randomly initialised one), with token ``adapters``
     (tokenformer.ops.adapters) stacked on it, and continue ``prompt`` (``top_k_tokens``: sparse
-    Pattention for this call, docs/sparse.md)."""
+    Pattention for this call, docs/sparse.md). ``cache`` and ``compile``: generate's
+    ``cache_implementation`` and ``compile``; None picks :func:`decoding_defaults`' choice."""
 
     torch.manual_seed(seed)
     model = load_adapted(spec, adapters or []).to(device).eval()
@@ -102,11 +104,25 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
               f"has {len(ids)}: generating at most {room} new tokens, not {max_new_tokens}",
               file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(seed)
+    cache, compile = decoding_defaults(device, cache, compile)
+    if compile and cache == "static":  # (compile with the dynamic cache: generate refuses it)
+        print("note: compiling the decoding step first (a minute or so; --no-compile skips it)",
+              file=sys.stderr)
     out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
                          do_sample=temperature > 0, temperature=temperature or 1.0, top_k=top_k,
                          top_p=top_p, eos_token_id=tok.eos_token_id, generator=generator,
-                         top_k_tokens=top_k_tokens)
+                         top_k_tokens=top_k_tokens, cache_implementation=cache, compile=compile)
     return tok.decode(out[0].tolist())
+
+
+def decoding_defaults(device: str | torch.device, cache: str | None,
+                      compile: bool | None) -> tuple[str, bool]:
+    """The fast path where it pays: on CUDA a static cache and a compiled step captured as a CUDA
+    graph (a small model's step is bound by kernel launches there, docs/performance.md); on the
+    CPU the dynamic cache, uncompiled (compiling takes longer than it saves for one prompt)."""
+    cuda = torch.device(device).type == "cuda"
+    cache = cache or ("static" if cuda else "dynamic")
+    return cache, (cuda and cache == "static") if compile is None else compile
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -137,7 +153,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="sparse Pattention: each row reads only its k largest-|Θ| parameter "
                    "tokens; a count or fraction for every Pattention (64, 0.25) or per kind "
                    "(ffn=0.25,qkv=64); default: the model's own (dense). docs/sparse.md")
+    p.add_argument("--cache", choices=("static", "dynamic"), default=None,
+                   help="KV cache: static (preallocated, what a compiled step needs) or dynamic; "
+                   "default: static on CUDA, dynamic elsewhere")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the decoding step (static cache only; on CUDA captured as a "
+                   "CUDA graph); default: on with a static cache on CUDA. --no-compile turns "
+                   "the fast path's compilation off")
     p.set_defaults(func=lambda a: print(generate_text(
         a.model, a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
         top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device,
-        adapters=a.adapter, top_k_tokens=a.top_k_tokens)))
+        adapters=a.adapter, top_k_tokens=a.top_k_tokens, cache=a.cache, compile=a.compile)))
