@@ -249,6 +249,30 @@ def test_missing_compiler_in_a_fresh_process(tmp_path, compiler):
     assert "could not build" in proc.stdout
 
 
+def test_first_call_inside_fullgraph_compile_in_a_fresh_process():
+    """A fresh process whose first Pattention call is inside torch.compile(fullgraph=True) on the
+    CPU (an HF user's compiled forward): the kernel's first-use check cannot be traced, so that
+    graph runs the PyTorch path instead of failing on a graph break; it equals the eager model."""
+    code = textwrap.dedent("""
+        import torch
+        from tokenformer import TokenFormerConfig, TokenFormerLM
+        from tokenformer.nn.kernels import cpu_theta
+        torch.manual_seed(0)
+        model = TokenFormerLM(TokenFormerConfig.from_name("tiny")).eval()
+        ids = torch.randint(0, 100, (2, 12))
+        with torch.no_grad():
+            compiled = torch.compile(model, fullgraph=True, dynamic=False)(ids).logits
+            assert "ok" not in cpu_theta._state  # undecided: the graph did not build
+            eager = model(ids).logits
+        assert (compiled - eager).abs().max().item() < 1e-4, (compiled - eager).abs().max()
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().endswith("ok")
+
+
 def test_unavailable_kernel_warns_once_and_uses_fused(monkeypatch):
     monkeypatch.setattr(kernels, "_state", {"ok": False, "reason": "could not build: no c++"})
     x, k, v, _ = inputs(6, (5, 8), 16, 4, dtype=torch.float32)

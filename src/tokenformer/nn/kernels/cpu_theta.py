@@ -180,6 +180,11 @@ def usable(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
     kernel cannot be built, one debug-level log line says why (auto then runs ``fused``)."""
     if not covers(device, dtype, norm):
         return False
+    if "ok" not in _state and torch.compiler.is_compiling():
+        # Undecided inside torch.compile's tracing (a compiled model's first call): deciding
+        # means building, which cannot be traced, and a graph break would fail fullgraph=True.
+        # This graph takes the PyTorch path; the first eager call decides for the rest.
+        return False
     if available():
         return True
     if not _state.get("logged"):
