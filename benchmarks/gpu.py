@@ -54,12 +54,13 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
     first call of each compiled path, reported as "first call s") ≈ 1–2 min each: ≈ 5–8 min,
     so run it in a call of its own (``--stage decode``).
 ``frontier``
-    ``tokenformer scale --preset PRESET --device cuda --out --frontier-dir`` for at most
+    ``tokenformer scale --preset PRESET --device cuda --jobs N --out --frontier-dir`` for at most
     ``--frontier-minutes`` (default 7.5), then SIGINT: every finished run is on disk and a second
     call continues (the frontier resumes from its folder). The folder is packed into
     ``frontier.tar.gz`` under ``--out`` (without the in-progress state when that would not fit a
-    device call's 16 MiB per file). The default preset is ``gpu-30m`` (issue 26: the v3 protocol in
-    ≈ 25 min, on its generated corpus, so no data to carry); the ``gpu`` preset needs
+    device call's 16 MiB per file). The default preset is ``gpu-code`` (issue 35: the v4 protocol on
+    the Python sources of the machine's own torch, transformers and sympy, so no data to carry;
+    ≈ 7 min with ``--jobs 8`` estimated, docs/frontier-v4.md); the ``gpu`` preset needs
     ``--frontier-data`` (a prepared corpus of >= 2e8 tokens: the embedded one is refused as
     repeated > 4 times).
 ``all``
@@ -718,7 +719,8 @@ def frontier_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace,
     if args.smoke:
         command.append("--plan")
     else:
-        command += ["--device", device.type, "--out", str(folder), "--no-progress"]
+        command += ["--device", device.type, "--out", str(folder), "--no-progress",
+                    "--jobs", str(args.frontier_jobs)]
     if args.frontier_data:
         command += ["--data", str(Path(args.frontier_data).resolve())]
     log_path = out / FRONTIER_LOG  # not inside the folder: scale refuses files it did not write
@@ -866,8 +868,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="tokenformer scale --preset (gpu-code: its corpus is built here, no "
                              "--frontier-data)")
     parser.add_argument("--frontier-data", default=None, help="tokenformer scale --data")
-    parser.add_argument("--frontier-dir", default=str(ROOT / "runs" / "frontier-gpu"),
-                        help="the frontier's folder (kept between calls: a rerun continues)")
+    parser.add_argument("--frontier-dir", default=str(ROOT / "docs" / "results" / "frontier-gpu"),
+                        help="the frontier's folder (a rerun continues from it: commit its "
+                             "runs/*.json between leases)")
+    parser.add_argument("--frontier-jobs", type=int, default=8,
+                        help="tokenformer scale --jobs: small runs leave the GPU idle between "
+                             "launches, so several share it (gpu-code's estimate assumes 8)")
     parser.add_argument("--frontier-minutes", type=float, default=7.5,
                         help="stop the frontier (SIGINT) after this long")
     return parser.parse_args(argv)
