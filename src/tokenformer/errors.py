@@ -29,7 +29,7 @@ class GrowthError(TokenFormerError, ValueError):
 class PathError(CheckpointError, DataError, ConfigError):
     """An input path is missing or is not a regular file (a directory, FIFO, device, socket), or
     is a symbolic link inside a model, adapter, dataset or run folder
-    (:func:`tokenformer.io.regular_file`). Also a CheckpointError, DataError and ConfigError:
+    (:func:`tokenformer.io.paths.regular_file`). Also a CheckpointError, DataError and ConfigError:
     what callers caught for a missing checkpoint, dataset or config before."""
 
 

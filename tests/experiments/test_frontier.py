@@ -829,16 +829,7 @@ def test_runner_plans_the_chains_from_the_measured_envelope(monkeypatch, tmp_pat
                             int(size[1]) - int(best[1])) + 0.001 * run.seed, "bpb": 1.0})
         return {"lr": lr, "branches": out, "timing": {"train_time": 0.0, "step_time": {}}}
 
-    monkeypatch.setattr(run_, "execute", fake_execute)
-
-    class Data:
-        vocab_size = 256
-
-    ctx = run_.Context(preset, Data(), torch.device("cpu"), "fp32", None, False, tmp_path,
-                       print_fn=lambda line: None)
-    monkeypatch.setattr(run_.report, "write", lambda results, out, plots=True: None)
-    results = run_._run(ctx, preset, plan(preset, 256), {}, "k", {"train_tokens": 10**9},
-                        tmp_path, print_fn=lambda line: None, command=None, plots=False)
+    results = run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path)
     assert results["chain_envelopes"]["tokenformer"] == {str(j): "S2" if j == last else "S1"
                                                          for j in range(preset.num_budgets)}
     chain = results["runs"]["chain-paper/seed0"]
@@ -871,3 +862,18 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     with torch.no_grad():
         before, after = model(ids).logits, grown(ids).logits
     assert (after - before).abs().max() <= 1e-6 * before.abs().max()
+
+
+def run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path) -> dict:
+    """The runner's whole protocol (``run._run``) on a 256-token vocabulary with every training
+    run replaced by ``fake_execute(ctx, run, lrs)`` and no report written: its results dict."""
+    monkeypatch.setattr(run_, "execute", fake_execute)
+
+    class Data:
+        vocab_size = 256
+
+    ctx = run_.Context(preset, Data(), torch.device("cpu"), "fp32", None, False, tmp_path,
+                       print_fn=lambda line: None)
+    monkeypatch.setattr(run_.report, "write", lambda results, out, plots=True: None)
+    return run_._run(ctx, preset, plan(preset, 256), {}, "k", {"train_tokens": 10**9},
+                     tmp_path, print_fn=lambda line: None, command=None, plots=False)

@@ -8,8 +8,8 @@ import dataclasses
 import math
 
 import pytest
-import torch
 from scipy import stats
+from test_frontier import run_with_fake_execute  # rootdir-relative, as test_frontier_old_tokens
 
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import analysis
@@ -127,16 +127,7 @@ def test_tuning_seeds_choose_and_held_out_seeds_score(monkeypatch, tmp_path):
                               "loss": loss(run, lrs, b.budget_index), "bpb": 1.0}
                              for b in run.branches]}
 
-    monkeypatch.setattr(run_, "execute", fake_execute)
-
-    class Data:
-        vocab_size = 256
-
-    ctx = run_.Context(preset, Data(), torch.device("cpu"), "fp32", None, False, tmp_path,
-                       print_fn=lambda line: None)
-    monkeypatch.setattr(run_.report, "write", lambda results, out, plots=True: None)
-    results = run_._run(ctx, preset, plan_.plan(preset, 256), {}, "k", {"train_tokens": 10**9},
-                        tmp_path, print_fn=lambda line: None, command=None, plots=False)
+    results = run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path)
     assert results["protocol"] == "v4"
     tuning = results["tuning"]
     assert tuning["seeds"] == [1000, 1001] and tuning["held_out_seeds"] == [0, 1, 2]

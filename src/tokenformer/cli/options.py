@@ -63,7 +63,6 @@ def comma_list(kind: type, what: str) -> Callable[[str], list[Any]]:
 def field_docs(cls: type) -> dict[str, str]:
     """``{field: doc}`` from a dataclass's attribute docstrings (the string literal right after a
     field, the convention Sphinx and tyro read), one line each; fields without one are absent."""
-
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):  # a subclass's docstring wins
         try:
@@ -86,7 +85,6 @@ def field_docs(cls: type) -> dict[str, str]:
 def describe_field(f: Any, docs: dict[str, str], show_default: bool = True) -> tuple[str, str]:
     """``(metavar, help)`` of a dataclass field for ``--help``: its type (``INT``, ``FLOAT``,
     ``STR|NONE``...) and its doc, with the default unless it is set elsewhere (a preset)."""
-
     if f.default is not dataclasses.MISSING:
         default = f.default
     elif f.default_factory is not dataclasses.MISSING:

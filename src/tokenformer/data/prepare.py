@@ -205,7 +205,6 @@ def prepare(inputs: list[str | Path] | str | Path, tokenizer: str | Path, out: s
     dataset (``.bin``/``.idx``, already tokenized) is converted instead; ``tokenizer`` must then be
     the one that produced it. The directory appears complete or not at all.
     """
-
     paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
     # never into an input, never over a folder prepare did not write (tokenformer.io.outputs)
     check_output(out, [*paths, tokenizer], command="prepare", overwrite=overwrite)

@@ -125,7 +125,6 @@ def train_bpe(texts: Iterable[str], vocab_size: int, *, progress: bool | None = 
     ``<|endoftext|>`` is id 0 like in the GPT-NeoX tokenizer. ``length`` (the number of items in
     ``texts``) only sizes the progress bar.
     """
-
     if vocab_size < MIN_BPE_VOCAB:
         raise ConfigError(f"a byte-level BPE needs a vocabulary of at least {MIN_BPE_VOCAB} "
                           f"(256 bytes + <|endoftext|>), got {vocab_size}")
@@ -165,7 +164,6 @@ def resolve_tokenizer(model_spec: str | Path, config: Any,
     """The tokenizer for a model: ``tokenizer`` if given, else the one saved beside the model
     (its directory, or the directory of a checkpoint file), else bytes for a 257-token
     vocabulary; checked against the model's vocabulary (``config.padded_vocab_size``)."""
-
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
     else:

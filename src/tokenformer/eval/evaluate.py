@@ -82,7 +82,6 @@ def evaluate_text(
     Returns ``{"loss", "perplexity", "bits_per_byte", "tokens", "seq_len", "stride"}``
     (``tokens`` = tokens scored; ``bits_per_byte`` is NaN when ``bytes_per_token`` is unknown).
     """
-
     tokens, bytes_per_token = _as_tokens(tokens, model.config, bytes_per_token)
     seq_len = seq_len or model.config.max_seq_len
     stride = stride or seq_len - 1
@@ -261,7 +260,6 @@ def check_task_context(tasks: Sequence[str], encode: Any, context: int) -> None:
     """Refuse, saying what is needed, a model whose context cannot hold a shipped task's longest
     answer: lm-eval would stop on a bare ``AssertionError``. (A question + answer longer than the
     context is scored with the question cut from the left, as lm-eval does; it warns.)"""
-
     for task in tasks:
         pairs = kjv.requests(task)
         answer = max(len(encode(a)) for _, a in pairs)

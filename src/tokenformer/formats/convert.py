@@ -34,7 +34,6 @@ from .loading import load_model
 def load_for_transformers(spec: str | Path, tokenizer: str | Path | None = None
                           ) -> tuple[TokenFormerForCausalLM, PreTrainedTokenizerFast]:
     """Model and tokenizer objects for transformers/lm-eval from any model spec."""
-
     model = TokenFormerForCausalLM.from_core(load_model(spec)).eval()
     tok = resolve_tokenizer(spec, model.config.to_core(), tokenizer)
     return model, to_hf_tokenizer(tok, model.config.max_seq_len)
@@ -67,7 +66,6 @@ def convert_to_hf(model_dir: str | Path, out_dir: str | Path, *,
     """Any model directory we write (``train``'s ``final`` or a checkpoint, ``grow``'s output; a
     TokenFormer or a Transformer baseline), or a preset, → a Hugging Face folder with its
     tokenizer (the one saved beside the model, ``tokenizer``, or bytes for 257 tokens)."""
-
     check_not_input(out_dir, [model_dir, tokenizer])
     core = load_model(model_dir)
     tok = resolve_tokenizer(model_dir, core.config, tokenizer)
@@ -81,7 +79,6 @@ def convert_to_official(model_dir: str | Path, out_dir: str | Path, *,
     ``pytorch_model.bin`` (official key names and order, fp32), ``config.json`` (the NeoX keys plus
     ``vocab_size``/``eos_token_id``, so converting back restores them) and, when the model has one,
     ``tokenizer.json``."""
-
     check_not_input(out_dir, [model_dir, tokenizer])
     out_dir = Path(out_dir)
     if out_dir.suffix == ".bin":

@@ -27,7 +27,7 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
     checkpoint (``pytorch_model.bin``, its folder, or a DeepSpeed file).
 
     A folder is checked against its manifest before anything in it is read
-    (:func:`tokenformer.checkpoint.verify_checkpoint`: the one rule for every load path)."""
+    (:func:`tokenformer.io.checkpoint.verify_checkpoint`: the one rule for every load path)."""
     if str(spec) in PRESETS and not Path(spec).exists():
         return TokenFormerLM(TokenFormerConfig.from_name(str(spec)))
     path = Path(spec)

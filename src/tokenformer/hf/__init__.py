@@ -120,7 +120,7 @@ def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Pa
             overwrite: bool = False, *, command: str | None = None) -> Path:
     """Write a ``from_pretrained``-loadable folder (safetensors, config, generation config, the
     remote code and, when given, the tokenizer); built under a temporary name and renamed when
-    complete (:func:`tokenformer.io.atomic_dir`: ``command`` marks the folder, and with
+    complete (:func:`tokenformer.io.files.atomic_dir`: ``command`` marks the folder, and with
     ``overwrite`` only a folder with that mark is replaced). A core model (TokenFormer or a
     baseline) is saved as ``TokenFormerForCausalLM``."""
     hf = model if isinstance(model, TokenFormerPreTrainedModel) else \
@@ -146,7 +146,7 @@ def load_hf(path: str | Path, *, verify: bool = True, **kwargs: Any) -> TokenFor
     Before transformers reads it: the manifest rule (a folder with ``manifest.json`` is verified;
     ``verify=False`` only for a caller that just did) and, for our config, the model it describes
     against the weights file's header and the memory available
-    (:func:`tokenformer.model.check_buildable`)."""
+    (:func:`tokenformer.models.lm.check_buildable`)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"model folder not found: {path}")

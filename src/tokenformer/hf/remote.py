@@ -228,7 +228,6 @@ def _inline(module: str, bundled: set[str]) -> tuple[str, set[str]]:
 @functools.lru_cache(maxsize=1)
 def generate() -> dict[str, str]:
     """``{file name: text}`` of the two remote-code files."""
-
     order = bundle_order()
     bundled = set(order)
     owner: dict[str, str] = {}
@@ -258,6 +257,5 @@ def generate() -> dict[str, str]:
 
 def write_remote_code(directory: str | Path) -> None:
     """Write the remote-code files into ``directory`` (each atomically)."""
-
     for name, text in generate().items():
         atomic_write_text(Path(directory) / name, text)

@@ -107,7 +107,6 @@ def save_tree(path: str | Path, tree: Any) -> None:
 
 def load_tree(path: str | Path) -> Any:
     """Read a :func:`save_tree` file (safetensors: an untrusted file cannot run code)."""
-
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
@@ -334,7 +333,6 @@ def verify_checkpoint(path: str | Path) -> bool:
 
 def _manifest_expected(path: Path) -> str | None:
     """Why a folder without a manifest should have one (see :func:`verify_checkpoint`), or None."""
-
     if any((path / name).exists() for name in (SHARDED, OPTIMIZER_NAME, RNG_NAME)):
         return "a checkpoint of this version always has one"
     if any((path / name).exists() for name in ("adapter_config.json", "adapter.safetensors")):

@@ -86,7 +86,6 @@ MARKER = ".tokenformer-output"
 
 def write_marker(directory: str | Path, command: str) -> None:
     """Record that ``command`` wrote ``directory`` (what ``--overwrite`` may later replace)."""
-
     atomic_write_text(Path(directory) / MARKER, json.dumps(
         {"command": command, "version": __version__,
          "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
@@ -275,7 +274,7 @@ def atomic_dir(path: str | Path, overwrite: bool = False, *, command: str | None
     - without ``overwrite`` nothing is replaced: if anything appeared at ``path`` while the block
       ran, :class:`OutputError` says so, that thing is left as it is, the new folder is removed;
     - with ``overwrite`` a folder at ``path`` is replaced (in one atomic exchange on Linux) only
-      when, checked at that moment, it carries ``command``'s marker (:mod:`tokenformer.outputs`;
+      when, checked at that moment, it carries ``command``'s marker (:mod:`tokenformer.io.outputs`;
       any folder when ``command`` is None: checkpoints in a run folder the caller holds). A
       symbolic link is never replaced.
 

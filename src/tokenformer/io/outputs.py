@@ -113,7 +113,7 @@ def check_output(out: str | Path, inputs: Iterable[str | Path | None], *, comman
     without ``overwrite``, and with ``overwrite`` a folder without this command's marker
     (someone else's files), a link, the current folder, or anything of the wrong kind. Removes
     the temporary folders a killed earlier run left beside ``out``
-    (:func:`tokenformer.io.clean_stale_temps`)."""
+    (:func:`tokenformer.io.files.clean_stale_temps`)."""
     check_not_input(out, inputs, flag)
     path = Path(out)
     if kind == "dir":
@@ -179,7 +179,6 @@ _held: dict[Path, list[Any]] = {}  # resolved folder -> [FileLock, depth]: re-en
 def _holder(directory: Path) -> str:
     """The lock holder's pid, from the sidecar it writes right after locking (waited for briefly:
     two runs started at once may ask before the holder has written it)."""
-
     for _ in range(20):
         try:
             pid = (directory / LOCK_PID).read_text().strip() if has_regular_file(
@@ -202,7 +201,6 @@ def hold_run_folder(directory: str | Path, *, command: str, world: World | None 
     holder's pid; a process killed with -9 releases it. Re-entrant within one process. Under
     torchrun only rank 0 locks (``world``) and every rank learns the outcome, so none hangs.
     """
-
     path = Path(directory)
     key = _resolved(path)
     main = world is None or world.is_main

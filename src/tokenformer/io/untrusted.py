@@ -106,7 +106,6 @@ def restricted_unpickler(resolve: Callable[[str, str], Any]) -> type[pickle.Unpi
     """An unpickler that obtains every global (``GLOBAL``, ``STACK_GLOBAL``, ``EXT*``) from
     ``resolve(module, name)`` only, never by importing: the only callables a pickle can then
     reach are the ones ``resolve`` hands out (or it raises ``pickle.UnpicklingError``)."""
-
     class Unpickler(pickle.Unpickler):
         def find_class(self, module: str, name: str) -> Any:
             return resolve(module, name)

@@ -293,7 +293,6 @@ def load_model_dir(directory: str | Path, *, verify: bool = True) -> TokenFormer
 def build_from_dir_config(directory: str | Path) -> TokenFormerLM:
     """A freshly initialised model of the architecture and size a directory's config names
     (refused before any tensor is made if this machine cannot hold it)."""
-
     cls = model_class(_arch_of(directory))
     config = cls.config_class.load(Path(directory) / CONFIG_NAME)
     check_buildable(config, str(Path(directory) / CONFIG_NAME))

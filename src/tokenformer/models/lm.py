@@ -500,8 +500,6 @@ class TokenFormerLM(nn.Module):
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> Path:
         """Write ``config.json`` and ``model.safetensors`` (each atomically) into ``directory``."""
-
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
@@ -516,11 +514,9 @@ class TokenFormerLM(nn.Module):
         """Load a directory written by :meth:`save` (safetensors: no code is ever unpickled).
 
         The folder is first checked against its manifest
-        (:func:`tokenformer.checkpoint.verify_checkpoint`; ``verify=False`` only for a caller
+        (:func:`tokenformer.io.checkpoint.verify_checkpoint`; ``verify=False`` only for a caller
         that has just done so), and the model its config describes against the weights file's
         header and the memory available (:func:`check_buildable`) before any tensor is made."""
-
-
         directory = Path(directory)
         if not directory.exists():
             raise CheckpointError(f"checkpoint not found: {directory}")
@@ -824,7 +820,6 @@ SHAPE_KEYS = ("vocab_size", "hidden_size", "num_layers", "num_heads")
 def require_shape_keys(config_file: Path, config_class: type) -> None:
     """Refuse a config.json that leaves a shape-setting field (one ``config_class`` has) to its
     default."""
-
     fields = {f.name for f in dataclasses.fields(config_class)}
     try:
         data = json.loads(config_file.read_text())
@@ -866,7 +861,6 @@ def load_state_dict_strict(model: nn.Module, state: dict[str, torch.Tensor], sou
 def header_shapes(file: Path) -> dict[str, tuple[int, ...]]:
     """The tensor shapes a safetensors file declares, from its header alone (no tensor is read;
     safetensors refuses a header its file is too short to hold)."""
-
     try:
         with safe_open(str(file), framework="pt") as f:
             return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}

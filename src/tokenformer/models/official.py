@@ -179,7 +179,6 @@ def read_official(path: str | Path, *, num_heads: int | None = None,
 
 def save_official(model: nn.Module, path: str | Path) -> None:
     """Write ``model`` as an official-layout ``pytorch_model.bin`` (plain fp32 state dict)."""
-
     state = {k: v.detach().float().cpu().contiguous() for k, v in model.state_dict().items()}
     out = ours_to_official(state, model.config.num_layers)
     atomic_write(path, lambda tmp: torch.save(out, tmp))

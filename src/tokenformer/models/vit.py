@@ -385,7 +385,6 @@ def build_vision_model(arch: str, config: TokenFormerViTConfig) -> _VisionTransf
 def load_vision_model(directory: str | Path) -> _VisionTransformer:
     """A saved TokenFormerViT or ViT (e.g. a training run's ``final/``), told apart by its config:
     only the ViT baseline's has ``intermediate_size``. Checked against its manifest first."""
-
     verify_checkpoint(directory)  # before its config.json is read to pick the class
     config_file = Path(directory) / CONFIG_NAME
     if not has_regular_file(config_file, folder=directory):

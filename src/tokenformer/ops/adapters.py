@@ -294,9 +294,7 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
                  extra: dict[str, Any] | None = None, overwrite: bool = False,
                  command: str | None = None) -> Path:
     """Write adapter ``name`` alone into ``directory`` (atomically, with a manifest; ``command``:
-    the output marker, :func:`tokenformer.io.atomic_dir`)."""
-
-
+    the output marker, :func:`tokenformer.io.files.atomic_dir`)."""
     if name not in adapter_names(model):
         raise ConfigError(f"no adapter named {name!r} to save")
     tensors = {k: v.detach().contiguous().cpu() for k, v in adapter_state(model, name).items()}
@@ -317,7 +315,6 @@ def save_adapter(model: nn.Module, name: str, directory: str | Path, *,
 
 def read_adapter_config(directory: str | Path) -> dict[str, Any]:
     """The adapter's JSON, after its files were checked against the manifest."""
-
     directory = Path(directory)
     if not all([has_regular_file(directory / name, folder=directory)
                 for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)]):
@@ -344,12 +341,10 @@ def load_adapter(model: nn.Module, directory: str | Path, *, name: str | None = 
     (``name`` loads it under another one).
 
     Refused, with one line naming both hashes, when ``model`` is not the base it was trained on.
-    Its tensors are checked like base weights (:func:`tokenformer.model.check_tensors`: keys,
+    Its tensors are checked like base weights (:func:`tokenformer.models.lm.check_tensors`: keys,
     shapes, floating point, finite), the shapes from the file's header before anything is
     allocated: a config declaring more tokens than the file holds is refused, not built.
     """
-
-
     directory = Path(directory)
     config = read_adapter_config(directory)
     if check_base:
@@ -434,7 +429,6 @@ def load_adapted(base: str | Path, adapters: Sequence[str | Path] = ()) -> nn.Mo
     """The model at ``base`` (:func:`tokenformer.load_model`, which checks a folder against its
     manifest) with ``adapters`` loaded onto it, stacked in order and all active (each refused if
     trained on another base)."""
-
     model = load_model(base)
     for directory in adapters:
         load_adapter(model, directory)

@@ -190,7 +190,6 @@ def check_state(state: Any, path: Path) -> None:
 def initial_model(cfg: TrainConfig) -> nn.Module:
     """The model of ``init_from`` (a model directory, checked against its manifest), which must be
     of ``cfg.arch``."""
-
     model = load_model_dir(cfg.init_from)  # checked against its manifest first
     arch = getattr(model.config, "arch", "tokenformer")
     if arch != cfg.arch:

@@ -268,7 +268,6 @@ def coerce(value: Any, hint: Any, key: str) -> Any:
 def coerce_nested(values: dict[str, Any], key: str) -> dict[str, Any]:
     """``model`` (a TokenFormer config plus ``preset``) or ``baseline`` overrides, each value as its
     field's type."""
-
     cls = TokenFormerConfig if key == "model" else TransformerConfig
     hints = typing.get_type_hints(cls)
     if key == "model":

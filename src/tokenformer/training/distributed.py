@@ -180,7 +180,6 @@ def _load_dcp(state: dict[str, Any], path: Path, **kwargs: Any) -> None:
 def _dcp_metadata_globals() -> dict[str, Any]:
     """What a DCP ``.metadata`` pickle names: the classes of DCP's metadata module, its storage
     records, sizes, dtypes, layouts and the checkpoint's path."""
-
     import torch.distributed.checkpoint.filesystem as filesystem
     import torch.distributed.checkpoint.metadata as metadata
 
@@ -207,7 +206,6 @@ def is_sharded(path: str | Path) -> bool:
 
 def load_sharded_model(path: str | Path) -> nn.Module:
     """A plain (unsharded) model from a sharded checkpoint, in one process, no process group."""
-
     path = Path(path)
     if not is_sharded(path):
         raise CheckpointError(f"{path} is not a sharded checkpoint (no {SHARDED}/ directory)")

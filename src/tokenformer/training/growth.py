@@ -29,7 +29,6 @@ def grow_in_run(model: nn.Module, optimizer: torch.optim.Optimizer, event: Growt
     generator seeded by the run's seed and the step: the same on every rank and on resume);
     ``evaluate`` before and after; the event's record. The optimizer is reset when
     ``growth_optimizer`` is ``reset`` or the recipe is ``official-released``."""
-
     before = evaluate(model) if evaluate else {}
     params_before = sum(p.numel() for p in model.parameters())
     config_before = getattr(model, "config", None)

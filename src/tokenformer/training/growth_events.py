@@ -262,7 +262,6 @@ def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
     """Apply every growth to the model config in order, before the first step: a shrink, an
     unknown strategy, an impossible multiple, old-token options on a growth that keeps no
     tokens, or a model too large for memory fails now, not after the steps before it."""
-
     for event in events:
         if not _old_token_options(event):
             continue

@@ -43,7 +43,6 @@ def build_model_config(cfg: TrainConfig, vocab_size: int | None = None,
     """The model config a training config names: ``model`` (a preset plus overrides; vocabulary
     and EOS from the data, context = ``seq_len`` unless set) and, for a baseline ``arch``, the
     matched baseline with ``baseline`` overrides."""
-
     overrides = dict(cfg.model)
     preset = overrides.pop("preset", None)
     data: dict[str, Any] = {}
@@ -75,7 +74,6 @@ def build_model_config(cfg: TrainConfig, vocab_size: int | None = None,
 def open_dataset(cfg: TrainConfig, progress: bool = True) -> Any:
     """The dataset ``cfg.data`` names: the embedded corpus prepared with ``cfg.tokenizer``, or a
     prepared directory."""
-
     if cfg.data == "default":
         return corpus.default_dataset(cfg.tokenizer, progress=progress)
     return datasets.TokenDataset.open(cfg.data)
@@ -102,7 +100,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
 
     ``resume=True`` continues the run in ``cfg.out`` from its newest checkpoint, bit for bit.
     """
-
     world = World()
     stack = contextlib.ExitStack()
     try:

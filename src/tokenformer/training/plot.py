@@ -29,7 +29,6 @@ def _pyplot():
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path, *, title: str | None = None) -> Path:
     """Draw a 2×2 figure of the runs' losses and write it to ``out`` (PNG) atomically."""
-
     runs = [(Path(d), read_metrics(d)) for d in run_dirs]  # fails before matplotlib loads
     plt = _pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))

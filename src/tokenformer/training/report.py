@@ -22,7 +22,6 @@ def report(result: FitResult, dataset: Any, cfg: TrainConfig,
            print_fn: Callable[[str], None]) -> None:
     """Print the summary line, the corpus's unigram entropy against the final validation loss,
     where the model is, and the samples."""
-
     final = result.final_eval
     ln2_bpt = math.log(2) * dataset.bytes_per_token("val")
     entropy = unigram_entropy(dataset, "train")

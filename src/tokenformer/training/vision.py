@@ -45,7 +45,6 @@ def open_vision_data(data: str, config: TokenFormerViTConfig | ViTConfig, batch_
                      seed: int = 0, max_shift: int = 1, workers: int = 0) -> VisionData:
     """``digits`` (embedded) or an ImageNet-layout folder, sized for ``config``; a folder's
     images are decoded in ``workers`` DataLoader processes (0: in this one)."""
-
     if data == "digits":
         train, test = vd.load_digits_split()
         if (config.image_size, config.num_channels, config.num_classes) != (8, 1, 10):
@@ -98,7 +97,6 @@ def train_vision(preset: str = "vit-digits-tiny", data: str = "digits", *,
     checkpoint (loadable with ``load_vision_model``), ``confusion.png`` and ``results.json``.
     An image folder is decoded in ``workers`` DataLoader processes (same batches as 0).
     """
-
     cfg = TrainConfig.from_dict({**(DIGITS_TRAIN if data == "digits" else {}),
                                  **train_overrides})
     threads = torch.get_num_threads()
@@ -118,7 +116,6 @@ def train_vision(preset: str = "vit-digits-tiny", data: str = "digits", *,
 
 def _run_folder(out: Path, data: str) -> contextlib.AbstractContextManager[Path]:
     """A new (or empty) run folder, not inside the image folder, held for the run."""
-
     inputs = [data if data != "digits" else None]
     check_run_folder(out, inputs, command="vision train")
     if (out / "metrics.jsonl").exists():

@@ -31,7 +31,6 @@ from .scale import experiment_folder
 
 def parse_tokens(spec: str) -> dict[str, int]:
     """``"qkv=4,ffn=64"`` → ``{"qkv": 4, "ffn": 64}``; one clear error for anything else."""
-
     sizes: dict[str, int] = {}
     for part in (p.strip() for p in spec.split(",")):
         kind, sep, count = part.partition("=")  # isdecimal below, not isdigit: int('²') fails
@@ -60,7 +59,6 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
     """Load ``base``, attach a token adapter, train it on ``data_spec`` with the trainer
     (:func:`tokenformer.training.fit`; any TrainConfig key in ``overrides``), save it to ``out``
     (``overwrite``: replacing an earlier ``adapt``'s output)."""
-
     out = Path(out)
     ad.check_name(name)  # before loading anything
     # before training: an output that exists, is an input or cannot be created is refused now
@@ -82,8 +80,6 @@ def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str
 def _train_adapter(base: str, data_spec: str, tokens: dict[str, int], cfg: Any, name: str,
                    progress: bool | None) -> tuple[Any, dict[str, Any]]:
     """:func:`adapt_checkpoint`'s work before the save: the adapted model and its summary."""
-
-
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -133,7 +129,6 @@ def merge_checkpoint(base: str, adapters: list[str], out: str | Path, *,
                      overwrite: bool = False) -> dict[str, Any]:
     """Load ``base`` and ``adapters`` (stacked in order), write the merged plain model
     (``overwrite``: replacing an earlier ``merge``'s output)."""
-
     out = Path(out)
     check_output(out, [base, *adapters], command="merge", overwrite=overwrite)
     model = ad.load_adapted(base, adapters)
@@ -178,8 +173,6 @@ _NOT_FOR_ADAPT = {"arch", "model", "baseline", "data", "tokenizer", "out", "init
 
 def _add_trainer_overrides(p: argparse.ArgumentParser) -> None:
     """``--lr 1e-2``, ``--steps 500`` ...: one flag per TrainConfig key that applies."""
-
-
     group = p.add_argument_group("trainer settings (TrainConfig keys; defaults in docs/adapt.md)")
     for f in dataclasses.fields(TrainConfig):
         if f.name not in _NOT_FOR_ADAPT:

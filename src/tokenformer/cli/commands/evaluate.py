@@ -16,7 +16,6 @@ from ..options import device, positive
 
 def task_dir() -> Path:
     """The installed folder of the shipped lm-eval task YAMLs (for ``lm_eval --include_path``)."""
-
     return Path(eval_tasks.__file__).parent
 
 

@@ -53,7 +53,6 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     (``overwrite``: unless an earlier ``grow`` wrote it). Returns parameter counts before/after
     and the max |Δlogit| on a fixed probe batch.
     """
-
     refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
@@ -136,7 +135,6 @@ def copy_tokenizer(source: Path, target: Path) -> None:
     a model derived from it (grown, pruned, merged) keeps its tokenizer. Each must be a regular
     file inside the folder (a link is refused, never followed: docs/reliability.md) that parses:
     an output is never given a tokenizer nothing can load."""
-
     if not source.is_dir():
         return
     for name in (TOKENIZER_FILE, BYTES_MARKER, "tokenizer_config.json",
@@ -189,7 +187,6 @@ def size_lines(before: Any, after: Any, seq_len: int | None = None) -> list[str]
     """Shape, parameters and FLOPs per token of a model before and after a growth, one line each
     (``tokenformer grow`` and ``tokenformer info --grow``); any LM config, TokenFormer or
     baseline."""
-
     def change(a: Any, b: Any) -> str:
         return f"{a} -> {b}" if a != b else f"{a}"
 

@@ -90,7 +90,6 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
     (tokenformer.ops.adapters) stacked on it, and continue ``prompt`` (``top_k_tokens``: sparse
     Pattention for this call, docs/sparse.md). ``cache`` and ``compile``: generate's
     ``cache_implementation`` and ``compile``; None picks :func:`decoding_defaults`' choice."""
-
     torch.manual_seed(seed)
     model = load_adapted(spec, adapters or []).to(device).eval()
     tok = resolve_tokenizer(spec, model.config, tokenizer)

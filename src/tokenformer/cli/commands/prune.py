@@ -24,7 +24,6 @@ def calibration_ids(model: torch.nn.Module, data: str = "default", tokenizer: st
                     batch: tuple[int, int] = CALIBRATION_BATCH) -> torch.Tensor:
     """Input ids [B, T] for calibration: evenly spread windows of a prepared dataset's training
     split (``default``: the embedded corpus, prepared with ``tokenizer``)."""
-
     dataset = (corpus.default_dataset(tokenizer, progress=False) if data == "default"
                else datasets.TokenDataset.open(data))
     dataset.check_vocab(model.config.vocab_size, "train")  # as adapt and train check it
@@ -40,7 +39,6 @@ def prune_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: str | None
     """Load ``checkpoint``, prune it (:func:`tokenformer.prune`, calibrated on ``data``
     when ``by``/``scale`` need it), write the model and its tokenizer files to ``out``
     atomically, with a manifest (as ``grow``). Returns parameter counts and the new config."""
-
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
         raise not_found(source, "checkpoint")

@@ -59,7 +59,6 @@ def experiment_folder(out: str, inputs: list[str | None], command: str
                       ) -> contextlib.AbstractContextManager[Path]:
     """The experiment's output folder, checked (not an input, not someone else's folder) and
     held for the run: a rerun resumes it, a concurrent one is refused."""
-
     check_run_folder(out, inputs, command=command,
                      legacy=("results.json", "report.md", ".partial.json", "runs"))
     return hold_run_folder(out, command=command)

@@ -26,7 +26,6 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     """One ``--key`` (and ``--key-with-dashes``) per TrainConfig field and ``--model.KEY`` /
     ``--baseline.KEY`` per model field, each with its type, default and docstring; values are
     parsed by the config loader."""
-
     group = p.add_argument_group(
         "config overrides (any key of the YAML file; defaults below are TrainConfig's, a "
         "--config file sets its own)")
@@ -54,7 +53,6 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
 
 def _finished(run_dir: Path, steps: int) -> bool:
     """True (and says so) when ``run_dir``'s newest checkpoint already holds all ``steps``."""
-
     try:
         step = int(ckpt.read_state(ckpt.latest_checkpoint(run_dir, quiet=True)).get("step", 0))
     except (CheckpointError, TypeError, ValueError):

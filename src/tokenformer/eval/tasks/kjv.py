@@ -1,6 +1,6 @@
 """Offline lm-eval tasks built from the tail of the embedded King James Bible (no download).
 
-The sentences come from the last ``TAIL_FRACTION`` of :func:`tokenformer.data.datasets.kjv_text`,
+The sentences come from the last ``TAIL_FRACTION`` of :func:`tokenformer.data.corpus.kjv_text`,
 the part a default prepared dataset holds out for validation (its last 5 %), so a model
 trained on the embedded corpus has not trained on them. They measure fit to this corpus — a smoke
 test and a demo, not a general benchmark.

@@ -361,9 +361,9 @@ def report_markdown(results: dict[str, Any], plots: Sequence[str]) -> str:
               f"- Every variant differs from the others only in `{study.key}`; model "
               "initialisation (seeded by the seed) and batch order (a pure function of seed and "
               "step) are the same for every variant of a seed, so the comparisons are paired.",
-              "- " + ("LM: `tokenformer.train.train` (AdamW, warmup + cosine, weight decay 0.1, "
-                      "clip 1.0); validation loss over fixed windows of the held-out split; "
-                      "bits per byte = loss / ln 2 / bytes per token."
+              "- " + ("LM: `tokenformer.training.lm.train` (AdamW, warmup + cosine, weight "
+                      "decay 0.1, clip 1.0); validation loss over fixed windows of the held-out "
+                      "split; bits per byte = loss / ln 2 / bytes per token."
                       if results["task"] == "lm" else
                       "Vision: `train_vision` on scikit-learn digits (1437 training / 360 test "
                       "images, random 1-pixel shifts), the digits recipe of docs/vision.md; "

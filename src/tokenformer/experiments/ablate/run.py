@@ -2,9 +2,9 @@
 
 Every variant trains with the same budget, initialisation seed and data order per seed (the
 task's batches are a pure function of (seed, step)) through the task's own front end:
-:func:`tokenformer.train.train` for the LM (embedded corpus or a prepared directory, validation
-bits per byte) and :func:`tokenformer.commands.vision.train_vision` for the vision model (digits,
-test top-1). The arms/seeds machinery is :mod:`..common.arms`'s.
+:func:`tokenformer.training.lm.train` for the LM (embedded corpus or a prepared directory,
+validation bits per byte) and :func:`tokenformer.training.vision.train_vision` for the vision
+model (digits, test top-1). The arms/seeds machinery is :mod:`..common.arms`'s.
 
 Every variant gets its own tuned learning rate (the experiments' rule: no arm may lose only
 because the shared LR suits another): before the reported seeds, each variant trains at every

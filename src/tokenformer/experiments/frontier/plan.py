@@ -113,7 +113,6 @@ def model_configs(preset: Preset, family: str, vocab_size: int) -> dict[str, Any
     the tokens per size (``norm`` of :data:`THETA_FAMILIES` for those families), the
     Transformer++ matched to each in non-embedding parameters (MLP width), and the product-key
     TokenFormers matched to each in FLOPs per token (:func:`product_key_config`)."""
-
     out: dict[str, Any] = {}
     for name in family_sizes(preset, family):
         q, p, f = size_tokens(preset, name)

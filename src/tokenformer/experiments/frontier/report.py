@@ -509,7 +509,6 @@ def method_lines(results: dict[str, Any], table: dict[str, Any]) -> list[str]:
 def write(results: dict[str, Any], out: str | Path, plots: bool = True) -> dict[str, Any]:
     """report.md (and the plots unless ``plots`` is False) for ``results``; returns the
     summary."""
-
     out = Path(out)
     summary = summarize(results)
     names = make_plots(results, out, summary) if plots else []

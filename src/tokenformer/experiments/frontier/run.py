@@ -129,8 +129,6 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: schedule_.S
           state: dict[str, Any]) -> tuple[Any, Any]:
     """Grow to ``stage``'s size with the run's recipe and old-token options; the anneal record
     (or None) and the frozen rows (or None) go into ``state``."""
-
-
     generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
     recipe = recipes_.RECIPES[run.recipe]
     if recipe.shape != "size":  # G_stack or HyperCloning, into the final size
@@ -186,8 +184,6 @@ def _safe(run_id: str) -> str:
 
 def _checkpoint(path: Path, state: dict[str, Any]) -> None:
     """Write the in-progress state atomically (the resume point of a killed run)."""
-
-
     path.parent.mkdir(parents=True, exist_ok=True)
     check_parent()  # a worker whose parent (the lock holder) died writes nothing
     atomic_write(path, lambda tmp: torch.save(state, tmp))
@@ -232,7 +228,6 @@ def _load_state(ctx: Context, run: Run, lr: float | list[float]) -> dict[str, An
 
 def _restore(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> tuple[Any, Any]:
     """Model and optimizer of a loaded state; :func:`damaged` if they do not rebuild from it."""
-
     try:
         config = _config_class(run.family)(**state["config"])
         model = _build(run.family, config, run.seed, ctx.device)
@@ -260,7 +255,6 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     """Train ``run`` at the peak LRs ``lrs`` (one per stage, :func:`plan.stage_lrs`): the
     stable phase in segments, a cooldown branch at each budget. Returns the run's results
     (branch losses and FLOPs) and timing."""
-
     p = ctx.preset
     lr = lr_record(lrs)
     stage_at = {s.start: s for s in run.stages[1:]}
@@ -398,7 +392,6 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
 def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
             branch: Branch, state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
-
     cfg = _train_config(ctx, run, lrs[0], branch.steps, "wsd")  # lr_fn sets the LR
     b_model = copy.deepcopy(model)
     b_opt = optimizer_for(model, optimizer, b_model)
@@ -427,7 +420,6 @@ def _bar(ctx: Context, run: Run) -> Any:
 def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     """A run's results at peak LRs ``lrs`` (one per stage): loaded when an earlier invocation
     finished it, else trained (resuming from its state file) and saved atomically."""
-
     saved = _saved(ctx, run, lrs)
     if saved is not None:
         _count(ctx, run)
@@ -708,7 +700,6 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
     command line's output check and run-folder lock). ``jobs`` > 1 trains that many runs at
     once, each in a worker process with one torch thread (:func:`prefetch`); this process is
     set to one thread too, so the results equal a sequential one-thread run's."""
-
     print_fn = print_fn or (lambda line: print(line, file=sys.stderr, flush=True))
     preset.validate()
     out = Path(out)
