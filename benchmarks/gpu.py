@@ -499,6 +499,25 @@ def fwd_bwd(module: torch.nn.Module, params: list[torch.Tensor], x: torch.Tensor
     return step
 
 
+def layer_rows(layers: dict[str, torch.nn.Module], x: torch.Tensor, grad: torch.Tensor,
+               modes: list[str], sizes: Sizes, device: torch.device, baseline: str,
+               flops: float, shape: dict[str, int]) -> list[dict[str, Any]]:
+    """Forward + backward of each layer (eager and/or compiled), interleaved: one row each with
+    its time, TFLOP/s (``flops`` per call) and its ratio to ``baseline``'s time in that mode."""
+    fns = {}
+    for mode in modes:
+        for name, layer in layers.items():
+            target = torch.compile(layer) if mode == "compiled" else layer
+            fns[name, mode] = synchronized(fwd_bwd(target, list(layer.parameters()), x, grad),
+                                           device)
+    start = time.perf_counter()
+    times = interleaved(fns, sizes.pattention_rounds, warmup=2)
+    log(f"pattention: {shape}: {time.perf_counter() - start:.0f} s")
+    return [{**shape, "layer": name, "mode": mode, "ms": 1e3 * t["min"],
+             "tflops": flops / t["min"] / 1e12, "vs_mlp": t["min"] / times[baseline, mode]["min"]}
+            for (name, mode), t in times.items()]
+
+
 def pattention_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, out: Path
                      ) -> dict[str, Any]:
     modes = [m for m in COMPILE_MODES if m in args.modes]
@@ -514,21 +533,10 @@ def pattention_stage(device: torch.device, sizes: Sizes, args: argparse.Namespac
                   "Pattention reference": Pattention(d, d, n, impl="reference", device=device),
                   "Pattention triton": Pattention(d, d, n, impl="triton", device=device),
                   "MLP GELU(x·Kᵀ)·V": TwoMatmulMLP(d, n).to(device)}
-        fns = {}
-        for mode in modes:
-            for name, layer in layers.items():
-                target = torch.compile(layer) if mode == "compiled" else layer
-                fns[name, mode] = synchronized(fwd_bwd(target, list(layer.parameters()), x,
-                                                       grad), device)
-        start = time.perf_counter()
-        times = interleaved(fns, sizes.pattention_rounds, warmup=2)
-        log(f"pattention: d {d} n {n}: {time.perf_counter() - start:.0f} s")
-        flops = 12 * tokens * d * n  # two matmuls forward, four backward
-        for (name, mode), t in times.items():
-            mlp = times["MLP GELU(x·Kᵀ)·V", mode]["min"]
-            rows.append({"d": d, "n": n, "layer": name, "mode": mode, "ms": 1e3 * t["min"],
-                         "tflops": flops / t["min"] / 1e12, "vs_mlp": t["min"] / mlp})
-        del x, grad, layers, fns
+        # two matmuls forward, four backward
+        rows += layer_rows(layers, x, grad, modes, sizes, device, "MLP GELU(x·Kᵀ)·V",
+                           12 * tokens * d * n, {"d": d, "n": n})
+        del x, grad, layers
         free_memory()
     rows += qkv_rows(device, shapes[0][0], sizes, modes)
     notes = [f"Forward + backward (dX, dK, dV) on {tokens} tokens, bf16 autocast, fp32 "
@@ -573,22 +581,9 @@ def qkv_rows(device: torch.device, d: int, sizes: Sizes, modes: list[str]
               "Q/K/V one by one, triton": QKV(d, d, "triton", False, device),
               "Q/K/V one GEMM, triton": QKV(d, d, "triton", True, device),
               "Q/K/V one GEMM, PyTorch Θ": QKV(d, d, "fused", True, device)}
-    fns = {}
-    for mode in modes:
-        for name, block in blocks.items():
-            target = torch.compile(block) if mode == "compiled" else block
-            fns[name, mode] = synchronized(fwd_bwd(target, list(block.parameters()), x, grad),
-                                           device)
-    start = time.perf_counter()
-    times = interleaved(fns, sizes.pattention_rounds, warmup=2)
-    log(f"pattention: Q/K/V d {d}: {time.perf_counter() - start:.0f} s")
-    flops = 3 * 12 * tokens * d * d
-    rows = []
-    for (name, mode), t in times.items():
-        base = times["Q/K/V one by one, fused", mode]["min"]
-        rows.append({"d": d, "n": d, "layer": name, "mode": mode, "ms": 1e3 * t["min"],
-                     "tflops": flops / t["min"] / 1e12, "vs_mlp": t["min"] / base})
-    del x, grad, blocks, fns
+    rows = layer_rows(blocks, x, grad, modes, sizes, device, "Q/K/V one by one, fused",
+                      3 * 12 * tokens * d * d, {"d": d, "n": d})
+    del x, grad, blocks
     free_memory()
     return rows
 
