@@ -877,3 +877,16 @@ def run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path) -> dict:
     monkeypatch.setattr(run_.report, "write", lambda results, out, plots=True: None)
     return run_._run(ctx, preset, plan(preset, 256), {}, "k", {"train_tokens": 10**9},
                      tmp_path, print_fn=lambda line: None, command=None, plots=False)
+
+
+def assert_plan_refused(monkeypatch, capsys, tmp_path, name, preset, start) -> None:
+    """``tokenformer scale --preset NAME --plan`` of ``preset`` fails with one error line
+    starting ``start`` and writes nothing."""
+    from tokenformer.cli import main
+
+    monkeypatch.setitem(presets_.PRESETS, name, preset)
+    monkeypatch.chdir(tmp_path)
+    assert main(["scale", "--preset", name, "--plan"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(start), err
+    assert not list(tmp_path.iterdir())

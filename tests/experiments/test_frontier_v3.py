@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from test_frontier import assert_plan_refused  # rootdir-relative, as test_frontier_old_tokens
 
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
@@ -157,7 +158,6 @@ def test_question_whose_arm_never_runs_refused_at_plan_time(capsys, tmp_path, mo
     Transformer++ at S1 only, so widen-zero never grew and G6 got no data after the whole run.
     The plan now refuses such a preset in one line, before anything trains; every shipped preset
     plans (and gpu-30m no longer asks G6)."""
-    from tokenformer.cli import main
     from tokenformer.errors import ConfigError
 
     v3_gpu = dataclasses.replace(
@@ -167,12 +167,8 @@ def test_question_whose_arm_never_runs_refused_at_plan_time(capsys, tmp_path, mo
     with pytest.raises(ConfigError, match=r"question G6 needs widen-zero, which preset "
                                           r"'gpu-30m' never runs"):
         plan(v3_gpu, 256)
-    monkeypatch.setitem(presets_.PRESETS, "gpu-30m", v3_gpu)
-    monkeypatch.chdir(tmp_path)
-    assert main(["scale", "--preset", "gpu-30m", "--plan"]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: frontier: question G6 needs widen-zero")
-    assert not list(tmp_path.iterdir())
+    assert_plan_refused(monkeypatch, capsys, tmp_path, "gpu-30m", v3_gpu,
+                        "error: frontier: question G6 needs widen-zero")
 
 
 def test_every_preset_runs_the_arms_of_its_questions():

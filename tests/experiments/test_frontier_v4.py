@@ -9,7 +9,10 @@ import math
 
 import pytest
 from scipy import stats
-from test_frontier import run_with_fake_execute  # rootdir-relative, as test_frontier_old_tokens
+from test_frontier import (  # rootdir-relative, as test_frontier_old_tokens
+    assert_plan_refused,
+    run_with_fake_execute,
+)
 
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import analysis
@@ -42,18 +45,12 @@ def test_a_question_reading_the_grids_edge_is_refused_in_one_line(capsys, tmp_pa
                                                                   monkeypatch):
     """Without S-1 the full preset's smallest budget has its predicted optimum (S0) at the
     grid's edge, and the trend questions read every budget: refused before anything trains."""
-    from tokenformer.cli import main
 
     edge = dataclasses.replace(get_preset("full"), first_size=0, num_sizes=4)
     with pytest.raises(ConfigError, match=r"reads the tokenformer envelope at 3.12e\+11 FLOPs, "
                                           r"where its predicted best size S0 is at the edge"):
         plan_.plan(edge, 256)
-    monkeypatch.setitem(presets_.PRESETS, "edge", edge)
-    monkeypatch.chdir(tmp_path)
-    assert main(["scale", "--preset", "edge", "--plan"]) != 0
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: frontier: question ")
-    assert not list(tmp_path.iterdir())
+    assert_plan_refused(monkeypatch, capsys, tmp_path, "edge", edge, "error: frontier: question ")
 
 
 def test_trend_question_is_the_t_test_of_per_seed_slopes():
