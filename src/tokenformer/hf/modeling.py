@@ -238,10 +238,13 @@ class TokenFormerPreTrainedModel(PreTrainedModel):
                      attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                      past_key_values: Any | None, use_cache: bool | None,
                      output_attentions: bool | None, output_hidden_states: bool | None,
-                     cache_position: torch.Tensor | None = None) -> dict[str, Any]:
-        """transformers' arguments → the core's; refuses what the core cannot do.
-        ``cache_position``: the static cache's slots, which generate passes before
-        transformers 5.24 (later releases keep the count in the cache itself)."""
+                     cache: Any | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """transformers' arguments → the core's; refuses what the core cannot do. The cache
+        comes as ``past_key_values`` or ``cache`` (see CACHE_FIELD); ``kwargs["cache_position"]``:
+        the static cache's slots, which generate passes before transformers 5.24 (later releases
+        keep the count in the cache itself)."""
+        past_key_values = _one_cache(past_key_values, cache)
+        cache_position = kwargs.get("cache_position")
         if output_attentions or (output_attentions is None
                                  and getattr(self.config, "output_attentions", False)):
             raise ConfigError(OUTPUT_ATTENTIONS_REFUSED)
@@ -299,9 +302,8 @@ class TokenFormerModel(TokenFormerPreTrainedModel):
         **kwargs: Any,
     ) -> BaseModelOutputWithPast | tuple:
         body = self.model.body(**self._core_kwargs(
-            input_ids, inputs_embeds, attention_mask, position_ids,
-            _one_cache(past_key_values, cache), use_cache, output_attentions,
-            output_hidden_states, kwargs.get("cache_position")))
+            input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, use_cache,
+            output_attentions, output_hidden_states, cache, kwargs))
         return self._return(BaseModelOutputWithPast(
             last_hidden_state=body.last_hidden_state, hidden_states=body.hidden_states,
             **{CACHE_FIELD: body.past_key_values}), return_dict)
@@ -339,9 +341,8 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         # so that micro-batches are weighted by their tokens. Otherwise the core's mean, as always.
         num_items = kwargs.get("num_items_in_batch")
         core_kwargs = self._core_kwargs(input_ids, inputs_embeds, attention_mask, position_ids,
-                                        _one_cache(past_key_values, cache), use_cache,
-                                        output_attentions, output_hidden_states,
-                                        kwargs.get("cache_position"))
+                                        past_key_values, use_cache, output_attentions,
+                                        output_hidden_states, cache, kwargs)
         out = self.model(labels=labels if num_items is None else None,
                          logits_to_keep=0 if labels is not None else logits_to_keep,
                          **core_kwargs)
@@ -409,8 +410,8 @@ class TokenFormerForSequenceClassification(TokenFormerPreTrainedModel):
     ) -> SequenceClassifierOutputWithPast | tuple:
         body = self.model.body(**self._core_kwargs(
             input_ids, inputs_embeds, attention_mask, position_ids,
-            _one_cache(past_key_values, cache), False if use_cache is None else use_cache,
-            output_attentions, output_hidden_states, kwargs.get("cache_position")))
+            past_key_values, False if use_cache is None else use_cache, output_attentions,
+            output_hidden_states, cache, kwargs))
         logits = self.score(body.last_hidden_state)
         B, T = logits.shape[:2]
         positions = torch.arange(T, device=logits.device)
