@@ -109,12 +109,12 @@ V4_GROWTH_QUESTIONS = (
     versus_envelope("G2", "chain-paper", "tokenformer", "growth"),
 )
 V4_CONTROL_QUESTIONS = (
-    versus_envelope("C1", "chain-gelu", "tokenformer-gelu", "control"),
+    versus_envelope("C1", "chain-gelu-final-lr", "tokenformer-gelu", "control"),
     Question("C2", "Is TokenFormer's growth gap (the primary chain − its envelope) "
                    "distinguishable from the plain-GELU control's (zero-key chain − its "
                    "envelope)? This separates parameter tokens from wider MLP projections.",
              "chain-paper-final-lr - envelope:tokenformer",
-             "chain-gelu - envelope:tokenformer-gelu", "control", margin=MARGIN,
+             "chain-gelu-final-lr - envelope:tokenformer-gelu", "control", margin=MARGIN,
              margin_why=MARGIN_WHY),
 )
 TREND_QUESTIONS = (

@@ -89,9 +89,12 @@ RECIPES: dict[str, Recipe] = {r.arm: r for r in (
            width_noise=HYPERCLONING_NOISE,
            label="HyperCloning: the final size at half hidden size and heads, duplicated "
                  "(zero-sum noise 0.32)"),
-    # v4: at the final size's LR, the primary policy, as the TokenFormer chain it is compared
-    # with (C2); v3 ran it per-stage (its results.json records the policy of each run)
-    Recipe("chain-gelu", "tokenformer-gelu", "chain", "paper", lr_policy="final-size",
+    # The plain-GELU control chain under each LR policy, as the TokenFormer chain its gap is
+    # compared with (C2): per-stage in v3 (beside chain-paper), final-size in v4 (beside
+    # chain-paper-final-lr), so that the two arms of C2 differ only in Θ.
+    Recipe("chain-gelu", "tokenformer-gelu", "chain", "paper",
+           label="plain-GELU control: zero new keys (exactly function-preserving for this Θ)"),
+    Recipe("chain-gelu-final-lr", "tokenformer-gelu", "chain", "paper", lr_policy="final-size",
            label="plain-GELU control: zero new keys (exactly function-preserving for this Θ), "
                  "at its final size's LR"),
     # frozen vs trained old tokens (issue 24): not in a preset's arms until a question uses them
