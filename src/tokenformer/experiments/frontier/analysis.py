@@ -1,13 +1,12 @@
 """``results.json`` → the frontier's numbers: arms, envelopes, paired comparisons, answers.
 
-
 Nothing here trains or reads anything but the results. The from-scratch *envelope* of a family
 at a budget is its size with the lowest mean validation loss over seeds at that budget; its
 per-seed values are that size's seeds, so comparisons with a chain (same seeds, same batches)
-are paired (:mod:`..common.stats`). Picking the size by the mean of the same seeds favours the
-envelope slightly (a minimum over sizes); the verdict names a chain better only when its
-interval excludes 0 in spite of that. Envelopes of two families (TokenFormer vs Transformer++, a
-product-key family vs each) are compared the same way, seed by seed, at every budget.
+are paired (:mod:`..common.stats`). In v3 the size was picked by the mean of the same seeds,
+which favours the envelope slightly (a minimum over sizes); v4 picks it (and its LR) on the
+tuning seeds and values it on the held-out ones (``results["tuning"]["envelope"]``).
+Envelopes of two families (TokenFormer vs Transformer++, a product-key family vs each) are compared the same way, seed by seed, at every budget.
 """
 
 from __future__ import annotations

@@ -276,9 +276,9 @@ FULL_V3 = Preset(name="full-v3", first_size=0, num_sizes=4, max_budget=2.5e12,
              questions=GROWTH_QUESTIONS + LR_POLICY_QUESTIONS + ARCHITECTURE_QUESTIONS
              + CONTROL_QUESTIONS)
 # v4 (issue 35; every choice and its reason: docs/frontier-v4.md): tuning seeds choose every LR
-# (a 250-step sweep, then full-length runs at ×½, ×1, ×2 of its pick) and every best size; 8
+# (a 200-step sweep, then full-length runs at ×½, ×1, ×2 of its pick) and every best size; 8
 # held-out seeds score the envelope's (size, LR) and the chains. Sizes S-1…S3 (TokenFormer and
-# the plain-GELU control; Transformer++ S0…S3 scaled in width, MLP 8/3·d), each run only at the
+# the plain-GELU control; Transformer++ S-1…S3 scaled in width, MLP 8/3·d), each run only at the
 # budgets within one size of the predicted optimum (26 tokens per parameter: v3's measured
 # envelope, which the prediction reproduces), so every budget read has a size on each side of
 # it; 4 budgets 3.1e11 … 2.5e12; two growing arms (the paper chain at its final size's LR, the
@@ -292,15 +292,14 @@ _CPU = dataclasses.replace(
     recipes=("chain-paper-final-lr", "chain-paper"),
     questions=tuple(q for q in V4_QUESTIONS if q.family != "control"))
 # issue 35: the v4 protocol on one H200 in <= 11 minutes over <= 2 calls, on real text: the
-# Python sources of the installed torch and transformers (≈ 1e8 bytes, pinned by their
-# versions, recorded with a sha256; never downloaded). TokenFormer S-1…S3 (0.5–8.4 M
-# non-embedding parameters, d 256, 4 blocks) and Transformer++ S0…S3 by width (d 144…432, MLP
-# 8/3·d), each size only at the budgets within one size of the predicted optimum (20 tokens
-# per parameter, Chinchilla's: this corpus is not v3's): every size is that optimum at a
-# budget or the one size each side of it the edge rule asks for. Two growing arms (the paper
-# chain at its final size's LR, and per-stage), 8 held-out and 2 tuning seeds; stacking,
-# HyperCloning and the plain-GELU control are left to the CPU preset or dropped (their reasons:
-# docs/frontier-v4.md). Time: benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step
+# Python sources of the installed torch, transformers and sympy (1.26e8 bytes here, pinned by
+# their versions, recorded with a sha256; never downloaded). TokenFormer S-1…S2 (d 256, 4
+# blocks) and Transformer++ S-1…S2 by width (d 72…216, MLP 8/3·d), each size only at the
+# budgets within one size of the predicted optimum (20 tokens per parameter, Chinchilla's: this
+# corpus is not v3's): every size is that optimum at a budget or the one size each side of it
+# the edge rule asks for. Two growing arms (the paper chain at its final size's LR, and
+# per-stage), 8 held-out and 2 tuning seeds; stacking, HyperCloning and the plain-GELU control
+# are left out (their reasons: docs/frontier-v4.md).
 GPU_CODE = dataclasses.replace(
     _CPU, name="gpu-code", hidden_size=256, num_layers=4, num_heads=4, num_sizes=4,
     base_tokens=(64, 64, 256), seq_len=512, batch_size=128, max_budget=4e14,
