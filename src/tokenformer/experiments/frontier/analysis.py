@@ -6,7 +6,8 @@ per-seed values are that size's seeds, so comparisons with a chain (same seeds, 
 are paired (:mod:`..common.stats`). In v3 the size was picked by the mean of the same seeds,
 which favours the envelope slightly (a minimum over sizes); v4 picks it (and its LR) on the
 tuning seeds and values it on the held-out ones (``results["tuning"]["envelope"]``).
-Envelopes of two families (TokenFormer vs Transformer++, a product-key family vs each) are compared the same way, seed by seed, at every budget.
+Envelopes of two families (TokenFormer vs Transformer++, a product-key family vs each) are
+compared the same way, seed by seed, at every budget.
 """
 
 from __future__ import annotations
