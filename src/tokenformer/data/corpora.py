@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -66,19 +67,27 @@ def _package_files(name: str) -> tuple[str, list[Path]]:
     return version, files
 
 
-def pysource_bytes(names: tuple[str, ...]) -> tuple[bytes, dict[str, Any]]:
-    """The concatenated source bytes of ``names`` and what identifies them (versions, file
-    counts, bytes, sha256 of the whole)."""
-    parts, packages = [], []
+def pysource_bytes(names: tuple[str, ...]) -> bytes:
+    """The concatenated source bytes of ``names``."""
+    return b"".join(p.read_bytes() for name in names for p in _package_files(name)[1])
+
+
+@functools.lru_cache(maxsize=8)
+def pysource_info(names: tuple[str, ...]) -> dict[str, Any]:
+    """What identifies the corpus of ``names``: each package's version, file count and bytes,
+    and a sha256 of the concatenated bytes. Hashed streaming, once per process (the runner asks
+    for it to find the prepared cache and again to record it)."""
+    digest, packages, total = hashlib.sha256(), [], 0
     for name in names:
         version, files = _package_files(name)
-        data = b"".join(p.read_bytes() for p in files)
-        parts.append(data)
-        packages.append({"name": name, "version": version, "files": len(files),
-                         "bytes": len(data)})
-    corpus = b"".join(parts)
-    return corpus, {"packages": packages, "bytes": len(corpus),
-                    "sha256": hashlib.sha256(corpus).hexdigest()}
+        size = 0
+        for p in files:
+            data = p.read_bytes()
+            digest.update(data)
+            size += len(data)
+        packages.append({"name": name, "version": version, "files": len(files), "bytes": size})
+        total += size
+    return {"packages": packages, "bytes": total, "sha256": digest.hexdigest()}
 
 
 def corpus_info(spec: str) -> dict[str, Any]:
@@ -86,7 +95,7 @@ def corpus_info(spec: str) -> dict[str, Any]:
     kind, arg = parse_corpus(spec)
     if kind == "synthetic":
         return {"spec": spec, "bytes": arg}
-    return {"spec": spec, **pysource_bytes(arg)[1]}
+    return {"spec": spec, **pysource_info(arg)}
 
 
 def corpus_dataset(spec: str, progress: bool | None = True,
@@ -97,10 +106,11 @@ def corpus_dataset(spec: str, progress: bool | None = True,
     kind, arg = parse_corpus(spec)
     if kind == "synthetic":
         return synthetic_dataset(arg, cache_dir=cache_dir, progress=progress)
-    corpus, info = pysource_bytes(arg)
+    info = pysource_info(arg)
     versions = ",".join(f"{p['name']}=={p['version']}" for p in info["packages"])
     source = f"tokenformer.data.corpora:pysource:{versions}:sha256={info['sha256']}"
     name = "pysource-" + "-".join(arg) + "-" + info["sha256"][:12]
     # invalid UTF-8 (rare in source files) becomes U+FFFD: the recorded hash is of the bytes read
-    return cached_corpus(name, source, lambda: corpus.decode("utf-8", errors="replace"),
+    return cached_corpus(name, source, lambda: pysource_bytes(arg).decode("utf-8",
+                                                                     errors="replace"),
                          "bytes", cache_dir, progress)

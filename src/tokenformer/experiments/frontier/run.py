@@ -566,9 +566,12 @@ def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
     return sweeps
 
 
-def _best(values: dict[float, float]) -> float:
-    """The argmin of ``values`` (ties: the smaller key)."""
-    return min(values, key=lambda x: (values[x], x))
+def _pick(losses: dict[float, dict[int, float]]) -> tuple[dict[float, float], float, bool]:
+    """Per candidate (an LR or a factor), the mean of its tuning seeds' losses; the candidate
+    with the lowest mean (ties: the smaller); whether that is the smallest or largest one."""
+    means = {x: sum(v.values()) / len(v) for x, v in losses.items()}
+    chosen = min(means, key=lambda x: (means[x], x))
+    return means, chosen, len(means) > 1 and chosen in (min(means), max(means))
 
 
 def run_horizon(ctx: Context, vocab_size: int, lr0: dict[str, float]) -> dict[str, Any]:
@@ -589,15 +592,13 @@ def run_horizon(ctx: Context, vocab_size: int, lr0: dict[str, float]) -> dict[st
         run = next(r for r in runs if r.arm == key)
         budgets = {}
         for j, by_lr in sorted(by_budget.items()):
-            means = {lr: sum(v.values()) / len(v) for lr, v in by_lr.items()}
-            chosen = _best(means)
+            means, chosen, at_edge = _pick(by_lr)
             factor = chosen / lr0[key]
             budgets[str(j)] = {
                 "points": [{"lr": lr, "factor": lr / lr0[key], "mean": means[lr],
                             "losses": {str(s): x for s, x in by_lr[lr].items()}}
                            for lr in sorted(by_lr)],
-                "chosen": chosen, "factor": factor,
-                "at_edge": len(means) > 1 and chosen in (min(means), max(means))}
+                "chosen": chosen, "factor": factor, "at_edge": at_edge}
         out[key] = {"family": run.family, "size": run.stages[0].size, "lr0": lr0[key],
                     "factors": list(p.horizon_factors), "budgets": budgets}
     return out
@@ -645,8 +646,7 @@ def tune_chains(ctx: Context, chains: list[Run], lr_at: dict[str, dict[int, floa
         losses.setdefault(run.arm, {}).setdefault(run.lr, {})[run.seed] = last["loss"]
     out: dict[str, Any] = {}
     for arm, by_factor in losses.items():
-        means = {f: sum(v.values()) / len(v) for f, v in by_factor.items()}
-        chosen = _best(means)
+        means, chosen, at_edge = _pick(by_factor)
         out[arm] = {"policy_lrs": list(base[arm]), "budget_index": next(
                         r for r in chains if r.arm == arm).branches[-1].budget_index,
                     "points": [{"factor": f, "lrs": [x * f for x in base[arm]],
@@ -654,7 +654,7 @@ def tune_chains(ctx: Context, chains: list[Run], lr_at: dict[str, dict[int, floa
                                 "losses": {str(s): x for s, x in by_factor[f].items()}}
                                for f in sorted(by_factor)],
                     "factor": chosen, "lrs": [x * chosen for x in base[arm]],
-                    "at_edge": len(means) > 1 and chosen in (min(means), max(means))}
+                    "at_edge": at_edge}
     return out
 
 
