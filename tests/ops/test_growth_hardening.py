@@ -23,7 +23,7 @@ from tokenformer.io.checkpoint import (
     save_tree,
     write_manifest,
 )
-from tokenformer.ops.growth import default_positions, grow, plan_growth
+from tokenformer.ops.growth import _layer_plan, default_positions, grow, plan_growth
 
 try:
     import resource
@@ -185,11 +185,20 @@ def test_a_malformed_growth_history_is_refused(trained, tmp_path, capsys, grown)
 
 
 # ------------------------------------------------------------------ case 7: sizes before work
-def test_default_positions_are_planned_in_linear_time():
+def test_block_placement_is_planned_in_linear_time():
+    """The placement of 200,000 new blocks: c4cb226 looked each index up in the list of
+    positions (2e10 comparisons, minutes); a set makes it a fraction of a second."""
     started = time.perf_counter()
-    positions = default_positions(2, 2_000_002)
-    assert len(positions) == 2_000_000 and time.perf_counter() - started < 5
+    positions = default_positions(2, 200_002)
+    plan = _layer_plan(2, 200_002, positions)
+    assert time.perf_counter() - started < 5
     assert positions[:3] == [1, 2, 3] and len(set(positions)) == len(positions)
+    # the two old blocks keep their order; each inserted block is templated on the old block
+    # before it (block 0 for those before old block 1, block 1 after it)
+    old_at = [i for i, (_, new) in enumerate(plan) if not new]
+    assert len(old_at) == 2 and [plan[i][0] for i in old_at] == [0, 1]
+    assert set(old_at) == set(range(200_002)) - set(positions)
+    assert all(plan[i] == (0 if i < old_at[1] else 1, True) for i in positions)
 
 
 def limited(argv: list[str], tmp_path) -> subprocess.CompletedProcess:
