@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import TokenFormerError
-from ..models.config import SEED_MAX
+from ..models.config import SEED
 from ..training.execution import parse_device
 
 
@@ -37,13 +37,14 @@ def positive(kind: type) -> Callable[[str], Any]:
 
 
 def seed(text: str) -> int:
-    """argparse ``type=`` for a seed: an integer in 0..SEED_MAX (32 bits)."""
+    """argparse ``type=`` for a seed: an integer the configs' ``SEED`` rule allows (32 bits)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not 0 <= value <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"must be an integer in 0..{SEED_MAX}, got {text}")
+    if not SEED.ok(value):  # the config's own rule, worded as it words it
+        raise argparse.ArgumentTypeError(f"must be {SEED.text.format(a='an integer')}, got "
+                                         f"{text}")
     return value
 
 

@@ -12,7 +12,7 @@ import functools
 import json
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -831,15 +831,21 @@ def require_shape_keys(config_file: Path, config_class: type) -> None:
                               f"model config (it sets the weights' shapes; no default is safe)")
 
 
+def non_finite(tensors: Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The name of the first tensor holding NaN or infinity; None when all are finite."""
+    return next((name for name, t in tensors if not bool(torch.isfinite(t).all())), None)
+
+
 def check_weights(state: dict[str, torch.Tensor], source: str) -> None:
     """Refuse weights a model cannot compute with: integer (or bool) tensors, NaN or infinity."""
     for key, tensor in state.items():
         if not tensor.is_floating_point():
             raise CheckpointError(f"{source}: weight {key!r} is {str(tensor.dtype)[6:]}, not "
                                   f"floating point: not model weights")
-        if not bool(torch.isfinite(tensor).all()):
-            raise CheckpointError(f"{source}: weight {key!r} holds NaN or infinite values: the "
-                                  f"checkpoint is corrupt (or saved from a diverged run)")
+    key = non_finite(state.items())
+    if key is not None:
+        raise CheckpointError(f"{source}: weight {key!r} holds NaN or infinite values: the "
+                              f"checkpoint is corrupt (or saved from a diverged run)")
 
 
 def check_tensors(expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor],

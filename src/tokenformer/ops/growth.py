@@ -91,6 +91,7 @@ from tqdm.auto import tqdm
 from ..errors import GrowthError
 from ..models.baselines import TransformerConfig
 from ..models.config import TokenFormerConfig
+from ..models.lm import non_finite
 from ..nn.pattention import KINDS, Pattention, default_scale, kind_names, resolve_top_k
 from .cloning import carry_moment, product_key_refusal, widen_tensor, widened_config, width_axes
 
@@ -299,13 +300,13 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, *,
 def _refuse_non_finite(model: nn.Module, width_noise: object, noise_old: float) -> None:
     """A growth never hands on NaN or infinite weights (a noise std so large that the noised
     rows overflow): every loader would refuse them, and training would diverge at once."""
-    for name, param in model.named_parameters():
-        if not bool(torch.isfinite(param).all()):
-            causes = [f"{key}={value:g}" for key, value in (("width_noise", width_noise),
-                                                            ("noise_old", noise_old)) if value]
-            cause = f" ({', '.join(causes)} times each tensor's rms overflows)" if causes else ""
-            raise GrowthError(f"the grown model's {name} holds NaN or infinite values{cause}; "
-                              f"lower the noise")
+    name = non_finite(model.named_parameters())
+    if name is not None:
+        causes = [f"{key}={value:g}" for key, value in (("width_noise", width_noise),
+                                                        ("noise_old", noise_old)) if value]
+        cause = f" ({', '.join(causes)} times each tensor's rms overflows)" if causes else ""
+        raise GrowthError(f"the grown model's {name} holds NaN or infinite values{cause}; "
+                          f"lower the noise")
 
 
 def _growths(model: nn.Module, *, qkv=None, proj=None, ffn=None, layers=None, hidden=None,
