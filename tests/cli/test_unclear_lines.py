@@ -60,10 +60,13 @@ def test_a_symlink_loop_as_output(capsys, model_dir, loop, argv):
     ["train", "--config", "tiny", "--init-from", "{loop}", "--out", "{new}", "--steps", "1",
      "--no-progress"],
 ])
-def test_a_symlink_loop_as_input(capsys, loop, tmp_path, argv):
-    """The old line was "checkpoint not found", about a path that exists (as a link)."""
-    line = one_line(capsys, [a.format(loop=loop, new=tmp_path / "new") for a in argv])
-    assert str(loop) in line and "symbolic link loop" in line, line
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_symlink_loop_as_input(capsys, loop, tmp_path, argv, inside):
+    """The old line was "checkpoint not found", about a path that exists (as a link); a path
+    through the loop (loop1/x) is the same loop."""
+    given = loop / "x" if inside else loop
+    line = one_line(capsys, [a.format(loop=given, new=tmp_path / "new") for a in argv])
+    assert str(given) in line and "symbolic link loop" in line, line
     assert not (tmp_path / "new").exists()
 
 

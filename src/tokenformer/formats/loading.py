@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import CheckpointError
 from ..io.checkpoint import verify_checkpoint
-from ..io.paths import has_regular_file, not_found
+from ..io.paths import has_regular_file, is_link_loop, not_found
 from ..models.baselines import load_model_dir
 from ..models.config import PRESETS, TokenFormerConfig
 from ..models.lm import CONFIG_NAME, WEIGHTS_NAME, TokenFormerLM
@@ -32,7 +32,7 @@ def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:
         return TokenFormerLM(TokenFormerConfig.from_name(str(spec)))
     path = Path(spec)
     if not path.exists():
-        if path.is_symlink():  # a dangling link or a loop: say which, not only "not found"
+        if path.is_symlink() or is_link_loop(path):  # say which, not only "not found"
             raise not_found(path, "checkpoint")
         raise CheckpointError(f"checkpoint not found: {path} (nor a preset name; presets: "
                               f"{', '.join(PRESETS)})")

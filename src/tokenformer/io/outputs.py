@@ -13,7 +13,6 @@ is guaranteed.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import tempfile
 import time
@@ -33,7 +32,7 @@ from .files import (
     read_marker,
     write_marker,
 )
-from .paths import has_regular_file
+from .paths import has_regular_file, is_link_loop
 from .process_group import World, max_across
 
 LOCK = ".tokenformer.lock"
@@ -48,8 +47,8 @@ class RunFolderBusy(TokenFormerError):
 def _resolved(path: str | Path) -> Path:
     try:
         return Path(os.path.abspath(Path(path).expanduser())).resolve()  # follows every symlink
-    except (RuntimeError, OSError) as exc:  # a link loop: RuntimeError before Python 3.13
-        if isinstance(exc, OSError) and exc.errno != errno.ELOOP:
+    except (RuntimeError, OSError):  # a link loop: RuntimeError before Python 3.13
+        if not is_link_loop(path):
             raise
         raise OutputError(f"{path} is (or passes through) a symbolic link loop: it leads back "
                           f"to itself, never to a folder; remove the link or choose another "

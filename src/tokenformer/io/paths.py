@@ -58,16 +58,23 @@ def regular_file(path: str | Path, what: str = "file", *, folder: str | Path | N
     return path
 
 
-def not_found(path: str | Path, what: str = "file") -> PathError:
-    """The one line for a path that leads to nothing: missing, a link to a missing target, or a
-    symbolic link loop (a link that, through others, points back at itself)."""
-    path = Path(path)
+def is_link_loop(path: str | Path) -> bool:
+    """Whether ``path`` is, or passes through, a symbolic link loop (a link that, through
+    others, points back at itself)."""
     try:
         os.stat(path)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return PathError(f"{what} {path} is a symbolic link loop (it leads back to itself, "
-                             f"never to a file or folder)")
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def not_found(path: str | Path, what: str = "file") -> PathError:
+    """The one line for a path that leads to nothing: missing, a link to a missing target, or a
+    symbolic link loop (:func:`is_link_loop`)."""
+    path = Path(path)
+    if is_link_loop(path):
+        return PathError(f"{what} {path} is a symbolic link loop (it leads back to itself, "
+                         f"never to a file or folder)")
     if path.is_symlink():
         return PathError(f"{what} not found: {path} (a symbolic link to {os.readlink(path)}, "
                          f"which does not exist)")
