@@ -24,10 +24,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .kernels import cpu_theta, triton_theta
 from .kernels.dispatch import select_impl
 from .kernels.fused import no_autocast
-from .pattention import Pattention, theta
+from .pattention import Pattention, theta_by_backend
 
 
 def groupable(layers: Sequence[nn.Module]) -> bool:
@@ -65,20 +64,15 @@ def grouped_attend(x: torch.Tensor, layers: Sequence[nn.Module]) -> list[torch.T
         if equal:  # each row's segments are rows of [rows·3, n]: Θ per segment in one call
             n = sizes[0]
             flat = scores.view(rows * len(layers), n)
-            if backend == "triton":
-                theta_ = triton_theta.theta(flat, first.norm, first.scale, first.eps)
-            elif backend == "cpu_kernel" and not records:  # inference: the C++ kernel's pass
-                theta_ = cpu_theta.theta_forward(flat, first.scale, first.eps)[0]
-            else:
-                theta_ = theta(flat, first.norm, first.scale, first.eps)
+            theta_ = theta_by_backend(flat, backend, records, first.norm, first.scale,
+                                      first.eps)
             grouped = theta_.view(rows, len(layers), n).transpose(0, 1)  # [3, rows, n]
             outs = torch.bmm(grouped, torch.stack(values).to(dtype)).unbind(0)
         else:
             outs = []
             for m, segment, value in zip(layers, scores.split(sizes, dim=-1), values,
                                          strict=True):
-                theta_ = (triton_theta.theta(segment, m.norm, m.scale, m.eps)
-                          if backend == "triton" else theta(segment, m.norm, m.scale, m.eps))
+                theta_ = theta_by_backend(segment, backend, records, m.norm, m.scale, m.eps)
                 outs.append(torch.matmul(theta_, value.to(dtype)))
     return [y.reshape(*shape[:-1], y.shape[-1]) for y in outs]
 

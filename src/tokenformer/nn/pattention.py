@@ -270,6 +270,21 @@ def kind_names(kind: str) -> tuple[str, ...]:
     return tuple(name for name, k in BLOCK_PATTENTIONS.items() if k == kind)
 
 
+
+def theta_by_backend(scores: torch.Tensor, backend: str, records: bool, norm: str,
+                     scale: float, eps: float) -> torch.Tensor:
+    """Θ of ``scores`` (last dimension n) alone, by the backend :func:`select_impl` chose: the
+    C++ kernel's pass at inference (no autograd, no autocast), the Triton Θ, else :func:`theta`
+    (autograd records it). For the paths that need Θ itself: top-k and the one-GEMM Q/K/V."""
+    if (backend == "cpu_kernel" and not records
+            and not torch.is_autocast_enabled(scores.device.type)):
+        return cpu_theta.theta_forward(scores.reshape(-1, scores.shape[-1]), scale,
+                                       eps)[0].view(scores.shape)
+    if backend == "triton":
+        return triton_theta.theta(scores, norm, scale, eps)
+    return theta(scores, norm, scale, eps)
+
+
 class Pattention(nn.Module):
     """Input tokens attend over ``num_tokens`` learnable key/value parameter tokens.
 
@@ -357,8 +372,6 @@ class Pattention(nn.Module):
         """:func:`select_impl`'s backend for this call, and whether autograd records it."""
         records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
                                                or value.requires_grad)
-        if self.impl == "reference":
-            return "reference", records
         return select_impl(self.impl, x.device, x.dtype, self.norm, training=records), records
 
     def _top_k_forward(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -367,15 +380,8 @@ class Pattention(nn.Module):
         picks them, else ``theta`` under autograd), then :func:`top_k_pattention`."""
         scores = F.linear(x, key)
         backend, records = self._backend(x, key, value)
-        if (backend == "cpu_kernel" and not records
-                and not torch.is_autocast_enabled(x.device.type)):
-            theta_ = cpu_theta.theta_forward(scores.reshape(-1, scores.shape[-1]), self.scale,
-                                             self.eps)[0].view(scores.shape)
-        elif backend == "triton":
-            theta_ = triton_theta.theta(scores, self.norm, self.scale, self.eps)
-        else:
-            theta_ = theta(scores, self.norm, self.scale, self.eps)
-        return top_k_pattention(value, theta_, k)
+        return top_k_pattention(value, theta_by_backend(scores, backend, records, self.norm,
+                                                        self.scale, self.eps), k)
 
     def _inference_value(self, value: torch.Tensor) -> torch.Tensor:
         """V for a matmul autograd does not record. In bf16/fp16, the CPU's matrix-vector

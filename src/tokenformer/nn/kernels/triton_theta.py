@@ -62,7 +62,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 NORM_IDS: dict[str, int] = {"l2_norm_gelu": 0, "gelu_l2_norm": 1, "gelu_l1_norm": 2,
                             "softmax": 3, "gelu": 4}
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# The longest row kept in registers by one program (8192 float32 over 8 warps: 32 per thread);
+# The longest row kept in registers by one program (8192 float32 over 16 warps: 16 per thread);
 # longer rows are swept in blocks of this size.
 MAX_BLOCK = 8192
 _state: dict[str, bool] = {}
@@ -118,11 +118,6 @@ def _warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 4096 else 16
 
 
-def _kernels() -> tuple:
-    """(forward, backward) kernels."""
-    return triton_theta_jit.fwd, triton_theta_jit.bwd
-
-
 def _check(scores: torch.Tensor) -> None:
     if scores.dim() != 2 or scores.stride(1) != 1:
         raise ValueError(f"Triton Θ takes 2-D scores with contiguous rows, got shape "
@@ -143,7 +138,7 @@ def _theta_fwd_impl(interpret: bool, scores: torch.Tensor, norm: str, scale: flo
     out = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
     r = torch.zeros(rows, dtype=torch.float32, device=scores.device)
     if rows and n:
-        _launch(_kernels()[0], interpret)[(rows,)](
+        _launch(triton_theta_jit.fwd, interpret)[(rows,)](
             scores, out, r, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm], BLOCK=block,
             SINGLE=n <= block, num_warps=_warps(block))
     return out, r
@@ -157,7 +152,7 @@ def _theta_bwd_impl(interpret: bool, grad: torch.Tensor, scores: torch.Tensor, r
     grad = grad.contiguous()
     ds = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
     if rows and n:
-        _launch(_kernels()[1], interpret)[(rows,)](
+        _launch(triton_theta_jit.bwd, interpret)[(rows,)](
             grad, scores, r, ds, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm],
             BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
     return ds
