@@ -368,6 +368,15 @@ def size_windows(preset: Preset, family: str, vocab_size: int) -> dict[str, set[
                 if abs(order.index(z) - order.index(b)) <= preset.size_window} for z in order}
 
 
+def scratch_run(preset: Preset, family: str, size: str, config: Any, seed: int,
+                only: set[int] | None) -> Run:
+    """``family``'s ``size`` from scratch for ``seed``: one stable run with the cooldown branches
+    of the budgets in ``only`` (None: every budget of >= min_steps steps)."""
+    key = size_key(family, size)
+    return _with_branches(preset, key, "scratch", family, seed,
+                          (_stage(preset, size, config, 0),), preset.budgets, key, only=only)
+
+
 def scratch_runs(preset: Preset, vocab_size: int, family: str, seed: int) -> list[Run]:
     """One from-scratch run per size of ``family`` (the budgets of its window) for ``seed``."""
     windows = size_windows(preset, family, vocab_size)
@@ -376,10 +385,7 @@ def scratch_runs(preset: Preset, vocab_size: int, family: str, seed: int) -> lis
         only = None if windows is None else windows[size]
         if only is not None and not only:
             continue
-        key = size_key(family, size)
-        runs.append(_with_branches(preset, key, "scratch", family, seed,
-                                   (_stage(preset, size, config, 0),), preset.budgets, key,
-                                   only=only))
+        runs.append(scratch_run(preset, family, size, config, seed, only))
     return runs
 
 
@@ -416,13 +422,10 @@ def held_out_scratch(preset: Preset, vocab_size: int, choice: Choice) -> list[Ru
             for j, pair in sorted(choice.get(family, {}).items()):
                 by_pair.setdefault(pair, set()).add(j)
             for (size, lr), budgets in by_pair.items():
-                key = size_key(family, size)
                 several = sum(z == size for z, _ in by_pair) > 1
-                run = _with_branches(preset, key, "scratch", family, seed,
-                                     (_stage(preset, size, configs[family][size], 0),),
-                                     preset.budgets, key, only=budgets)
+                run = scratch_run(preset, family, size, configs[family][size], seed, budgets)
                 runs.append(dataclasses.replace(
-                    run, lr=lr, id=f"{key}/lr={lr:.6g}/seed{seed}" if several else run.id))
+                    run, lr=lr, id=f"{run.arm}/lr={lr:.6g}/seed{seed}" if several else run.id))
     return runs
 
 
