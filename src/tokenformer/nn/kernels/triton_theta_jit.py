@@ -20,6 +20,15 @@ def gelu_grad(x):
 
 
 @triton.jit
+def load_block(row_ptr, start, n, BLOCK: tl.constexpr):
+    """Positions ``start`` … ``start + BLOCK`` of a row of n as float32 (0 past the end), their
+    offsets and the in-row mask: every sweep of both kernels reads its blocks so."""
+    off = start + tl.arange(0, BLOCK)
+    mask = off < n
+    return tl.load(row_ptr + off, mask=mask, other=0.0).to(tl.float32), off, mask
+
+
+@triton.jit
 def row_term(s, mask, NORM: tl.constexpr):
     """What the row's norm r sums (before a square root for the L2 variants)."""
     if NORM == 0:
@@ -59,9 +68,7 @@ def fwd(s_ptr, out_ptr, r_ptr, n, stride, scale, eps, NORM: tl.constexpr,
     s_row = s_ptr + row * stride
     out_row = out_ptr + row * n
     if SINGLE:  # the whole row in registers: one read, one write
-        off = tl.arange(0, BLOCK)
-        mask = off < n
-        s = tl.load(s_row + off, mask=mask, other=0.0).to(tl.float32)
+        s, off, mask = load_block(s_row, 0, n, BLOCK)
         c = scale
         if NORM != 4:
             r, c = row_factor(tl.sum(row_term(s, mask, NORM), axis=0), scale, eps, NORM)
@@ -73,16 +80,12 @@ def fwd(s_ptr, out_ptr, r_ptr, n, stride, scale, eps, NORM: tl.constexpr,
         if NORM != 4:
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for start in range(0, n, BLOCK):
-                off = start + tl.arange(0, BLOCK)
-                mask = off < n
-                s = tl.load(s_row + off, mask=mask, other=0.0).to(tl.float32)
+                s, off, mask = load_block(s_row, start, n, BLOCK)
                 acc += row_term(s, mask, NORM)
             r, c = row_factor(tl.sum(acc, axis=0), scale, eps, NORM)
             tl.store(r_ptr + row, r)
         for start in range(0, n, BLOCK):
-            off = start + tl.arange(0, BLOCK)
-            mask = off < n
-            s = tl.load(s_row + off, mask=mask, other=0.0).to(tl.float32)
+            s, off, mask = load_block(s_row, start, n, BLOCK)
             t = theta_of(s, c, NORM)
             tl.store(out_row + off, t.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -132,10 +135,8 @@ def bwd(g_ptr, s_ptr, r_ptr, ds_ptr, n, stride, scale, eps, NORM: tl.constexpr,
         r = tl.load(r_ptr + row)
         c = scale / (r + eps)
     if SINGLE:
-        off = tl.arange(0, BLOCK)
-        mask = off < n
-        s = tl.load(s_row + off, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(g_row + off, mask=mask, other=0.0).to(tl.float32)
+        s, off, mask = load_block(s_row, 0, n, BLOCK)
+        g, _, _ = load_block(g_row, 0, n, BLOCK)
         dot = 0.0
         if NORM != 4:
             dot = tl.sum(dot_term(s, g, c, NORM), axis=0)
@@ -146,16 +147,12 @@ def bwd(g_ptr, s_ptr, r_ptr, ds_ptr, n, stride, scale, eps, NORM: tl.constexpr,
         if NORM != 4:
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for start in range(0, n, BLOCK):
-                off = start + tl.arange(0, BLOCK)
-                mask = off < n
-                s = tl.load(s_row + off, mask=mask, other=0.0).to(tl.float32)
-                g = tl.load(g_row + off, mask=mask, other=0.0).to(tl.float32)
+                s, off, mask = load_block(s_row, start, n, BLOCK)
+                g, _, _ = load_block(g_row, start, n, BLOCK)
                 acc += dot_term(s, g, c, NORM)
             dot = tl.sum(acc, axis=0)
         for start in range(0, n, BLOCK):
-            off = start + tl.arange(0, BLOCK)
-            mask = off < n
-            s = tl.load(s_row + off, mask=mask, other=0.0).to(tl.float32)
-            g = tl.load(g_row + off, mask=mask, other=0.0).to(tl.float32)
+            s, off, mask = load_block(s_row, start, n, BLOCK)
+            g, _, _ = load_block(g_row, start, n, BLOCK)
             ds = grad_of(s, g, r, c, dot, scale, eps, NORM)
             tl.store(ds_row + off, ds.to(ds_ptr.dtype.element_ty), mask=mask)
