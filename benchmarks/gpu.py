@@ -60,9 +60,9 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
     ``frontier.tar.gz`` under ``--out`` (without the in-progress state when that would not fit a
     device call's 16 MiB per file). The default preset is ``gpu-code`` (issue 35: the v4 protocol on
     the Python sources of the machine's own torch, transformers and sympy, so no data to carry;
-    ≈ 7 min with ``--jobs 8`` estimated, docs/frontier-v4.md); the ``gpu`` preset needs
-    ``--frontier-data`` (a prepared corpus of >= 2e8 tokens: the embedded one is refused as
-    repeated > 4 times).
+    ≈ 22 min with ``--jobs 8`` measured on an H200, docs/results/frontier-gpu.md); the ``gpu``
+    preset needs ``--frontier-data`` (a prepared corpus of >= 2e8 tokens: the embedded one is
+    refused as repeated > 4 times).
 ``all``
     every stage above (longer than one 10-minute call: use it on a machine of your own).
 
@@ -740,8 +740,7 @@ def frontier_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace,
                 proc.wait()
     seconds = time.perf_counter() - start
     text = log_path.read_text()
-    planned = re.findall(r"(\d+) LR-sweep runs, (\d+) final runs", text)
-    total = sum(map(int, planned[-1])) if planned else None
+    total = planned_runs(args) if not args.smoke else _planned_runs(text)
     done = len(list((folder / "runs").glob("*.json")))
     finished = (folder / "results.json").is_file()
     errors = [line for line in text.splitlines() if line.startswith("error:")]
@@ -757,9 +756,37 @@ def frontier_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace,
         row["archive_mib"] = (out / FRONTIER_TAR).stat().st_size / 2**20
     return {"title": "frontier", "rows": [row], "notes": notes, "log_tail": text[-4000:],
             "columns": [("preset", "preset", "{}"), ("runs_done", "runs done", "{}"),
-                        ("runs_total", "runs planned", "{}"), ("finished", "finished", "{}"),
+                        ("runs_total", "runs planned (--plan)", "{}"),
+                        ("finished", "finished", "{}"),
                         ("stopped_at_limit", "stopped at the limit", "{}"),
                         ("seconds", "s", "{:.0f}")]}
+
+
+def planned_runs(args: argparse.Namespace) -> int | None:
+    """How many runs ``scale --plan`` predicts for the frontier stage's preset (None when it
+    cannot say): every stage of a v4 plan, whose measured envelope can still move the held-out
+    runs a little; ``scale``'s own header line counts only the sweeps and the held-out runs."""
+    command = [sys.executable, "-m", "tokenformer", "scale", "--preset", args.frontier_preset,
+               "--plan"]
+    if args.frontier_data:
+        command += ["--data", str(Path(args.frontier_data).resolve())]
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=subprocess_env(), capture_output=True,
+                              text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return _planned_runs(done.stdout) if done.returncode == 0 else None
+
+
+def _planned_runs(plan_text: str) -> int | None:
+    """The run count of a ``scale --plan`` text: its stage table's runs column (v4), else its
+    header's sweep and final/held-out counts (v3 presets have no stage table)."""
+    stages = re.findall(r"^\| (?:sweep|horizon|chain tuning|held-out[^|]*) \| [^|]* \| (\d+) \|",
+                        plan_text, re.M)
+    if stages:
+        return sum(map(int, stages))
+    header = re.search(r"(\d+) LR-sweep runs[^,]*, (\d+) (?:final|held-out) runs", plan_text)
+    return int(header[1]) + int(header[2]) if header else None
 
 
 def pack(folder: Path, archive: Path) -> bool:
