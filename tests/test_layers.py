@@ -34,7 +34,8 @@ def test_the_layer_contracts_hold():
     assert "BROKEN" not in done.stdout
     for contract in ("layers: each imports only from the layers below it",
                      "the core never imports transformers",
-                     "no import cycles"):
+                     "no import cycles",
+                     "the CLI imports each experiment through its package, never its modules"):
         assert contract in done.stdout
 
 
@@ -58,6 +59,17 @@ def test_an_upward_import_breaks_the_layers_contract(tmp_path):
     assert done.returncode != 0
     assert "layers: each imports only from the layers below it BROKEN" in done.stdout
     assert "tokenformer.nn.pattention -> tokenformer.training.loop" in done.stdout
+
+
+def test_the_cli_reaching_into_an_experiment_module_breaks_the_contracts(tmp_path):
+    """The CLI takes an experiment's names from its package (``experiments.frontier``), never
+    from a module behind it: importing the runner's module directly must fail, naming it."""
+    done = lint_with_an_added_import(tmp_path, "cli/commands/scale.py",
+                                     "from ...experiments.frontier.run import train_run")
+    assert done.returncode != 0
+    assert ("the CLI imports each experiment through its package, never its modules BROKEN"
+            in done.stdout)
+    assert "tokenformer.cli.commands.scale -> tokenformer.experiments.frontier.run" in done.stdout
 
 
 def test_a_cycle_inside_a_folder_breaks_the_contracts(tmp_path):

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 import torch
 
-from ...experiments.sparse import plan, report, run
-from ...experiments.sparse.plan import CompareMLP, PruneCurve, PruneSeeds, Quality, TrainArms
+from ...experiments import sparse
+from ...experiments.sparse import CompareMLP, PruneCurve, PruneSeeds, Quality, TrainArms
 from ...io.outputs import check_not_input
 from ..options import positive
 from .scale import command_line
@@ -27,40 +26,33 @@ def sparse_study(args: argparse.Namespace) -> int:
     if getattr(args, "out", None):  # a plot, or train's model folders
         check_not_input(args.out, inputs)
     if args.what == "plot":
-        report.plot(args.quality_json, args.prune_json, args.out)
+        sparse.plot(args.quality_json, args.prune_json, args.out)
         return 0
     if args.what == "plot-seeds":
-        report.plot_seeds(args.quality_json, args.prune_json, args.out, args.name)
+        sparse.plot_seeds(args.quality_json, args.prune_json, args.out, args.name)
         return 0
     torch.set_num_threads(args.threads)
-    result: dict[str, Any]
+    part: sparse.Part
     if args.what == "train":
-        p = plan.TrainArms(args.out, args.results, args.size, tuple(args.families),
-                           tuple(args.seeds), args.threads)
-        result = report.train_arms(p, run.train_arms(p))
+        part = TrainArms(args.out, args.results, args.size, tuple(args.families),
+                         tuple(args.seeds), args.threads)
     elif args.what == "quality":
-        p = plan.Quality(tuple(args.models), args.eval_batches)
-        result = report.quality(p, run.quality(p))
+        part = Quality(tuple(args.models), args.eval_batches)
     elif args.what == "prune":
-        p = plan.PruneCurve(args.model, args.eval_batches, tuple(args.by), tuple(args.scales),
-                            args.finetune_steps, args.finetune_lr)
-        result = report.prune_curve(p, run.prune_curve(p))
+        part = PruneCurve(args.model, args.eval_batches, tuple(args.by), tuple(args.scales),
+                          args.finetune_steps, args.finetune_lr)
     elif args.what == "compare-mlp":
-        p = plan.CompareMLP(args.tokenformer, args.transformer, args.eval_batches,
-                            args.finetune_steps, args.finetune_lr)
-        result = report.compare_mlp(p, run.compare_mlp(p))
-    else:  # prune-seeds
-        p = plan.PruneSeeds(tuple(args.tokenformer), tuple(args.transformer), tuple(args.by),
-                            args.eval_batches, args.finetune_steps, tuple(args.lr_factors),
-                            args.sweep_fraction)
-        # --from-json re-renders an earlier run's report, measuring nothing
-        rows, sweeps = (report.load_prune_seeds(args.from_json) if args.from_json
-                        else run.prune_seeds(p))
-        result = report.prune_seeds(p, rows, sweeps)
+        part = CompareMLP(args.tokenformer, args.transformer, args.eval_batches,
+                          args.finetune_steps, args.finetune_lr)
+    else:  # prune-seeds; --from-json re-renders an earlier run's report, measuring nothing
+        part = PruneSeeds(tuple(args.tokenformer), tuple(args.transformer), tuple(args.by),
+                          args.eval_batches, args.finetune_steps, tuple(args.lr_factors),
+                          args.sweep_fraction)
+    result = sparse.measure(part, from_json=getattr(args, "from_json", None) or None)
     if args.json:
-        report.save_json(result, args.json)
+        sparse.save_json(result, args.json)
     command = command_line("sparse-study") or f"tokenformer sparse-study {args.what}"
-    print(report.section(args.what, command, result))
+    print(sparse.section(args.what, command, result))
     return 0
 
 

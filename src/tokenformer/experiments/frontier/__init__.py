@@ -4,3 +4,11 @@ Data flows one way: :mod:`.plan` (presets → runs, pure data) → :mod:`.run` (
 resumable, writes ``results.json``) → :mod:`.report` (``results.json`` → ``report.md`` + plots,
 the verdict's prose).
 """
+
+from .plan import describe
+from .presets import PRESETS, Preset, get_preset
+from .run import run_frontier
+
+# What the CLI (and a user's script) calls; the modules behind it are internal (pyproject.toml's
+# contract "the CLI imports each experiment through its package").
+__all__ = ["PRESETS", "Preset", "describe", "get_preset", "run_frontier"]

@@ -7,3 +7,12 @@ rows only; :mod:`.mlp` prunes the baseline) → :mod:`.report` (intervals, paire
 markdown sections and plots). The speed of top-k and product keys is measured apart, by
 ``benchmarks/sparse.py``.
 """
+
+from .plan import CompareMLP, PruneCurve, PruneSeeds, Quality, TrainArms
+from .report import plot, plot_seeds, save_json, section
+from .study import Part, measure
+
+# What the CLI (and a user's script) calls; the modules behind it are internal (pyproject.toml's
+# contract "the CLI imports each experiment through its package").
+__all__ = ["CompareMLP", "Part", "PruneCurve", "PruneSeeds", "Quality", "TrainArms", "measure",
+           "plot", "plot_seeds", "save_json", "section"]
