@@ -196,7 +196,6 @@ class GenerateMixin:
         return tokens
 
 
-
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 # The static cache of each model's last static generation, reused (zeroed) by the next one of the
 # same batch size, capacity, dtype and device: the buffers keep their addresses, so a captured
