@@ -36,7 +36,7 @@ import common
 from common import add_clock_args, apply_clock_args, command_line, interleaved, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.models.lm import KVCache
+from tokenformer.models.kv_cache import KVCache
 
 
 @torch.no_grad()

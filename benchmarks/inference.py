@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import add_clock_args, apply_clock_args, command_line, interleaved, log, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.models.lm import KVCache
+from tokenformer.models.kv_cache import KVCache
 from tokenformer.nn.pattention import Pattention
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, interleaved, machine
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
-from tokenformer.models.lm import KVCache
+from tokenformer.models.kv_cache import KVCache
 from tokenformer.nn.pattention import Pattention, set_pattention_top_k
 
 

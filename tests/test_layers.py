@@ -73,8 +73,8 @@ def test_the_cli_reaching_into_an_experiment_module_breaks_the_contracts(tmp_pat
 
 
 def test_a_cycle_inside_a_folder_breaks_the_contracts(tmp_path):
-    """models/official.py importing the LM (models/lm.py imports it) is a cycle between two
-    modules of one folder, which the layers alone do not see."""
+    """models/official.py importing the LM (models/lm.py imports it, through persistence.py) is a
+    cycle between modules of one folder, which the layers alone do not see."""
     done = lint_with_an_added_import(tmp_path, "models/official.py",
                                      "from .lm import TokenFormerLM")
     assert done.returncode != 0

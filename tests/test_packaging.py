@@ -97,7 +97,9 @@ CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.f
         "tokenformer.nn.kernels.dispatch", "tokenformer.nn.kernels.triton_theta",
         "tokenformer.nn.kernels.triton_theta_jit", "tokenformer.nn.grouped",
         "tokenformer.nn.product_keys", "tokenformer.models",
-        "tokenformer.models.lm", "tokenformer.models.config", "tokenformer.models.official"}
+        "tokenformer.models.lm", "tokenformer.models.config", "tokenformer.models.official",
+        "tokenformer.models.kv_cache", "tokenformer.models.generation",
+        "tokenformer.models.persistence", "tokenformer.models.checks"}
 
 
 def test_model_py_imports_only_the_core():

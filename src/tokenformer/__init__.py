@@ -25,8 +25,8 @@ _EXPORTS = {
     "GrowthError": "errors", "TokenFormerError": "errors",
     "grow": "ops.growth", "grow_with_optimizer": "ops.growth", "prune": "ops.pruning",
     "ProductKeyPattention": "nn.product_keys",
-    "CausalLMOutput": "models.lm", "KVCache": "models.lm", "StaticKVCache": "models.lm",
-    "TokenFormerLM": "models.lm",
+    "CausalLMOutput": "models.lm", "TokenFormerLM": "models.lm",
+    "KVCache": "models.kv_cache", "StaticKVCache": "models.kv_cache",
     "load_model": "formats.loading",
     "THETA_VARIANTS": "nn.pattention", "Pattention": "nn.pattention", "theta": "nn.pattention",
     "set_pattention_top_k": "nn.pattention",
@@ -56,7 +56,8 @@ if TYPE_CHECKING:
     from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError  # noqa: F401
     from .formats.loading import load_model  # noqa: F401
     from .models.config import PRESETS, TokenFormerConfig, flops_per_token  # noqa: F401
-    from .models.lm import CausalLMOutput, KVCache, StaticKVCache, TokenFormerLM  # noqa: F401
+    from .models.kv_cache import KVCache, StaticKVCache  # noqa: F401
+    from .models.lm import CausalLMOutput, TokenFormerLM  # noqa: F401
     from .models.vit import TokenFormerViT, TokenFormerViTConfig  # noqa: F401
     from .nn.pattention import THETA_VARIANTS, Pattention, set_pattention_top_k, theta  # noqa: F401
     from .nn.product_keys import ProductKeyPattention  # noqa: F401

@@ -55,7 +55,7 @@ def test_a_module_importing_what_remote_code_cannot_have_stops_generation(
     def source(module: str) -> str:
         text = real(module)
         if module == "models.lm":
-            text = text.replace("import json\n", "import json\nimport filelock\n", 1)
+            text = text.replace("import torch\n", "import torch\nimport filelock\n", 1)
         return text
 
     monkeypatch.setattr(remote, "_source", source)

@@ -17,8 +17,9 @@ from tokenformer import (
     TokenFormerLM,
     flops_per_token,
 )
-from tokenformer.models import lm as LM
-from tokenformer.models.lm import _sample
+from tokenformer.models import generation as gen
+from tokenformer.models.generation import _sample, positions_from_mask
+from tokenformer.models.kv_cache import StaticKVCache
 
 # Spec §3: the exact parameter counts of the released models and of the paper's scaling chain.
 OFFICIAL_PARAMETERS = {
@@ -389,11 +390,11 @@ def test_static_cache_steps_equal_a_full_forward(masked: bool) -> None:
     seq, mask = padded_batch()
     seq = torch.cat((seq, ids(3, 12, seed=6)), dim=1)  # 9 prompt positions + 12 decoded
     mask = torch.cat((mask, torch.ones(3, 12, dtype=torch.long)), dim=1) if masked else None
-    positions = (LM.positions_from_mask(mask, 21) if masked
+    positions = (positions_from_mask(mask, 21) if masked
                  else torch.arange(21).expand(3, 21))
     with torch.no_grad():
         full = model(seq, attention_mask=mask, position_ids=positions).logits
-        static = LM.StaticKVCache.for_model(model, 3, 24)  # 3 slots more than needed
+        static = StaticKVCache.for_model(model, 3, 24)  # 3 slots more than needed
         out = model(seq[:, :9], attention_mask=mask, position_ids=positions[:, :9],
                     past_key_values=static, use_cache=True)
         steps = [out.logits]
@@ -453,12 +454,12 @@ def test_static_cache_is_reused_across_calls() -> None:
     model = random_model(torch.float64)
     batch, mask = padded_batch()
     model.generate(batch, 11, attention_mask=mask, cache_implementation="static")
-    cache = LM._STATIC_CACHES[model]
+    cache = gen._STATIC_CACHES[model]
     address = cache.keys[0].data_ptr()
     static_equals_dynamic(model, batch[:, 3:], 14, attention_mask=mask[:, 3:])  # 6 + 14 = 20
-    assert LM._STATIC_CACHES[model] is cache and cache.keys[0].data_ptr() == address
+    assert gen._STATIC_CACHES[model] is cache and cache.keys[0].data_ptr() == address
     static_equals_dynamic(model, batch, 5)  # another capacity: a new cache replaces it
-    assert LM._STATIC_CACHES[model] is not cache
+    assert gen._STATIC_CACHES[model] is not cache
 
 
 def grown_sparse_model() -> TokenFormerLM:
@@ -491,7 +492,7 @@ def test_static_generate_refusals() -> None:
         model.generate(prompt, 2, compile=True)
     with pytest.raises(ConfigError, match="pass neither past_key_values"):
         model.generate(prompt, 2, cache_implementation="static", use_cache=False)
-    cache = LM.StaticKVCache.for_model(model, 1, 6)
+    cache = StaticKVCache.for_model(model, 1, 6)
     with torch.no_grad():
         model(prompt, past_key_values=cache, use_cache=True)
         with pytest.raises(TokenFormerError, match="the static cache holds 6 positions; 7 "):
@@ -525,9 +526,9 @@ def test_compiled_static_generate_equals_eager() -> None:
         assert torch.equal(runs[1], runs[0])
     assert runs[0].shape[1] == 19 and not torch.equal(runs[0], eager)  # sampled, not greedy
     # the compiled step's logits, step by step, against the eager step's on a copy of its cache
-    caches = [LM.StaticKVCache.for_model(model, 3, 19) for _ in range(2)]
+    caches = [StaticKVCache.for_model(model, 3, 19) for _ in range(2)]
     padding = torch.nn.functional.pad(mask.bool(), (0, 10), value=True)
-    positions = LM.positions_from_mask(mask, 9)
+    positions = positions_from_mask(mask, 9)
     with torch.no_grad():
         for cache in caches:
             model(batch, attention_mask=padding, position_ids=positions, past_key_values=cache,
@@ -537,8 +538,8 @@ def test_compiled_static_generate_equals_eager() -> None:
             position = position + 1
             eager_logits, compiled_logits = (
                 step(model, token, padding, position, cache, torch.tensor([slot]))
-                for step, cache in ((LM._decode_step, caches[0]),
-                                    (LM._compiled_decode_step(torch.device("cpu")), caches[1])))
+                for step, cache in ((gen._decode_step, caches[0]),
+                                    (gen._compiled_decode_step(torch.device("cpu")), caches[1])))
             torch.testing.assert_close(compiled_logits, eager_logits, rtol=1e-4, atol=1e-5)
             token = eager_logits.argmax(-1, keepdim=True)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # nothing recompiled

@@ -17,7 +17,8 @@ from ..io.checkpoint import verify_checkpoint
 from ..io.paths import has_regular_file, is_link_loop, not_found
 from ..models.baselines import load_model_dir
 from ..models.config import PRESETS, TokenFormerConfig
-from ..models.lm import CONFIG_NAME, WEIGHTS_NAME, TokenFormerLM
+from ..models.lm import TokenFormerLM
+from ..models.persistence import CONFIG_NAME, WEIGHTS_NAME
 
 
 def load_model(spec: str | Path, **official_kwargs: Any) -> TokenFormerLM:

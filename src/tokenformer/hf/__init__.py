@@ -49,7 +49,8 @@ from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
 from ..io.files import atomic_dir
 from ..io.paths import check_folder_files
-from ..models.lm import TokenFormerLM, check_buildable
+from ..models.checks import check_buildable
+from ..models.lm import TokenFormerLM
 from ..nn.pattention import BLOCK_PATTENTIONS
 from .modeling import (
     AUTO_MAP,
@@ -146,7 +147,7 @@ def load_hf(path: str | Path, *, verify: bool = True, **kwargs: Any) -> TokenFor
     Before transformers reads it: the manifest rule (a folder with ``manifest.json`` is verified;
     ``verify=False`` only for a caller that just did) and, for our config, the model it describes
     against the weights file's header and the memory available
-    (:func:`tokenformer.models.lm.check_buildable`)."""
+    (:func:`tokenformer.models.checks.check_buildable`)."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"model folder not found: {path}")

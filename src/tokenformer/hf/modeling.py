@@ -38,7 +38,8 @@ from transformers.modeling_outputs import (
 
 from ..errors import ConfigError
 from ..models.baselines import model_class
-from ..models.lm import LayerNorm, RotaryEmbedding, TokenFormerLM, positions_from_mask
+from ..models.generation import positions_from_mask
+from ..models.lm import LayerNorm, RotaryEmbedding, TokenFormerLM
 from ..nn.pattention import Pattention
 from ..nn.product_keys import ProductKeyPattention
 

@@ -4,8 +4,9 @@
 ``configuration_tokenformer.py``. So that a folder pushed to a hub works for anyone with torch
 and transformers (not our package), :func:`write_remote_code` writes them by inlining
 :mod:`tokenformer.hf.modeling` and every package module it imports (errors, the file helpers,
-the nn layers, the configs, the LM, the released layout, the baselines) into one file: there is
-still one copy of the model code, the package's.
+the nn layers, the configs, the LM with its caches, generation, persistence and checks, the
+released layout, the baselines) into one file: there is still one copy of the model code, the
+package's.
 
 The rules a bundled module follows (checked while generating: a module that breaks one stops the
 generation with an error naming the module, the line and what it does):

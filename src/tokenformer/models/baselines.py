@@ -33,17 +33,10 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
 from ..io.paths import has_regular_file, read_json_object
+from .checks import check_buildable
 from .config import FIELD_RULES, TokenFormerConfig, check_fields, embedding_parameters, one_of
-from .lm import (
-    CONFIG_NAME,
-    Attention,
-    Block,
-    LayerNorm,
-    RotaryEmbedding,
-    TokenFormerLM,
-    check_buildable,
-    output_head,
-)
+from .lm import Attention, Block, LayerNorm, RotaryEmbedding, TokenFormerLM, output_head
+from .persistence import CONFIG_NAME
 
 ARCHS = ("tokenformer", "transformer", "transformer++")
 GELU_FLOPS = 4  # x·0.5·(1+erf(x/√2)), as Θ's GELU is charged in config.py

@@ -19,8 +19,9 @@ def check_memory(config: Any, copies: float, what: str,
     """Refuse up front a model of ``config`` whose ``copies`` fp32 copies of the parameters
     (weights, gradients, optimizer moments...), plus its rotary cache, exceed the memory available
     now. Computed from the config alone (nothing is allocated): growth plans, and every loader
-    that builds a model from a config read from disk (:func:`tokenformer.models.lm.check_buildable`,
-    which raises ``error`` = CheckpointError)."""
+    that builds a model from a config read from disk
+    (:func:`tokenformer.models.checks.check_buildable`, which raises ``error`` =
+    CheckpointError)."""
     params = config.num_parameters()
     # RotaryEmbedding's cos/sin caches and the temporaries that build them: ~4 fp32 values per
     # position and rotary dimension (a config read from disk can ask for 10⁹ positions).

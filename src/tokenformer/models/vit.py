@@ -38,7 +38,8 @@ from ..io.checkpoint import verify_checkpoint
 from ..io.paths import has_regular_file, read_json_object
 from .baselines import TransformerConfig
 from .config import FIELD_RULES, TokenFormerConfig, check_fields, flops_per_token, one_of
-from .lm import CONFIG_NAME, Block, LayerNorm, TokenFormerLM
+from .lm import Block, LayerNorm, TokenFormerLM
+from .persistence import CONFIG_NAME
 
 POOLS = ("cls", "mean")
 

@@ -50,7 +50,7 @@ from ..formats.loading import load_model
 from ..io import checkpoint as ckpt
 from ..io.files import atomic_dir, atomic_write_text, save_safetensors
 from ..io.paths import has_regular_file, read_json_object
-from ..models.lm import check_state_dict, check_tensors, header_shapes
+from ..models.checks import check_state_dict, check_tensors, header_shapes
 from ..nn.pattention import KINDS, Pattention, kind_names, pattention_kind
 from .growth import grow, grown_tokens
 
@@ -341,9 +341,10 @@ def load_adapter(model: nn.Module, directory: str | Path, *, name: str | None = 
     (``name`` loads it under another one).
 
     Refused, with one line naming both hashes, when ``model`` is not the base it was trained on.
-    Its tensors are checked like base weights (:func:`tokenformer.models.lm.check_tensors`: keys,
-    shapes, floating point, finite), the shapes from the file's header before anything is
-    allocated: a config declaring more tokens than the file holds is refused, not built.
+    Its tensors are checked like base weights
+    (:func:`tokenformer.models.checks.check_tensors`: keys, shapes, floating point, finite), the
+    shapes from the file's header before anything is allocated: a config declaring more tokens
+    than the file holds is refused, not built.
     """
     directory = Path(directory)
     config = read_adapter_config(directory)

@@ -90,8 +90,8 @@ from tqdm.auto import tqdm
 
 from ..errors import GrowthError
 from ..models.baselines import TransformerConfig
+from ..models.checks import non_finite
 from ..models.config import TokenFormerConfig
-from ..models.lm import non_finite
 from ..nn.pattention import KINDS, Pattention, default_scale, kind_names, resolve_top_k
 from .cloning import carry_moment, product_key_refusal, widen_tensor, widened_config, width_axes
 

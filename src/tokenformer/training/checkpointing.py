@@ -21,7 +21,8 @@ from ..io import checkpoint as ckpt
 from ..io.paths import has_regular_file
 from ..io.process_group import World, barrier
 from ..models.baselines import load_model_dir, model_class
-from ..models.lm import CONFIG_NAME, check_buildable
+from ..models.checks import check_buildable
+from ..models.persistence import CONFIG_NAME
 from .config import RUN_CONFIG, load_config
 from .distributed import is_sharded, load_sharded, save_sharded, wrap_model
 from .growth_events import (

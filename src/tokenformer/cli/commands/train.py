@@ -12,7 +12,7 @@ from ...io.outputs import check_output
 from ...io.paths import has_regular_file
 from ...models.baselines import TransformerConfig
 from ...models.config import TokenFormerConfig
-from ...models.lm import WEIGHTS_NAME
+from ...models.persistence import WEIGHTS_NAME
 from ...training.config import RUN_CONFIG, TrainConfig, load_config
 from ...training.lm import train
 from ...training.plot import plot_runs
