@@ -346,4 +346,7 @@ def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0) -> to
     the released code; an ``exp`` overflow in ``softmax`` is not guarded either). ``eps > 0`` adds
     ``eps`` to the norm, which makes all-zero rows map to GELU(0) = 0.
     """
-    return theta_variant(norm).reference(scores, scale, eps)
+    variant = THETAS.get(norm)  # (every call: one lookup, no validation on the way)
+    if variant is None:
+        check_theta(norm)  # raises, naming the choices
+    return variant.reference(scores, scale, eps)

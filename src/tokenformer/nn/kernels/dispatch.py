@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..theta import theta_variant
+from ..theta import THETAS
 from . import cpu_theta, triton_theta
 
 BACKENDS: tuple[str, ...] = ("reference", "fused", "cpu_kernel", "triton")
@@ -54,7 +54,8 @@ def select_impl(impl: str, device: torch.device, dtype: torch.dtype, norm: str, 
     A Θ that has no fused closed forms (``THETAS[norm].fused is None``) has no fast path either:
     ``reference``, silently, whatever ``impl`` says.
     """
-    if impl == "reference" or theta_variant(norm).fused is None:
+    variant = THETAS.get(norm)  # unknown: reference, whose theta() names the choices
+    if impl == "reference" or variant is None or variant.fused is None:
         return "reference"
     if impl == "triton":
         return "triton" if triton_theta.supports(device, dtype, norm) else "fused"
