@@ -53,14 +53,19 @@ def no_autocast(x: torch.Tensor) -> tuple[torch.dtype, contextlib.AbstractContex
 
 def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
              eps: float, kernel: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Y and what the backward needs: the saved scores, r, Θ. Runs with autocast off, on inputs
-    already in the compute dtype (:func:`fused_pattention` casts them). ``kernel``: Θ from the
-    C++ kernel (:mod:`tokenformer.nn.kernels.cpu_theta`), which saves only S and r."""
+    """Y and what the backward needs (what the Θ's :class:`tokenformer.nn.theta.FusedTheta`
+    saves). Runs with autocast off, on inputs already in the compute dtype
+    (:func:`fused_pattention` casts them). ``kernel``: Θ from the C++ kernel
+    (:mod:`tokenformer.nn.kernels.cpu_theta`), which saves only S and r."""
     s = torch.matmul(x, key.t())
     if kernel:
         theta, r = cpu_theta.theta_forward(s, scale, eps)
         return torch.matmul(theta, value), (s, r)
-    theta, saved = THETAS[norm].fused.forward(s, scale, eps)
+    closed = THETAS[norm].fused
+    if closed is None:  # select_impl never picks this path for it: a direct call
+        raise ValueError(f"Θ {norm!r} has no fused closed forms; its reference formula runs "
+                         f"under autograd (impl='reference')")
+    theta, saved = closed.forward(s, scale, eps)
     return torch.matmul(theta, value), saved
 
 
