@@ -16,6 +16,7 @@ import torch
 
 from tokenformer import ConfigError, TokenFormerConfig, TokenFormerLM
 from tokenformer.nn.kernels.dispatch import select_impl
+from tokenformer.nn.kernels.fused import fused_pattention
 from tokenformer.nn.pattention import PATTENTION_IMPLS, Pattention
 from tokenformer.nn.theta import (
     THETA_VARIANTS,
@@ -93,6 +94,10 @@ def test_dispatch_falls_back_to_reference_for_a_theta_without_fast_paths(example
                     for training in (False, True):
                         assert select_impl(impl, device, dtype, TOY,
                                            training=training) == "reference"
+    # Called directly, the fused Function says it has nothing for this Θ.
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="no fused closed forms"):
+        fused_pattention(x, torch.randn(8, 64), torch.randn(8, 4), TOY, 8.0)
     # The built-in Θs keep their fast paths (not "reference" for everything).
     assert select_impl("fused", torch.device("cpu"), torch.float32, "l2_norm_gelu",
                        training=False) == "fused"
