@@ -14,7 +14,7 @@ import re
 import reprlib
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ import yaml
 from ..errors import ConfigError
 from ..io.files import atomic_write_text
 from ..io.paths import regular_file
-from ..nn.pattention import THETA_VARIANTS, default_scale
+from ..nn.theta import THETAS, default_scale, theta_variant
 
 BLOCK_NORMS = ("none", "weight", "bias", "both")
 FFN_KEYS = ("dense", "product")
@@ -34,16 +34,22 @@ FFN_KEYS = ("dense", "product")
 @dataclass(frozen=True)
 class FieldRule:
     """What a config field allows beyond its type. ``text`` completes "must be ...": ``{a}`` is
-    the type with its article ("an integer"), ``{t}`` without ("integer"); ``ok`` tests a value
-    already of the field's type."""
+    the type with its article ("an integer"), ``{t}`` without ("integer"), or is a function
+    giving that text when a check fails (choices that can grow: the Θ table); ``ok`` tests a
+    value already of the field's type."""
 
-    text: str
+    text: str | Callable[[], str]
     ok: Callable[[Any], bool]
 
+    def describe(self) -> str:
+        return self.text() if callable(self.text) else self.text
 
-def one_of(options: Sequence[str]) -> FieldRule:
-    """A field that must be one of ``options``."""
-    return FieldRule(f"one of {', '.join(options)}", lambda value: value in options)
+
+def one_of(options: Collection[str]) -> FieldRule:
+    """A field that must be one of ``options``, read at each check: a live collection (the Θ
+    table, :data:`tokenformer.nn.theta.THETAS`, which :func:`register_theta` extends) is
+    followed."""
+    return FieldRule(lambda: f"one of {', '.join(options)}", lambda value: value in options)
 
 
 POSITIVE = FieldRule("a positive {t}", lambda value: value > 0)
@@ -67,7 +73,7 @@ FIELD_RULES: dict[str, FieldRule] = {
     **dict.fromkeys(("theta_eps", "init_std", "eos_token_id"), NON_NEGATIVE),
     **dict.fromkeys(("qkv_top_k", "proj_top_k", "ffn_top_k"), TOP_K),
     "rotary_pct": FRACTION,
-    "norm": one_of(THETA_VARIANTS),
+    "norm": one_of(THETAS),
     "block_norm": one_of(BLOCK_NORMS),
     "ffn_keys": one_of(FFN_KEYS),
 }
@@ -118,7 +124,7 @@ def _allowed(kinds: tuple[Any, ...], optional: bool, rule: FieldRule | None) -> 
         noun = _NOUNS.get(kinds[0], "list" if typing.get_origin(kinds[0]) is list
                           else getattr(kinds[0], "__name__", str(kinds[0])))
     article = "an" if noun[0] in "aeiou" else "a"
-    text = (rule.text if rule is not None else "{a}").format(a=f"{article} {noun}", t=noun)
+    text = (rule.describe() if rule is not None else "{a}").format(a=f"{article} {noun}", t=noun)
     return text.replace("a boolean", "true or false") + (" or null" if optional else "")
 
 
@@ -139,10 +145,9 @@ def check_fields(config: Any, rules: Mapping[str, FieldRule] = FIELD_RULES,
 
 
 # FLOPs we charge per score for Θ, one per elementwise arithmetic op (exp/erf count as one):
-# l2_norm_gelu: square+accumulate (2), divide and scale (2), GELU x·0.5·(1+erf(x/√2)) (4).
-# gelu (the MLP control): GELU's 4 alone, as baselines charge a GELU MLP's activation.
-THETA_FLOPS_PER_SCORE = {"l2_norm_gelu": 8, "gelu_l2_norm": 8, "gelu_l1_norm": 8, "softmax": 5,
-                         "gelu": 4}
+# each Θ's ``flops_per_score`` in tokenformer.nn.theta.THETAS (why each count, there). This dict
+# is the built-in variants' (tests and docs read it); the counts themselves read the table.
+THETA_FLOPS_PER_SCORE = {name: variant.flops_per_score for name, variant in THETAS.items()}
 SOFTMAX_FLOPS_PER_SCORE = 5  # token-token attention: max, subtract, exp, sum, divide
 
 
@@ -280,7 +285,7 @@ class TokenFormerConfig:
 
     def projection_flops(self) -> tuple[float, float]:
         """Forward FLOPs per token of one block's attention Pattentions and FFN Pattention."""
-        d, theta = self.hidden_size, THETA_FLOPS_PER_SCORE[self.norm]
+        d, theta = self.hidden_size, theta_variant(self.norm).flops_per_score
 
         def pattention(n: int) -> float:
             return 2 * n * (d + d) + theta * n

@@ -13,7 +13,7 @@ It applies only where it computes exactly what the layers would (:func:`groupabl
 (variant, factor, eps) may differ per layer: then, as when the n differ, each segment gets its
 own. Θ comes from the Triton op where :func:`select_impl` picks ``triton`` (equal segments are
 rows of the scores viewed as [rows·3, n], so one launch does all three), else from
-:func:`tokenformer.nn.pattention.theta` under autograd; so on a CPU it trades the C++ kernel's
+:func:`tokenformer.nn.theta.theta` under autograd; so on a CPU it trades the C++ kernel's
 one-pass Θ for one GEMM (docs/performance.md, "One GEMM for Q, K and V": opt-in).
 """
 

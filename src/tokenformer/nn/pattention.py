@@ -2,24 +2,11 @@
 
 ``Pattention(X) = Θ(X · K_Pᵀ) · V_P`` where the ``n`` rows of ``K_P`` [n, d_in] and ``V_P``
 [n, d_out] are learnable *parameter tokens* and Θ is a modified softmax acting on each row of
-scores (over the n parameter tokens). The variants follow the official code exactly:
-
-=================  ==========================================  =====================
-name               Θ(a) for one row a ∈ Rⁿ                      default ``scale`` s
-=================  ==========================================  =====================
-``l2_norm_gelu``   GELU(a / ‖a‖₂ · s)          (official default)  √n
-``gelu_l2_norm``   GELU(a) / ‖GELU(a)‖₂ · s                        √n
-``gelu_l1_norm``   GELU(a) / ‖GELU(a)‖₁ · s    (paper ablation)    n
-``softmax``        exp(a) / ‖exp(a)‖₁ · s      (softmax × n)        n
-``gelu``           GELU(a) · s                 (control: no norm)   1
-=================  ==========================================  =====================
-
-``gelu`` is not one of the paper's or the official code's variants: it is the critics' control
-(issue 25). With no normalisation a Pattention *is* a two-layer GELU MLP (K the first layer's
-weight, V the second's), so a TokenFormer with ``norm="gelu"`` is a Transformer whose every
-projection is a GELU MLP of n hidden units; zero new keys give scores 0 and GELU(0) = 0, so
-zero-key growth preserves its function exactly whatever the factor. Its ``eps`` is unused (there
-is no norm to guard). Its keys need another init (:func:`key_init_std`): fan-in, N(0, 1/d_in).
+scores (over the n parameter tokens). The variants (``norm``: ``l2_norm_gelu``, the official
+default, ``gelu_l2_norm``, ``gelu_l1_norm``, ``softmax``, and ``gelu``, the MLP control) and
+everything the package knows about each are one table, :data:`tokenformer.nn.theta.THETAS`;
+this module re-exports :func:`theta`, :func:`check_theta`, :func:`default_scale`,
+:func:`key_init_std` and :data:`THETA_VARIANTS` from there.
 
 ``scale`` is part of the layer's state rather than recomputed from ``n`` on every call: growth
 (:mod:`tokenformer.ops.growth`) appends tokens and may hold ``scale`` at its pre-growth value,
@@ -35,7 +22,6 @@ size is |Θ_j|·‖v_j‖; ranking by signed Θ would drop a −0.17 weight befo
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 
 import torch
@@ -46,12 +32,13 @@ from ..errors import ConfigError
 from .kernels import cpu_theta, triton_theta
 from .kernels.dispatch import select_impl
 from .kernels.fused import fused_pattention
+from .theta import THETA_VARIANTS as THETA_VARIANTS  # re-exported: callers import them here
+from .theta import check_theta, default_scale, theta
+from .theta import key_init_std as key_init_std
 
-THETA_VARIANTS: tuple[str, ...] = ("l2_norm_gelu", "gelu_l2_norm", "gelu_l1_norm", "softmax",
-                                   "gelu")
 # The values of a Pattention's ``impl``; which backend each runs on which device, dtype and Θ is
 # decided in one place, tokenformer.nn.kernels.dispatch.select_impl (its docstring lists them).
-# "reference": theta() below under plain autograd, the ground truth; "fused": one custom
+# "reference": theta() (nn/theta.py) under plain autograd, the ground truth; "fused": one custom
 # autograd Function (tokenformer.nn.kernels.fused); "kernel": that Function with Θ from the C++
 # CPU kernel; "triton": Θ from the Triton kernels (CUDA; opt-in, unmeasured); "auto" (default):
 # the C++ kernel where it applies, else fused when training and reference otherwise; "torch":
@@ -67,57 +54,6 @@ KINDS: tuple[str, ...] = ("qkv", "proj", "ffn")
 BLOCK_PATTENTIONS: dict[str, str] = {
     "attention.query": "qkv", "attention.key": "qkv", "attention.value": "qkv",
     "attention.proj": "proj", "mlp": "ffn"}
-
-
-def default_scale(norm: str, num_tokens: int) -> float:
-    """Θ's factor in the official code: √n for the L2 variants, n for the L1 ones; 1 for the
-    plain-GELU control (an MLP has none, and it must not change with n for growth to be exact)."""
-    check_theta(norm)
-    if norm == "gelu":
-        return 1.0
-    return float(num_tokens) if norm in ("softmax", "gelu_l1_norm") else math.sqrt(num_tokens)
-
-
-def key_init_std(norm: str, in_features: int, init_std: float) -> float:
-    """The std of a layer's initial keys: the config's ``init_std`` (released: 0.02) for the
-    normalised Θs, whose output does not depend on the scores' scale; 1/√d_in (fan-in) for plain
-    ``gelu``, so that on LayerNorm-ed input its GELU inputs start at unit RMS, as
-    ``l2_norm_gelu``'s a/‖a‖·√n do by construction. With 0.02 keys they would start at
-    0.02·√d (0.16 at d = 64), where GELU is nearly linear; a 250-step probe (d 64, 2 layers, LR
-    4e-3, docs/architecture.md) trains to 1.986 with 0.02 keys and 1.835 with fan-in keys
-    (l2_norm_gelu: 2.044), so the control is not handicapped by its init."""
-    return 1.0 / math.sqrt(in_features) if norm == "gelu" else init_std
-
-
-def check_theta(norm: str) -> None:
-    if norm not in THETA_VARIANTS:
-        raise ConfigError(f"unknown Θ variant {norm!r}; choose one of {', '.join(THETA_VARIANTS)}")
-
-
-def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0) -> torch.Tensor:
-    """Apply Θ row-wise over the last dimension of ``scores``.
-
-    With ``eps == 0`` the arithmetic is the official one (an all-zero row gives NaN, exactly like
-    the released code; an ``exp`` overflow in ``softmax`` is not guarded either). ``eps > 0`` adds
-    ``eps`` to the norm, which makes all-zero rows map to GELU(0) = 0.
-    """
-    if norm == "l2_norm_gelu":
-        norm_ = torch.linalg.vector_norm(scores, dim=-1, keepdim=True)
-        return F.gelu(scores / (norm_ + eps) * scale)
-    if norm == "gelu_l2_norm":
-        act = F.gelu(scores)
-        return act / (torch.linalg.vector_norm(act, dim=-1, keepdim=True) + eps) * scale
-    if norm == "gelu_l1_norm":
-        act = F.gelu(scores)
-        return act / (torch.linalg.vector_norm(act, ord=1, dim=-1, keepdim=True) + eps) * scale
-    if norm == "softmax":
-        act = torch.exp(scores)
-        return act / (act.sum(dim=-1, keepdim=True) + eps) * scale
-    if norm == "gelu":  # the MLP control: no norm (eps unused); the factor 1 costs no pass
-        act = F.gelu(scores)
-        return act if scale == 1.0 else act * scale
-    check_theta(norm)
-    raise AssertionError("unreachable")
 
 
 TopK = int | float | None

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .pattention import check_theta, default_scale, theta
+from .theta import check_theta, default_scale, theta
 
 
 def product_top_k(x: torch.Tensor, sub_keys_a: torch.Tensor, sub_keys_b: torch.Tensor, k: int

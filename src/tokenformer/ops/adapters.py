@@ -52,6 +52,7 @@ from ..io.files import atomic_dir, atomic_write_text, save_safetensors
 from ..io.paths import has_regular_file, read_json_object
 from ..models.checks import check_state_dict, check_tensors, header_shapes
 from ..nn.pattention import KINDS, Pattention, kind_names, pattention_kind
+from ..nn.theta import theta_variant
 from .growth import grow, grown_tokens
 
 ADAPTER_WEIGHTS = "adapter.safetensors"
@@ -198,7 +199,7 @@ def adapt(model: nn.Module, *, qkv: int = 0, proj: int = 0, ffn: int = 0,
                           f"name")
     chosen = {kind: _targets(model, kind) for kind, m in sizes.items() if m}
     norm = next(iter(chosen.values()))[0][1].norm
-    if norm == "softmax":
+    if not theta_variant(norm).zero_keys_silent:  # softmax: exp(0) = 1
         raise ConfigError("adapters need an L2/L1-GELU Θ: with Θ=softmax exp(x·k) > 0, so new "
                           "tokens always take a share of the normalisation and cannot start "
                           "silent (growth's exact softmax recipe changes the base rows)")

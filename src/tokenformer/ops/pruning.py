@@ -35,6 +35,7 @@ from torch import nn
 
 from ..errors import GrowthError
 from ..nn.pattention import KINDS, Pattention, default_scale, pattention_kind, theta
+from ..nn.theta import theta_variant
 from .growth import rebuild, refuse_product_ffn, size_request
 
 PRUNE_BY: tuple[str, ...] = ("contribution", "mass", "value", "newest")
@@ -78,16 +79,13 @@ def needs_calibration(by: str, scale: str, importance: object = None) -> bool:
 
 
 def _normaliser(scores: torch.Tensor, norm: str) -> torch.Tensor:
-    """Θ's per-row normaliser of ``scores`` [rows, m] (what :func:`theta` divides by)."""
-    if norm == "l2_norm_gelu":
-        return torch.linalg.vector_norm(scores, dim=-1)
-    if norm == "gelu_l2_norm":
-        return torch.linalg.vector_norm(F.gelu(scores), dim=-1)
-    if norm == "gelu_l1_norm":
-        return F.gelu(scores).abs().sum(dim=-1)
-    if norm == "gelu":  # no normaliser: pruning changes no kept token's weight
+    """Θ's per-row normaliser of ``scores`` [rows, m] (what :func:`theta` divides by): its
+    ``normaliser`` in :data:`tokenformer.nn.theta.THETAS`; ones for a Θ without one (plain
+    ``gelu``): pruning then changes no kept token's weight."""
+    normaliser = theta_variant(norm).normaliser
+    if normaliser is None:
         return torch.ones(scores.shape[:-1], dtype=scores.dtype, device=scores.device)
-    return torch.exp(scores).sum(dim=-1)
+    return normaliser(scores)
 
 
 @torch.no_grad()

@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from ..theta import THETAS
+
 SOURCE = Path(__file__).with_name("csrc") / "theta_cpu.cpp"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the kernel computes in float32
 
@@ -171,8 +173,11 @@ def build() -> str:
 
 
 def covers(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
-    """Whether the kernel computes Θ ``norm`` for scores on ``device`` in ``dtype``."""
-    return norm == "l2_norm_gelu" and device.type == "cpu" and dtype in DTYPES
+    """Whether the kernel computes Θ ``norm`` for scores on ``device`` in ``dtype`` (the Θs
+    whose :data:`~tokenformer.nn.theta.THETAS` row says ``cpu_kernel``: l2_norm_gelu)."""
+    variant = THETAS.get(norm)
+    return (variant is not None and variant.cpu_kernel and device.type == "cpu"
+            and dtype in DTYPES)
 
 
 def usable(device: torch.device, dtype: torch.dtype, norm: str) -> bool:

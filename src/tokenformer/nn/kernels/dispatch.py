@@ -7,7 +7,7 @@ runs what it says. The backends live beside this module:
 ===============  =================================================  ============================
 backend          what runs                                          module
 ===============  =================================================  ============================
-``reference``    ``theta()`` under plain autograd (the ground truth)  ``nn/pattention.py``
+``reference``    ``theta()`` under plain autograd (the ground truth)  ``nn/theta.py``
 ``fused``        one autograd Function, analytic backward, PyTorch  ``nn/kernels/fused.py``
 ``cpu_kernel``   the fused Function with Θ from the C++ CPU kernel  ``nn/kernels/cpu_theta.py``
 ``triton``       Θ as Triton custom ops, the matmuls from torch     ``nn/kernels/triton_theta.py``
@@ -17,12 +17,17 @@ What runs on a GPU: ``auto`` (the default) runs ``fused`` when autograd records 
 ``reference`` otherwise; ``impl="triton"`` runs the Triton Θ (opt-in: its speed has not been
 measured on a GPU yet, docs/performance.md). On the CPU ``auto`` runs the C++ kernel for
 ``l2_norm_gelu`` in float32/bf16/fp16 wherever it can be built.
+
+What each backend covers is in the Θ's row of :data:`tokenformer.nn.theta.THETAS` (``fused``,
+``cpu_kernel``, ``triton``); a Θ without fused closed forms (one registered with its reference
+formula alone) runs ``reference`` whatever ``impl`` asks.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..theta import THETAS
 from . import cpu_theta, triton_theta
 
 BACKENDS: tuple[str, ...] = ("reference", "fused", "cpu_kernel", "triton")
@@ -45,8 +50,12 @@ def select_impl(impl: str, device: torch.device, dtype: torch.dtype, norm: str, 
     * ``torch``: that last rule alone (``auto`` without the kernel), what the documented
       experiments ran with.
     * ``fused``: ``fused``.
+
+    A Θ that has no fused closed forms (``THETAS[norm].fused is None``) has no fast path either:
+    ``reference``, silently, whatever ``impl`` says.
     """
-    if impl == "reference":
+    variant = THETAS.get(norm)  # unknown: reference, whose theta() names the choices
+    if impl == "reference" or variant is None or variant.fused is None:
         return "reference"
     if impl == "triton":
         return "triton" if triton_theta.supports(device, dtype, norm) else "fused"

@@ -1,6 +1,6 @@
 """Fused Pattention: Θ in few passes over the scores, and a backward that stores almost nothing.
 
-The reference path (:func:`tokenformer.nn.pattention.theta` under autograd) runs Θ as 4–6 separate
+The reference path (:func:`tokenformer.nn.theta.theta` under autograd) runs Θ as 4–6 separate
 elementwise kernels and autograd keeps 4–5 tensors of shape [L, n] alive for the backward (the
 scores, the norm quotient, the GELU input and output, plus their bf16 casts under autocast). On a
 CPU these passes are memory-bound, so they cost as much as a good part of the two matmuls.
@@ -14,15 +14,10 @@ CPU these passes are memory-bound, so they cost as much as a good part of the tw
   then ``dX = c ⊙ (M·K)``, ``dK = Mᵀ·(c ⊙ X)``, ``dV = Θᵀ·dY``. Folding the per-row factor ``c``
   into the [L, d] operands instead of the [L, n] gradient saves a pass over the scores.
 
-Derivatives (row-wise, s = ``scale``, r = the norm, c = s / (r + eps), k = (r + eps) / (s²·r)):
-
-* ``l2_norm_gelu``: u = c·S, Θ = GELU(u);   M = dU − u·k·(u·dU) with dU = GELU'(u)⊙G
-  (because dS = c·dU − c·S·(S·dU)/(r(r+eps)) and S = u/c).
-* ``gelu_l2_norm``: a = GELU(S), Θ = c·a;   M = GELU'(S)⊙(G − Θ·k·(Θ·G)).
-* ``gelu_l1_norm``: a = GELU(S), Θ = c·a;   M = GELU'(S)⊙(G − sign(Θ)·(Θ·G)/s).
-* ``softmax``:      e = exp(S), Θ = c·e;    dS = Θ⊙(G − (Θ·G)/s)   (c is not factored out).
-* ``gelu`` (the MLP control, no norm): Θ = s·GELU(S);   dS = s·GELU'(S)⊙G; saves S only, like
-  a GELU MLP's backward that recomputes its activation.
+The closed forms of each Θ (forward, and the backward's M and per-row factor c) are its row of
+:data:`tokenformer.nn.theta.THETAS` (:class:`tokenformer.nn.theta.FusedTheta`, the derivatives
+in that module's docstring); this module holds what they share: the matmuls, autocast, the
+Function. A Θ without closed forms is not run here (``select_impl`` gives it the reference path).
 
 Under CPU/GPU autocast the matmuls run in the autocast dtype, exactly as for the reference; Θ is
 computed from the low-precision scores with float32 norms and stored in the autocast dtype, which
@@ -40,26 +35,9 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 
+from ..theta import THETAS
 from . import cpu_theta
-
-_gelu_backward_ = torch.ops.aten.gelu_backward.grad_input  # out= variant: may write into grad
-
-
-# Reductions over the scores run in the scores' dtype (they accumulate in float32 internally
-# either way); asking for a float32 result from bf16 input makes torch copy the whole [L, n]
-# tensor to float32 first, which costs more than the reduction. The per-row results are widened
-# to float32 afterwards, and per-row factors are cast back to the scores' dtype before they touch
-# an [L, n] tensor, because mixed-dtype elementwise ops also take a copying slow path.
-def _wide(t: torch.Tensor) -> torch.Tensor:
-    """A per-row [..., 1] quantity in at least float32."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
-def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Σ_j a_ij·b_ij per row, shape [..., 1], in at least float32."""
-    return _wide((a * b).sum(dim=-1, keepdim=True))
 
 
 def no_autocast(x: torch.Tensor) -> tuple[torch.dtype, contextlib.AbstractContextManager]:
@@ -75,40 +53,28 @@ def no_autocast(x: torch.Tensor) -> tuple[torch.dtype, contextlib.AbstractContex
 
 def _forward(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
              eps: float, kernel: bool = False) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    """Y and what the backward needs: the saved scores, r, Θ. Runs with autocast off, on inputs
-    already in the compute dtype (:func:`fused_pattention` casts them). ``kernel``: Θ from the
-    C++ kernel (:mod:`tokenformer.nn.kernels.cpu_theta`), which saves only S and r."""
+    """Y and what the backward needs (what the Θ's :class:`tokenformer.nn.theta.FusedTheta`
+    saves). Runs with autocast off, on inputs already in the compute dtype
+    (:func:`fused_pattention` casts them). ``kernel``: Θ from the C++ kernel
+    (:mod:`tokenformer.nn.kernels.cpu_theta`), which saves only S and r."""
     s = torch.matmul(x, key.t())
     if kernel:
         theta, r = cpu_theta.theta_forward(s, scale, eps)
-        return torch.matmul(theta, value), (s, r, theta)
-    if norm == "l2_norm_gelu":
-        r = _wide(torch.linalg.vector_norm(s, dim=-1, keepdim=True))
-        u = s.mul_((scale / (r + eps)).to(s.dtype))  # u = c·S in place of S
-        theta = F.gelu(u)
-        saved = u  # Θ = GELU(u) is one cheap pass: the backward recomputes it
-    elif norm == "gelu":
-        theta = F.gelu(s)
-        if scale != 1.0:
-            theta = theta.mul_(scale)
-        r, saved = None, s  # no norm; Θ is one cheap pass: the backward recomputes it
-    elif norm == "softmax":
-        e = s.exp_()
-        r = _wide(e.sum(dim=-1, keepdim=True))
-        theta = saved = e.mul_((scale / (r + eps)).to(e.dtype))
-    else:  # gelu_l2_norm, gelu_l1_norm
-        theta = F.gelu(s)
-        r = _wide(torch.linalg.vector_norm(theta, ord=2 if norm == "gelu_l2_norm" else 1,
-                                           dim=-1, keepdim=True))
-        theta = theta.mul_((scale / (r + eps)).to(theta.dtype))
-        saved = s  # GELU'(S) needs S; Θ is kept too since it costs two passes to rebuild
-    return torch.matmul(theta, value), (saved, r, theta)
+        return torch.matmul(theta, value), (s, r)
+    closed = THETAS[norm].fused
+    if closed is None:  # select_impl never picks this path for it: a direct call
+        raise ValueError(f"Θ {norm!r} has no fused closed forms; its reference formula runs "
+                         f"under autograd (impl='reference')")
+    theta, saved = closed.forward(s, scale, eps)
+    return torch.matmul(theta, value), saved
 
 
-def _k(r: torch.Tensor, scale: float, eps: float) -> torch.Tensor:
-    """k = (r + eps) / (s²·r) per row; a zero row (r = 0, only finite when eps > 0) has u = 0 and
-    gets the reference's subgradient 0 for the norm."""
-    return torch.where(r > 0, (r + eps) / (scale * scale * r), 0.0)
+def _kernel_backward(gy: torch.Tensor, vc: torch.Tensor, saved: list[torch.Tensor],
+                     scale: float, eps: float) -> tuple[torch.Tensor, torch.Tensor, None]:
+    """(dV, dS, None) by the C++ kernel, which turns (dΘ, S) into (Θ, dS) in place."""
+    s, r = saved
+    theta, m = cpu_theta.theta_backward(torch.matmul(gy, vc.t()), s, r, scale, eps)
+    return torch.matmul(theta.transpose(-1, -2), gy), m, None
 
 
 class PattentionFunction(torch.autograd.Function):
@@ -119,64 +85,22 @@ class PattentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str,
                 scale: float, eps: float, kernel: bool = False) -> torch.Tensor:
-        y, (saved, r, theta) = _forward(x, key, value, norm, scale, eps, kernel)
-        if norm in ("gelu_l2_norm", "gelu_l1_norm"):  # (kernel implies l2_norm_gelu)
-            ctx.save_for_backward(x, key, value, saved, r, theta)
-        else:
-            ctx.save_for_backward(x, key, value, saved, r)
+        y, saved = _forward(x, key, value, norm, scale, eps, kernel)
+        ctx.save_for_backward(x, key, value, *saved)
         ctx.norm, ctx.scale, ctx.eps, ctx.kernel = norm, scale, eps, kernel
         return y
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
-        norm, scale, eps = ctx.norm, ctx.scale, ctx.eps
-        xc, kc, vc, saved, r, *rest = ctx.saved_tensors
+        scale, eps = ctx.scale, ctx.eps
+        xc, kc, vc, *saved = ctx.saved_tensors
         with no_autocast(xc)[1]:
             gy = grad_y.to(xc.dtype)
-            c = None  # the per-row factor folded into the [L, d] side (None: already applied)
-            # The order keeps at most three [L, n] tensors alive (a GELU MLP's backward peaks at
-            # as many): dV before dΘ, so that a recomputed Θ is used and turned into a buffer
-            # before dΘ is allocated.
+            # c: the per-row factor folded into the [L, d] side (None: already applied)
             if ctx.kernel:  # one pass turns (dΘ, S) into (Θ, dS) in place
-                theta, m = cpu_theta.theta_backward(torch.matmul(gy, vc.t()), saved, r, scale, eps)
-                grad_v = torch.matmul(theta.transpose(-1, -2), gy)
-                del theta
-            elif norm == "l2_norm_gelu":
-                u = saved
-                buffer = F.gelu(u)  # Θ, recomputed
-                grad_v = torch.matmul(buffer.transpose(-1, -2), gy)
-                g = torch.matmul(gy, vc.t())  # dΘ
-                du = _gelu_backward_(g, u, grad_input=g)  # dΘ is not needed again
-                dot = _wide(torch.mul(du, u, out=buffer).sum(dim=-1, keepdim=True))
-                del buffer
-                m = du.addcmul_(u, (-_k(r, scale, eps) * dot).to(u.dtype))
-                c = scale / (r + eps)
-            elif norm == "gelu":
-                buffer = F.gelu(saved)  # Θ / s, recomputed
-                grad_v = torch.matmul(buffer.transpose(-1, -2), gy)
-                if scale != 1.0:
-                    grad_v = grad_v.mul_(scale)
-                del buffer
-                g = torch.matmul(gy, vc.t())
-                m = _gelu_backward_(g, saved, grad_input=g)
-                if scale != 1.0:
-                    m = m.mul_(scale)
-            elif norm == "softmax":
-                theta = saved
-                grad_v = torch.matmul(theta.transpose(-1, -2), gy)
-                g = torch.matmul(gy, vc.t())
-                m = g.sub_((_row_dot(theta, g) / scale).to(g.dtype)).mul_(theta)
+                grad_v, m, c = _kernel_backward(gy, vc, saved, scale, eps)
             else:
-                s, theta = saved, rest[0]
-                grad_v = torch.matmul(theta.transpose(-1, -2), gy)
-                g = torch.matmul(gy, vc.t())
-                dot = _row_dot(theta, g)
-                if norm == "gelu_l2_norm":
-                    g = g.addcmul_(theta, (-_k(r, scale, eps) * dot).to(g.dtype))
-                else:
-                    g = g.addcmul_(torch.sign(theta), (-dot / scale).to(g.dtype))
-                m = _gelu_backward_(g, s, grad_input=g)
-                c = scale / (r + eps)
+                grad_v, m, c = THETAS[ctx.norm].fused.backward(gy, vc, tuple(saved), scale, eps)
             xs = xc if c is None else xc * c.to(xc.dtype)
             grad_k = torch.matmul(m.transpose(-1, -2), xs)
             grad_x = torch.matmul(m, kc)

@@ -3,7 +3,7 @@
 **Unmeasured**: opt-in until a GPU run of ``benchmarks/gpu.py`` shows it is the fastest
 (docs/performance.md, "A Triton Θ"); ``impl="auto"`` does not choose it.
 
-Every Θ variant of :mod:`tokenformer.nn.pattention` is one row-wise kernel per direction, one
+Every Θ variant of :mod:`tokenformer.nn.theta` is one row-wise kernel per direction, one
 program per row of the scores S [rows, n] (computing in float32, storing in S's dtype):
 
 * forward: one read of S, one write of Θ(S) and of one float32 number per row (r, the norm:
@@ -44,6 +44,7 @@ import warnings
 import torch
 from torch.library import custom_op, triton_op
 
+from ..theta import THETAS
 from .fused import no_autocast
 
 try:  # an optional dependency (the triton extra; CUDA builds of torch bring it)
@@ -58,9 +59,6 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     _INTERPRET = False
     _IMPORT_ERROR = f"triton is not installed ({e}); pip install 'tokenformer[triton]'"
 
-# The kernels' Θ ids (a constexpr of the kernels: one compiled kernel per variant).
-NORM_IDS: dict[str, int] = {"l2_norm_gelu": 0, "gelu_l2_norm": 1, "gelu_l1_norm": 2,
-                            "softmax": 3, "gelu": 4}
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The longest row kept in registers by one program (8192 float32 over 16 warps: 16 per thread);
 # longer rows are swept in blocks of this size.
@@ -88,9 +86,11 @@ def unavailable_reason() -> str:
 
 def covers(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
     """Whether the kernels compute Θ ``norm`` for scores on ``device`` in ``dtype``: CUDA, or
-    the CPU under the interpreter; float32, bf16 or fp16; every Θ variant."""
+    the CPU under the interpreter; float32, bf16 or fp16; every built-in Θ (those with a Triton
+    id, the kernels' NORM constexpr, in :data:`~tokenformer.nn.theta.THETAS`)."""
     on_device = device.type == "cuda" or (device.type == "cpu" and interpreting())
-    return on_device and dtype in DTYPES and norm in NORM_IDS
+    variant = THETAS.get(norm)
+    return on_device and dtype in DTYPES and variant is not None and variant.triton is not None
 
 
 def supports(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
@@ -139,7 +139,7 @@ def _theta_fwd_impl(interpret: bool, scores: torch.Tensor, norm: str, scale: flo
     r = torch.zeros(rows, dtype=torch.float32, device=scores.device)
     if rows and n:
         _launch(triton_theta_jit.fwd, interpret)[(rows,)](
-            scores, out, r, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm], BLOCK=block,
+            scores, out, r, n, scores.stride(0), scale, eps, NORM=THETAS[norm].triton, BLOCK=block,
             SINGLE=n <= block, num_warps=_warps(block))
     return out, r
 
@@ -153,7 +153,7 @@ def _theta_bwd_impl(interpret: bool, grad: torch.Tensor, scores: torch.Tensor, r
     ds = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
     if rows and n:
         _launch(triton_theta_jit.bwd, interpret)[(rows,)](
-            grad, scores, r, ds, n, scores.stride(0), scale, eps, NORM=NORM_IDS[norm],
+            grad, scores, r, ds, n, scores.stride(0), scale, eps, NORM=THETAS[norm].triton,
             BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
     return ds
 
