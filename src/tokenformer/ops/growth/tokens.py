@@ -51,16 +51,25 @@ def with_rows(old: torch.Tensor, rows: int, copy: bool = True, zero: bool = True
     return out
 
 
+def _appended(old: Pattention, new: Pattention, generator: torch.Generator | None, copy: bool,
+              draw_keys: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Old rows, then new ones: keys N(0, key_init_std²) if ``draw_keys`` else zero, values
+    N(0, value_init_std²) (keys drawn first)."""
+    keys, values = old.key_param_tokens.detach(), old.value_param_tokens.detach()
+    n_old, n_new = keys.shape[0], new.num_tokens
+    keys = with_rows(keys, n_new, copy, zero=not draw_keys)
+    values = with_rows(values, n_new, copy, zero=False)
+    if n_new > n_old:  # fill the rows with_rows left uninitialised
+        if draw_keys:
+            fill_normal(keys[n_old:], new.key_init_std, generator)
+        fill_normal(values[n_old:], new.value_init_std, generator)
+    return keys, values
+
+
 def zero_key_tokens(old: Pattention, new: Pattention, generator: torch.Generator | None,
                     copy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``paper``: new keys zero, new values drawn with the value init."""
-    keys, values = old.key_param_tokens.detach(), old.value_param_tokens.detach()
-    n_old, n_new = keys.shape[0], new.num_tokens
-    keys = with_rows(keys, n_new, copy, zero=True)
-    values = with_rows(values, n_new, copy, zero=False)
-    if n_new > n_old:  # fill the rows with_rows left uninitialised
-        fill_normal(values[n_old:], new.value_init_std, generator)
-    return keys, values
+    return _appended(old, new, generator, copy, draw_keys=False)
 
 
 def exact_tokens(old: Pattention, new: Pattention, generator: torch.Generator | None,
@@ -79,15 +88,8 @@ def exact_tokens(old: Pattention, new: Pattention, generator: torch.Generator | 
 
 def random_tokens(old: Pattention, new: Pattention, generator: torch.Generator | None,
                   copy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``official-*``: new keys N(0, key_init_std²), then new values N(0, value_init_std²)."""
-    keys, values = old.key_param_tokens.detach(), old.value_param_tokens.detach()
-    n_old, n_new = keys.shape[0], new.num_tokens
-    keys = with_rows(keys, n_new, copy, zero=False)
-    values = with_rows(values, n_new, copy, zero=False)
-    if n_new > n_old:  # fill the rows with_rows left uninitialised
-        fill_normal(keys[n_old:], new.key_init_std, generator)
-        fill_normal(values[n_old:], new.value_init_std, generator)
-    return keys, values
+    """``official-*``: new keys and values drawn with the model's init (the released code)."""
+    return _appended(old, new, generator, copy, draw_keys=True)
 
 
 def new_block_tokens(new: Pattention, like: Pattention, branch_output: bool,
