@@ -23,7 +23,8 @@ from tokenformer.io.checkpoint import (
     save_tree,
     write_manifest,
 )
-from tokenformer.ops.growth import _layer_plan, default_positions, grow, plan_growth
+from tokenformer.ops.growth import default_positions, grow, plan_growth
+from tokenformer.ops.growth.sizes import layer_plan
 
 try:
     import resource
@@ -191,7 +192,7 @@ def test_block_placement_is_planned_in_linear_time():
     positions (2e10 comparisons, minutes); a set makes it a fraction of a second."""
     started = time.perf_counter()
     positions = default_positions(2, 200_002)
-    plan = _layer_plan(2, 200_002, positions)
+    plan = layer_plan(2, 200_002, positions)
     assert time.perf_counter() - started < 5
     assert positions[:3] == [1, 2, 3] and len(set(positions)) == len(positions)
     # the two old blocks keep their order; each inserted block is templated on the old block

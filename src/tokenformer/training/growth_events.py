@@ -27,25 +27,27 @@ from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..models.memory import check_memory
 from ..ops.growth import (
     FOREVER,
-    RECIPE_ALIASES,
-    RECIPES,
+    OLD_TOKEN_KEYS,
+    STRATEGY,
+    TEXT_KEYS,
     canonical_recipe,
     freeze_request,
     plan_growth,
     recipe_alias_note,
     resets_optimizer,
+    strategy_names,
 )
 from .schedule import Stage
 
 if TYPE_CHECKING:
     from .config import TrainConfig
 
-SIZE_KEYS = ("qkv", "proj", "ffn", "layers", "hidden", "heads")
-OLD_TOKEN_KEYS = ("freeze_old", "noise_old")  # also a frontier chain's options
-GROW_KEYS = (*SIZE_KEYS, "how", "width_noise", "strategy", "recipe", *OLD_TOKEN_KEYS, "lr",
-             "lr_ramp")
-# What grow() takes beside the sizes that plan_growth does not check.
-_NOT_PLANNED = ("freeze_old", "noise_old")
+# Other names of a key (each listed after it), and the keys a growth sets in the run's schedule.
+KEY_ALIASES = {"strategy": ("recipe",)}
+SCHEDULE_KEYS = ("lr", "lr_ramp")
+# The growth's own keys are GrowthOptions' fields that have a key=value form.
+GROW_KEYS = (*(k for key in TEXT_KEYS for k in (key, *KEY_ALIASES.get(key, ()))),
+             *SCHEDULE_KEYS)
 _WORD = re.compile(r"^[a-z][a-z_-]*$")
 
 
@@ -90,7 +92,7 @@ def parse_grow_at(spec: str) -> GrowthEvent:
             raise ConfigError(f"--grow-at {spec!r}: recipe and strategy name the same thing; "
                               f"give one")
         kwargs["strategy"] = kwargs.pop("recipe")
-    if kwargs.get("strategy") in RECIPE_ALIASES:
+    if kwargs.get("strategy", "exact") not in STRATEGY:  # an old name (_value knew it)
         note = recipe_alias_note(kwargs["strategy"])
         kwargs["strategy"] = canonical_recipe(kwargs["strategy"], warn=False)
     lr, ramp = kwargs.pop("lr", None), kwargs.pop("lr_ramp", 0)
@@ -114,9 +116,9 @@ def parse_options(text: str, where: str, keys: Sequence[str], usage: str) -> dic
 
 def _value(key: str, value: str, where: str) -> Any:
     if key in ("strategy", "recipe"):
-        if value not in RECIPES and value not in RECIPE_ALIASES:
+        if value not in strategy_names():
             raise ConfigError(f"{where}: unknown {key} {value!r}; choose one of "
-                              f"{', '.join(RECIPES)}")
+                              f"{', '.join(STRATEGY)}")
         return value
     if key == "how":
         if not _WORD.match(value):
@@ -272,9 +274,8 @@ def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
     if not events or not hasattr(config, "qkv_tokens"):
         return
     for event in events:
-        planned = {k: v for k, v in event.kwargs.items() if k not in _NOT_PLANNED}
-        try:
-            grown = plan_growth(config, **planned)
+        try:  # the old-token options change no config: checked here and by grow
+            grown = plan_growth(config, **event.kwargs)
             check_memory(grown, 4, "the grown model")  # weights, gradients, two moments
         except TokenFormerError as exc:
             raise ConfigError(f"--grow-at {event.spec!r} (step {event.step}, applied to the "

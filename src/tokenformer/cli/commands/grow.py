@@ -23,27 +23,24 @@ from ...models.config import flops_per_token
 from ...models.memory import check_memory
 from ...ops.growth import (
     HOWS,
-    STRATEGIES,
+    PLAN_KEYS,
+    GrowthOptions,
     grow_with_optimizer,
     max_logit_change,
     plan_growth,
     refuse_unsupported,
     resets_optimizer,
+    strategy_names,
 )
 from ...ops.growth import grow as grow_model
 from ..options import comma_list, seed
 
 
-def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str | None = None,
-                    proj: int | str | None = None, ffn: int | str | None = None,
-                    layers: int | str | None = None, hidden: int | str | None = None,
-                    heads: int | None = None, how: str = "identity", width_noise: float = 0.0,
-                    strategy: str = "exact", positions: list[int] | None = None, seed: int = 0,
-                    reset_optimizer: bool = False, overwrite: bool = False,
-                    progress: bool = True,
-                    **unsupported: Any) -> dict[str, Any]:
-    """Load ``checkpoint`` (our model directory or an official checkpoint), grow it
-    (:func:`tokenformer.ops.growth.grow`'s arguments), write ``out``.
+def grow_checkpoint(checkpoint: str | Path, out: str | Path, options: GrowthOptions, *,
+                    seed: int = 0, reset_optimizer: bool = False, overwrite: bool = False,
+                    progress: bool = True) -> dict[str, Any]:
+    """Load ``checkpoint`` (our model directory or an official checkpoint), grow it by
+    ``options`` (:func:`tokenformer.ops.growth.grow`'s request), write ``out``.
 
     The optimizer state beside the weights (``optimizer.safetensors``, or an earlier version's
     ``optimizer.pt``) is carried over (or reset with ``reset_optimizer``), and the trainer's
@@ -53,7 +50,6 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     (``overwrite``: unless an earlier ``grow`` wrote it). Returns parameter counts before/after
     and the max |Δlogit| on a fixed probe batch.
     """
-    refuse_unsupported(unsupported)  # before loading a possibly large checkpoint
     out, source = Path(out), Path(checkpoint)
     if not source.exists():
         raise not_found(source, "checkpoint")
@@ -63,24 +59,24 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
     trainer_state = _read_trainer_state(source) if has_state else None
     # official-released starts a fresh optimizer whatever --reset-optimizer says: say so, and
     # record it, rather than "carried over"
-    reset = reset_optimizer or resets_optimizer(strategy)
+    reset = reset_optimizer or resets_optimizer(options.strategy)
     carried = has_state and not reset
-    request = dict(qkv=qkv, proj=proj, ffn=ffn, layers=layers, hidden=hidden, heads=heads,
-                   how=how, width_noise=width_noise, strategy=strategy, positions=positions)
     # Before any tensor is made: the whole request checked, then the memory for the grown
     # weights, a working copy, and two moments if carried.
-    planned = plan_growth(model.config, **request)
+    planned = plan_growth(model.config, options)
     check_memory(planned, 4 if carried else 2, "the grown model")
-    kwargs = dict(request, generator=torch.Generator().manual_seed(seed), copy=False,
-                  progress=progress, **unsupported)  # the input model is only read
+    kwargs = dict(generator=torch.Generator().manual_seed(seed), copy=False,
+                  progress=progress)  # the input model is only read
     optimizer = None
     if has_state:
         optimizer = _optimizer_from_checkpoint(model, source)
-        grown, optimizer = grow_with_optimizer(model, optimizer, reset_optimizer=reset, **kwargs)
+        grown, optimizer = grow_with_optimizer(model, optimizer, options, reset_optimizer=reset,
+                                               **kwargs)
     else:
-        grown = grow_model(model, **kwargs)
+        grown = grow_model(model, options, **kwargs)
     delta, largest = max_logit_change(model, grown)
     if not (math.isfinite(delta) and math.isfinite(largest)):
+        width_noise = options.width_noise
         noise = f" (--width-noise {width_noise:g}: lower it)" if width_noise else ""
         raise GrowthError(f"the grown model's logits are NaN or infinite on a fixed probe batch "
                           f"(max |Δlogit| {delta:g}){noise}; nothing written to {out}")
@@ -90,13 +86,14 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, *, qkv: int | str |
             ckpt.save_optimizer_state(tmp, optimizer)
             if trainer_state is not None:
                 _write_trainer_state(source, trainer_state, tmp, grown, optimizer, {
-                    "from": str(source), **request, "seed": seed, "reset_optimizer": reset})
+                    "from": str(source), **options.planned(), "seed": seed,
+                    "reset_optimizer": reset})
         copy_tokenizer(source, tmp)
         ckpt.write_manifest(tmp)
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
             "max_abs_logit": largest, "optimizer": optimizer is not None,
-            "reset_optimizer": reset, "strategy": strategy, "how": how,
+            "reset_optimizer": reset, "strategy": options.strategy, "how": options.how,
             "config_before": model.config, "config": grown.config.to_dict(),
             "grown_config": grown.config}
 
@@ -211,14 +208,13 @@ def run(args: argparse.Namespace) -> None:
     out = args.out or args.out_dir
     if out is None:
         raise ConfigError("give the output directory: tokenformer grow IN OUT (or --out OUT)")
-    unsupported = {key: value for key in ("vocab_size",)
-                   if (value := getattr(args, key)) is not None}
-    summary = grow_checkpoint(args.checkpoint, out, qkv=args.qkv, proj=args.proj,
-                              ffn=args.ffn, layers=args.layers, hidden=args.hidden,
-                              heads=args.heads, how=args.how, width_noise=args.width_noise,
-                              strategy=args.strategy, positions=args.positions, seed=args.seed,
+    refuse_unsupported({key: value for key in ("vocab_size",)  # before loading a checkpoint
+                        if (value := getattr(args, key)) is not None})
+    # The options' fields are this parser's destinations (register below).
+    options = GrowthOptions(**{key: getattr(args, key) for key in PLAN_KEYS})
+    summary = grow_checkpoint(args.checkpoint, out, options, seed=args.seed,
                               reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
-                              progress=not args.no_progress, **unsupported)
+                              progress=not args.no_progress)
     rel = summary["max_abs_logit_change"] / max(summary["max_abs_logit"], 1e-30)
     optimizer = "none found"
     if summary["optimizer"] and not summary["reset_optimizer"]:
@@ -275,7 +271,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--positions", type=comma_list(int, "block indices"), default=None,
                    help="comma-separated indices of the new blocks in the grown model "
                         "(default: spread evenly)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="exact")
+    p.add_argument("--strategy", choices=strategy_names(), default="exact")
     p.add_argument("--seed", type=seed, default=0, help="seed of the new random rows")
     p.add_argument("--reset-optimizer", action="store_true",
                    help="fresh optimizer state instead of carrying it over (the released code)")

@@ -25,7 +25,7 @@ from typing import Any
 
 from ...data.corpora import parse_corpus
 from ...errors import ConfigError
-from ...ops.growth import NEW_ROW_MOMENTS, STRATEGIES
+from ...ops.growth import NEW_ROW_MOMENTS, strategy_names
 from ...ops.widening import WIDENINGS
 from .questions import (
     ARCHITECTURE_QUESTIONS,
@@ -196,7 +196,7 @@ class Preset:
                                   f"from-scratch sizes (its envelope and LRs)")
             if recipe.shape not in SHAPES:
                 raise ConfigError(f"frontier: {arm}: unknown shape {recipe.shape!r}")
-            methods = ((STRATEGIES if recipe.kind == "chain" else WIDENINGS)
+            methods = ((strategy_names() if recipe.kind == "chain" else WIDENINGS)
                        if recipe.shape == "size" else (SHAPES[recipe.shape],))
             if recipe.method not in methods:
                 raise ConfigError(f"frontier: {arm}: unknown {recipe.kind} method "
