@@ -348,25 +348,6 @@ def test_run_arms_resumes_after_a_crash(tmp_path):
     assert calls == [("a", 1)] and sorted(done["a"]) == [0, 1]
 
 
-# ------------------------------------------------------------------------------ Θ annealing
-def test_theta_anneal_moves_linearly_to_sqrt_n_then_releases_the_config():
-    tf = TokenFormerConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
-                           qkv_tokens=8, proj_tokens=8, ffn_tokens=32, max_seq_len=8,
-                           eos_token_id=None, qkv_scale=2.0, proj_scale=2.0, ffn_scale=4.0)
-    model = model_class("tokenformer")(tf)
-    anneal = {"step": 100, "held": {"qkv": 2.0, "proj": 2.0, "ffn": 4.0},
-              "target": {"qkv": math.sqrt(8), "proj": math.sqrt(8), "ffn": math.sqrt(32)}}
-    run_._apply_anneal(model, anneal, 125, 100)  # a quarter of the way
-    p = model.pattentions()
-    assert p["layers.0.attention.query"].scale == pytest.approx(2 + 0.25 * (math.sqrt(8) - 2))
-    assert p["layers.0.mlp"].scale == pytest.approx(4 + 0.25 * (math.sqrt(32) - 4))
-    assert model.config.ffn_scale == 4.0  # still held in the config during the anneal
-    run_._apply_anneal(model, anneal, 250, 100)
-    assert p["layers.0.mlp"].scale == pytest.approx(math.sqrt(32))
-    assert model.config.ffn_scale is None and model.config.theta_scale("ffn") == pytest.approx(
-        math.sqrt(32))
-
-
 # ------------------------------------------------------------------ end to end, resume, CLI
 def _strip_timing(results):
     out = dict(results)

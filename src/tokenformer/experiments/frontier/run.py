@@ -40,9 +40,10 @@ from ...io.workers import check_parent, worker_pool
 from ...models.baselines import TransformerConfig, model_class
 from ...models.config import TokenFormerConfig
 from ...nn.kernels import cpu_theta as kernels
-from ...nn.pattention import KINDS, default_scale, pattention_kind
+from ...nn.pattention import pattention_kind
 from ...ops.growth import grow_with_optimizer
 from ...ops.widening import optimizer_for, widen_mlp
+from ...training.anneal import Anneal
 from ...training.config import TrainConfig
 from ...training.evaluation import lm_evaluator
 from ...training.execution import resolve_device
@@ -109,20 +110,12 @@ def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) 
                        pattention_impl=p.pattention_impl)
 
 
-def _apply_anneal(model: Any, anneal: dict[str, Any] | None, step: int, steps: int) -> None:
-    """exact-anneal: Θ's factor of each kind moves linearly from its held value to √n over
-    ``steps`` steps after the growth; at the end the config follows n again (so a later exact
-    growth holds √n of the size it grows from)."""
-    if not anneal:
-        return
-    frac = min(1.0, max(0.0, (step - anneal["step"]) / steps))
-    for name, module in model.pattentions().items():
-        kind = pattention_kind(name)
-        held, target = anneal["held"][kind], anneal["target"][kind]
-        module.scale = held + frac * (target - held)
-    if frac >= 1.0:
-        for kind in anneal["target"]:
-            setattr(model.config, f"{kind}_scale", None)
+def _anneal(ctx: Context, run: Run, state: dict[str, Any]) -> Anneal | None:
+    """exact-anneal: the Θ-factor anneal of the run's last growth (state["anneal"], None for
+    none), which ``fit`` applies at every step (:mod:`tokenformer.training.anneal`)."""
+    saved = state["anneal"]
+    return (Anneal.from_state(saved, ctx.preset.anneal_steps, str(_state_path(ctx, run)))
+            if saved else None)
 
 
 def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: schedule_.Stage,
@@ -159,14 +152,9 @@ def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: schedule_.S
     model = model.to(ctx.device).train()
     freeze = FrozenRows.after_growth(model, stage.start)
     state["frozen_rows"] = freeze.to_state() if freeze is not None else None
-    anneal = None
-    if recipe.anneal:
-        cfg = model.config
-        anneal = {"step": stage.start,
-                  "held": {k: cfg.theta_scale(k) for k in KINDS},
-                  "target": {k: default_scale(cfg.norm, getattr(cfg, f"{k}_tokens"))
-                             for k in KINDS}}
-    state["anneal"] = anneal
+    state["anneal"] = (Anneal.after_growth(model.config, stage.start,
+                                           ctx.preset.anneal_steps).to_state()
+                       if recipe.anneal else None)
     return model, optimizer
 
 
@@ -235,7 +223,7 @@ def _restore(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> tuple[
         optimizer = make_optimizer(model, _train_config(ctx, run, lr, 1, "constant"),
                                    state["param_groups"])
         optimizer.load_state_dict(state["optimizer"])
-        _apply_anneal(model, state["anneal"], state["cursor"], ctx.preset.anneal_steps)
+        _anneal(ctx, run, state)  # a malformed anneal is a damaged state too
     except (TokenFormerError, AttributeError, KeyError, TypeError, ValueError,
             RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -255,7 +243,6 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     """Train ``run`` at the peak LRs ``lrs`` (one per stage, :func:`plan.stage_lrs`): the
     stable phase in segments, a cooldown branch at each budget. Returns the run's results
     (branch losses and FLOPs) and timing."""
-    p = ctx.preset
     lr = lr_record(lrs)
     stage_at = {s.start: s for s in run.stages[1:]}
     stops = sorted({b.decay_start for b in run.branches} | set(stage_at))
@@ -293,7 +280,6 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
                 model, optimizer = _grow(ctx, run, model, optimizer, stage_at[stop], state)
                 if old_rows is not None:
                     state["pending"] = _diagnose_growth(run, model, old_rows, stop)
-                _apply_anneal(model, state["anneal"], stop, p.anneal_steps)
             state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
                          param_groups=group_names(model, optimizer),
                          config=dataclasses.asdict(model.config))
@@ -364,7 +350,6 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
     def on_record(record: dict[str, Any], current: Any) -> None:
         if record["type"] != "train":
             return
-        _apply_anneal(current, state["anneal"], record["step"], ctx.preset.anneal_steps)
         pending = state.get("pending")
         if pending is not None and eval_fn is None and record["step"] == pending["step"] + 1:
             state.setdefault("diagnostics", []).append(_finish_diagnosis(current, pending))
@@ -384,7 +369,8 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
     result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
                  device=ctx.device, progress=False, callbacks=[on_record],
                  freeze=freeze if freeze is not None and freeze.active(start) else None,
-                 lr_fn=lambda step: schedule_.run_lr(run, lrs, step, schedule_steps, ctx.preset))
+                 lr_fn=lambda step: schedule_.run_lr(run, lrs, step, schedule_steps, ctx.preset),
+                 anneal=_anneal(ctx, run, state))
     timing["train_time"] += result.train_time
     return result
 
