@@ -31,7 +31,7 @@ from .growth_events import (
     check_resumed_plan,
     run_growth_events,
 )
-from .optim import make_optimizer
+from .optim import make_optimizer, rebuild_optimizer
 from .recording import METRICS
 from .signals import Interrupted, StopOnSignal
 
@@ -170,8 +170,9 @@ def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch
         load_sharded(path, model, optimizer)
     else:
         model = cls.load(path).to(device)
-        optimizer = make_optimizer(model, cfg, state["param_groups"])
-        ckpt.apply_optimizer_state(optimizer, ckpt.load_optimizer_state(path), path)
+        optimizer = rebuild_optimizer(model, state["param_groups"],
+                                      ckpt.load_optimizer_state(path),
+                                      path / ckpt.OPTIMIZER_NAME, cfg)
     ckpt.load_rng_state(path)
     return model, optimizer, state
 
@@ -215,7 +216,5 @@ def initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimiz
     """AdamW with the state saved beside ``init_from`` (e.g. carried over by growth), if any."""
     if not ckpt.has_optimizer_state(cfg.init_from):
         return None
-    optimizer = make_optimizer(model, cfg)
-    ckpt.apply_optimizer_state(optimizer, ckpt.load_optimizer_state(cfg.init_from),
-                               cfg.init_from)
-    return optimizer
+    return rebuild_optimizer(model, None, ckpt.load_optimizer_state(cfg.init_from),
+                             Path(cfg.init_from) / ckpt.OPTIMIZER_NAME, cfg)

@@ -50,7 +50,7 @@ from ...training.execution import resolve_device
 from ...training.freezing import FrozenRows
 from ...training.lm import lm_batches
 from ...training.loop import fit
-from ...training.optim import group_names, make_optimizer
+from ...training.optim import group_names, make_optimizer, rebuild_optimizer
 from ..common.arms import fingerprint
 from ..common.machine import machine_summary
 from ..common.report import to_json
@@ -220,9 +220,9 @@ def _restore(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> tuple[
         config = _config_class(run.family)(**state["config"])
         model = _build(run.family, config, run.seed, ctx.device)
         model.load_state_dict(state["model"])
-        optimizer = make_optimizer(model, _train_config(ctx, run, lr, 1, "constant"),
-                                   state["param_groups"])
-        optimizer.load_state_dict(state["optimizer"])
+        optimizer = rebuild_optimizer(model, state["param_groups"], state["optimizer"],
+                                      _state_path(ctx, run),
+                                      _train_config(ctx, run, lr, 1, "constant"))
         _anneal(ctx, run, state)  # a malformed anneal is a damaged state too
     except (TokenFormerError, AttributeError, KeyError, TypeError, ValueError,
             RuntimeError) as exc:
