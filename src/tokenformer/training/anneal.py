@@ -109,8 +109,8 @@ def check_anneal(steps: int, arch: str, events: Sequence[GrowthEvent]) -> None:
     if not steps:
         return
     if arch != "tokenformer":
-        raise ConfigError(f"anneal_steps {steps} anneals Θ's factor of Pattention layers, which "
-                          f"arch {arch} has none of; set anneal_steps 0")
+        raise ConfigError(f"anneal_steps {steps} anneals Θ's factor of the Pattention layers; "
+                          f"arch {arch} has none (set anneal_steps 0)")
     if not any(is_exact(e) for e in events):
         raise ConfigError(f"anneal_steps {steps} anneals Θ's factor after an exact growth, and "
                           f"this run has none: add --grow-at STEP:...,strategy=exact, or set "
