@@ -19,6 +19,7 @@ from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
 from tokenformer.experiments.frontier import analysis, report
+from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
@@ -404,7 +405,7 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
                                                     monkeypatch):
     reference = _strip_timing(json.loads((tiny_run[0] / "results.json").read_text()))
     out = tmp_path / "killed"
-    real = run_._checkpoint
+    real = one_run_._checkpoint
 
     def killed(where, nth):
         """Save, then die: the nth checkpoint of a run whose id contains ``where``."""
@@ -420,15 +421,15 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
 
     quiet = dict(data=dataset_dir, out=out, print_fn=lambda line: None)
     # killed inside an LR-sweep run, then inside a chain after its first growth; then finished
-    monkeypatch.setattr(run_, "_checkpoint", killed("sweep__tokenformer-S2", 1))
+    monkeypatch.setattr(one_run_, "_checkpoint", killed("sweep__tokenformer-S2", 1))
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(TINY, **quiet)
     assert list((out / "state").glob("*.pt"))  # the run in progress left its state
-    monkeypatch.setattr(run_, "_checkpoint", killed("chain-exact-anneal__seed1", 2))
+    monkeypatch.setattr(one_run_, "_checkpoint", killed("chain-exact-anneal__seed1", 2))
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(TINY, **quiet)
     assert (out / "state" / "chain-exact-anneal__seed1.pt").is_file()
-    monkeypatch.setattr(run_, "_checkpoint", real)
+    monkeypatch.setattr(one_run_, "_checkpoint", real)
     resumed = run_.run_frontier(TINY, **quiet)
     assert resumed["timing"]["resumed"]
     assert _strip_timing(json.loads((out / "results.json").read_text())) == reference
