@@ -22,9 +22,10 @@ from tokenformer.training.loop import fit
 
 
 def small_config(**overrides) -> TokenFormerConfig:
-    return TokenFormerConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
-                             qkv_tokens=8, proj_tokens=8, ffn_tokens=32, max_seq_len=8,
-                             eos_token_id=None, **overrides)
+    return TokenFormerConfig(**{"vocab_size": 64, "hidden_size": 16, "num_layers": 1,
+                                "num_heads": 2, "qkv_tokens": 8, "proj_tokens": 8,
+                                "ffn_tokens": 32, "max_seq_len": 8, "eos_token_id": None,
+                                **overrides})
 
 
 # --------------------------------------------------------------------------- the factor
