@@ -52,7 +52,7 @@ from .state import (
 
 
 def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
-    """Train ``run`` at the peak LRs ``lrs`` (one per stage, :func:`plan.stage_lrs`): the
+    """Train ``run`` at the peak LRs ``lrs`` (one per stage, :func:`schedule.stage_lrs`): the
     stable phase in segments, a cooldown branch at each budget. Returns the run's results
     (branch losses and FLOPs) and timing."""
     lr = lr_record(lrs)
@@ -74,7 +74,7 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
         for stop in stops:
             if stop <= state["cursor"]:
                 continue
-            # fit's lr_fn (plan.run_lr) sets every step's LR; the config's lr only seeds AdamW
+            # fit's lr_fn (schedule.run_lr) sets every step's LR; the config's lr only seeds AdamW
             cfg = _train_config(ctx, run, lrs[0], stop, "constant")
             result = _segment(ctx, run, lrs, model, optimizer, cfg, state["cursor"], state,
                               bar, schedule_steps=max(b.steps for b in run.branches))
