@@ -19,6 +19,7 @@ from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
 from tokenformer.experiments.frontier import analysis, report
+from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
@@ -348,25 +349,6 @@ def test_run_arms_resumes_after_a_crash(tmp_path):
     assert calls == [("a", 1)] and sorted(done["a"]) == [0, 1]
 
 
-# ------------------------------------------------------------------------------ Θ annealing
-def test_theta_anneal_moves_linearly_to_sqrt_n_then_releases_the_config():
-    tf = TokenFormerConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
-                           qkv_tokens=8, proj_tokens=8, ffn_tokens=32, max_seq_len=8,
-                           eos_token_id=None, qkv_scale=2.0, proj_scale=2.0, ffn_scale=4.0)
-    model = model_class("tokenformer")(tf)
-    anneal = {"step": 100, "held": {"qkv": 2.0, "proj": 2.0, "ffn": 4.0},
-              "target": {"qkv": math.sqrt(8), "proj": math.sqrt(8), "ffn": math.sqrt(32)}}
-    run_._apply_anneal(model, anneal, 125, 100)  # a quarter of the way
-    p = model.pattentions()
-    assert p["layers.0.attention.query"].scale == pytest.approx(2 + 0.25 * (math.sqrt(8) - 2))
-    assert p["layers.0.mlp"].scale == pytest.approx(4 + 0.25 * (math.sqrt(32) - 4))
-    assert model.config.ffn_scale == 4.0  # still held in the config during the anneal
-    run_._apply_anneal(model, anneal, 250, 100)
-    assert p["layers.0.mlp"].scale == pytest.approx(math.sqrt(32))
-    assert model.config.ffn_scale is None and model.config.theta_scale("ffn") == pytest.approx(
-        math.sqrt(32))
-
-
 # ------------------------------------------------------------------ end to end, resume, CLI
 def _strip_timing(results):
     out = dict(results)
@@ -423,7 +405,7 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
                                                     monkeypatch):
     reference = _strip_timing(json.loads((tiny_run[0] / "results.json").read_text()))
     out = tmp_path / "killed"
-    real = run_._checkpoint
+    real = one_run_._checkpoint
 
     def killed(where, nth):
         """Save, then die: the nth checkpoint of a run whose id contains ``where``."""
@@ -439,15 +421,15 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
 
     quiet = dict(data=dataset_dir, out=out, print_fn=lambda line: None)
     # killed inside an LR-sweep run, then inside a chain after its first growth; then finished
-    monkeypatch.setattr(run_, "_checkpoint", killed("sweep__tokenformer-S2", 1))
+    monkeypatch.setattr(one_run_, "_checkpoint", killed("sweep__tokenformer-S2", 1))
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(TINY, **quiet)
     assert list((out / "state").glob("*.pt"))  # the run in progress left its state
-    monkeypatch.setattr(run_, "_checkpoint", killed("chain-exact-anneal__seed1", 2))
+    monkeypatch.setattr(one_run_, "_checkpoint", killed("chain-exact-anneal__seed1", 2))
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(TINY, **quiet)
     assert (out / "state" / "chain-exact-anneal__seed1.pt").is_file()
-    monkeypatch.setattr(run_, "_checkpoint", real)
+    monkeypatch.setattr(one_run_, "_checkpoint", real)
     resumed = run_.run_frontier(TINY, **quiet)
     assert resumed["timing"]["resumed"]
     assert _strip_timing(json.loads((out / "results.json").read_text())) == reference

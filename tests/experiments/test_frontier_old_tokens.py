@@ -11,6 +11,7 @@ import torch
 from test_frontier import TINY  # rootdir-relative, as the other test folders import helpers
 
 from tokenformer.errors import ConfigError
+from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.presets import PRESETS, get_preset
 from tokenformer.experiments.frontier.recipes import RECIPES, Recipe
@@ -49,7 +50,7 @@ def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir
         noise_old=0.05))
     preset = dataclasses.replace(TINY, name="frozen", seeds=1, families=("tokenformer",),
                                  recipes=("chain-frozen-noised",), questions=())
-    states, real = [], run_._checkpoint
+    states, real = [], one_run_._checkpoint
 
     def keep(path, state):
         if path.name.startswith("chain-"):  # the model's tensors as they are now
@@ -57,7 +58,7 @@ def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir
                            "model": {k: v.clone() for k, v in state["model"].items()}})
         real(path, state)
 
-    monkeypatch.setattr(run_, "_checkpoint", keep)
+    monkeypatch.setattr(one_run_, "_checkpoint", keep)
     results = run_.run_frontier(preset, data=dataset_dir, out=tmp_path / "out",
                                 print_fn=lambda line: None, plots=False)
     assert "chain-frozen-noised/seed0" in results["runs"]

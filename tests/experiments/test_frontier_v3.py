@@ -11,10 +11,12 @@ import dataclasses
 import pytest
 from test_frontier import assert_plan_refused  # rootdir-relative, as test_frontier_old_tokens
 
+from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier import schedule as schedule_
+from tokenformer.experiments.frontier import state as state_
 from tokenformer.experiments.frontier.plan import plan
 from tokenformer.experiments.frontier.presets import PRESETS, get_preset
 
@@ -109,14 +111,14 @@ V3 = dataclasses.replace(
 
 
 def test_every_new_arm_kind_trains_into_its_planned_size(dataset_dir, tmp_path, monkeypatch):
-    saved, real = {}, run_._checkpoint
+    saved, real = {}, one_run_._checkpoint
 
     def keep(path, state):  # the state saved right after each growth (cursor = growth step)
         saved.setdefault(path.name, []).append(
             (state["cursor"], state["config"], len(state["optimizer"]["state"])))
         real(path, state)
 
-    monkeypatch.setattr(run_, "_checkpoint", keep)
+    monkeypatch.setattr(one_run_, "_checkpoint", keep)
     results = run_.run_frontier(V3, data=dataset_dir, out=tmp_path / "out",
                                 print_fn=lambda line: None, plots=False)
     runs = results["runs"]
@@ -132,7 +134,7 @@ def test_every_new_arm_kind_trains_into_its_planned_size(dataset_dir, tmp_path, 
         if run["arm"] == "chain-paper-final-lr":
             assert {s["lr_from"] for s in stages} == {run["lr_from"]}
         assert len(stages) >= 2, run["arm"]  # every arm of V3 grows (the envelopes move)
-        states = saved[run_._safe(run["id"]) + ".pt"]
+        states = saved[state_._safe(run["id"]) + ".pt"]
         for stage in stages[1:]:  # after each growth the model is the planned size
             _, config, moments = next(s for s in states if s[0] == stage["start"])
             # (a grown model keeps its config's name: the rest is the planned size's)

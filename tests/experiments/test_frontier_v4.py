@@ -19,7 +19,7 @@ from tokenformer.experiments.frontier import analysis
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
-from tokenformer.experiments.frontier import run as run_
+from tokenformer.experiments.frontier import state as state_
 from tokenformer.experiments.frontier.presets import get_preset
 
 
@@ -117,7 +117,7 @@ def test_tuning_seeds_choose_and_held_out_seeds_score(monkeypatch, tmp_path):
 
     def fake_execute(ctx, run, lrs):
         seen.append((run.id, run.seed, tuple(lrs)))
-        return {"lr": run_.lr_record(tuple(lrs)), "timing": {"train_time": 0.0, "step_time": {}},
+        return {"lr": state_.lr_record(tuple(lrs)), "timing": {"train_time": 0.0, "step_time": {}},
                 "branches": [{"budget_index": b.budget_index, "budget": b.budget,
                               "steps": b.steps, "decay_start": b.decay_start, "flops": b.flops,
                               "tokens": b.steps, "size": run.stages[-1].size,

@@ -337,14 +337,14 @@ def test_damaged_scale_state_is_one_line_naming_the_file(capsys, tmp_path, datas
     JSONDecodeError, AttributeError or KeyError."""
     import tokenformer.cli.commands.scale as scale_command
     from tokenformer.data.datasets import TokenDataset
-    from tokenformer.experiments.frontier import run as run_
+    from tokenformer.experiments.frontier import state as state_
     from tokenformer.io.outputs import write_marker
 
     preset, sweeps = _tiny_frontier(TokenDataset.open(dataset_dir).vocab_size)
     monkeypatch.setattr(scale_command, "get_preset", lambda name, **kw: preset)
     out = tmp_path / "s"
     for sweep in sweeps:  # whichever runs first finds its file damaged
-        path = out / where / (run_._safe(sweep.id) + (".json" if where == "runs" else ".pt"))
+        path = out / where / (state_._safe(sweep.id) + (".json" if where == "runs" else ".pt"))
         path.parent.mkdir(parents=True, exist_ok=True)
         data = content.replace(b"LR", str(sweep.lr).encode()) if isinstance(content, bytes) \
             else _torch_file(content)
@@ -397,7 +397,7 @@ def sigterm_at_step_2(monkeypatch):
     fails the test instead of killing pytest (what it did to the command before: exit 143, not
     a word)."""
     import tokenformer.cli.commands.adapt as adapt_command
-    import tokenformer.experiments.frontier.run as frontier_run
+    import tokenformer.experiments.frontier.one_run as frontier_run
     from tokenformer.training import loop
 
     real = loop.fit

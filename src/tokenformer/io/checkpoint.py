@@ -217,15 +217,15 @@ def load_optimizer_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def apply_optimizer_state(optimizer: Any, state: dict[str, Any], path: str | Path) -> None:
-    """Load ``state`` (the optimizer file of checkpoint ``path``) into ``optimizer``: one
-    :class:`CheckpointError` line when it does not fit the model's parameters."""
+def apply_optimizer_state(optimizer: Any, state: dict[str, Any], file: str | Path) -> None:
+    """Load ``state`` (read from ``file``: a checkpoint's optimizer file, or a state holding one)
+    into ``optimizer``: one :class:`CheckpointError` line when it does not fit the model's
+    parameters."""
     try:
         optimizer.load_state_dict(state)
     except (ValueError, KeyError, RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"{Path(path) / OPTIMIZER_NAME} does not match the model: "
-                              f"{first}") from None
+        raise CheckpointError(f"{file} does not match the model: {first}") from None
     # load_state_dict checks the parameter counts only: a moment (AdamW's exp_avg, exp_avg_sq)
     # of another shape would fail at the first step, or be carried into a grown model.
     for group in optimizer.param_groups:
@@ -233,7 +233,7 @@ def apply_optimizer_state(optimizer: Any, state: dict[str, Any], path: str | Pat
             for key, value in optimizer.state.get(param, {}).items():
                 if torch.is_tensor(value) and value.dim() > 0 and value.shape != param.shape:
                     raise CheckpointError(
-                        f"{Path(path) / OPTIMIZER_NAME} does not match the model: its {key} of "
+                        f"{file} does not match the model: its {key} of "
                         f"shape {tuple(value.shape)} belongs to a parameter of shape "
                         f"{tuple(param.shape)}")
 

@@ -6,8 +6,9 @@ the ``--grow-at`` language (:mod:`.growth_events`), the learning-rate schedule (
 the optimizer (:mod:`.optim`), one optimizer step (:mod:`.step`), where it runs
 (:mod:`.execution`), the records (:mod:`.recording`), evaluation (:mod:`.evaluation`),
 checkpoints (:mod:`.checkpointing`), signals (:mod:`.signals`), growth during a run
-(:mod:`.growth`) and old tokens frozen after one (:mod:`.freezing`). :mod:`.lm` is
-``tokenformer train``'s front end and :mod:`.report` its summary.
+(:mod:`.growth`), old tokens frozen after one (:mod:`.freezing`) and Θ's factor annealed after an
+exact one (:mod:`.anneal`). :mod:`.lm` is ``tokenformer train``'s front end and :mod:`.report` its
+summary.
 """
 
 from .config import TrainConfig, load_config

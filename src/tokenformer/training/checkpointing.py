@@ -32,7 +32,7 @@ from .growth_events import (
     check_resumed_plan,
     run_growth_events,
 )
-from .optim import make_optimizer
+from .optim import make_optimizer, rebuild_optimizer
 from .recording import METRICS
 from .signals import Interrupted, StopOnSignal
 
@@ -55,9 +55,11 @@ class Checkpointer:
 
     def save(self, step: int, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
              names: list[list[str]], counters: dict[str, Any],
-             frozen: dict[str, Any] | None = None) -> None:
+             frozen: dict[str, Any] | None = None,
+             anneal: dict[str, Any] | None = None) -> None:
         """Write the checkpoint of ``step`` to ``path`` (every rank calls it); ``frozen``: the
-        frozen rows in force (:meth:`.freezing.FrozenRows.to_state`)."""
+        frozen rows in force (:meth:`.freezing.FrozenRows.to_state`); ``anneal``: the Θ-factor
+        anneal in force (:meth:`.anneal.Anneal.to_state`)."""
         world = self.world
         state = {"format": TRAINER_FORMAT, "step": step, **counters,
                  "param_groups": names, "world_size": world.world_size,
@@ -66,6 +68,8 @@ class Checkpointer:
                  "train_config": self.cfg.to_dict()}
         if frozen is not None:
             state["frozen_rows"] = frozen
+        if anneal is not None:
+            state["anneal"] = anneal
         try:
             if world.strategy == "fsdp":
                 def rest(tmp: Path) -> None:
@@ -87,17 +91,19 @@ class Checkpointer:
 
     def after_step(self, done: int, stopper: StopOnSignal, model: nn.Module,
                    optimizer: torch.optim.Optimizer, names: list[list[str]],
-                   counters: dict[str, Any], frozen: dict[str, Any] | None = None) -> None:
+                   counters: dict[str, Any], frozen: dict[str, Any] | None = None,
+                   anneal: dict[str, Any] | None = None) -> None:
         """After ``done`` steps: the final, a periodic or a stop checkpoint when due; a stop then
         raises :class:`Interrupted`."""
         cfg, run_dir, world = self.cfg, self.run_dir, self.world
         signum = stopper.requested(world)  # the same on every rank: all save or none
         periodic = cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
         if done == cfg.steps:
-            self.save(done, run_dir / ckpt.FINAL, model, optimizer, names, counters, frozen)
+            self.save(done, run_dir / ckpt.FINAL, model, optimizer, names, counters, frozen,
+                      anneal)
         elif periodic or signum:
             self.save(done, ckpt.step_dir(run_dir, done), model, optimizer, names, counters,
-                      frozen)
+                      frozen, anneal)
             if world.is_main:
                 ckpt.prune_checkpoints(run_dir, cfg.keep_last)
         if signum and done < cfg.steps:
@@ -130,12 +136,19 @@ def check_resumed_growth(cfg: TrainConfig, run_dir: Path, resume_from: Path,
     """Before a resumed run writes anything: its growth plan (``events``, from ``cfg``) is the
     one it recorded (``run_dir``'s saved config, and the growths the checkpoint says it
     applied), and the growths still to come fit the checkpoint's model (its own config, not the
-    one the run started from). Each refusal is one ConfigError line naming --grow-at."""
+    one the run started from), and so is its ``anneal_steps``. Each refusal is one ConfigError
+    line naming --grow-at (or --anneal-steps)."""
     state = ckpt.read_state(resume_from)
     step = state["step"]
     if has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
-        recorded = run_growth_events(load_config(run_dir / RUN_CONFIG))
-        check_resumed_plan(recorded, events, step, str(run_dir), str(resume_from))
+        saved = load_config(run_dir / RUN_CONFIG)
+        check_resumed_plan(run_growth_events(saved), events, step, str(run_dir),
+                           str(resume_from))
+        if saved.anneal_steps != cfg.anneal_steps:  # the anneal is part of the growth plan
+            raise ConfigError(f"--anneal-steps: {run_dir} resumes after step {step} with "
+                              f"anneal_steps {cfg.anneal_steps}, but it recorded "
+                              f"{saved.anneal_steps}: a resumed run keeps its Θ-factor anneal; "
+                              f"give --anneal-steps {saved.anneal_steps} or not at all")
     check_history(events, state.get("growth"), step, str(resume_from / ckpt.STATE_NAME))
     config = model_class(cfg.arch).config_class.load(resume_from / CONFIG_NAME)
     check_growth_plan(config, [e for e in events if e.step >= step])
@@ -158,8 +171,9 @@ def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch
         load_sharded(path, model, optimizer)
     else:
         model = cls.load(path).to(device)
-        optimizer = make_optimizer(model, cfg, state["param_groups"])
-        ckpt.apply_optimizer_state(optimizer, ckpt.load_optimizer_state(path), path)
+        optimizer = rebuild_optimizer(model, state["param_groups"],
+                                      ckpt.load_optimizer_state(path),
+                                      path / ckpt.OPTIMIZER_NAME, cfg)
     ckpt.load_rng_state(path)
     return model, optimizer, state
 
@@ -203,7 +217,5 @@ def initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimiz
     """AdamW with the state saved beside ``init_from`` (e.g. carried over by growth), if any."""
     if not ckpt.has_optimizer_state(cfg.init_from):
         return None
-    optimizer = make_optimizer(model, cfg)
-    ckpt.apply_optimizer_state(optimizer, ckpt.load_optimizer_state(cfg.init_from),
-                               cfg.init_from)
-    return optimizer
+    return rebuild_optimizer(model, None, ckpt.load_optimizer_state(cfg.init_from),
+                             Path(cfg.init_from) / ckpt.OPTIMIZER_NAME, cfg)

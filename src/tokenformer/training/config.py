@@ -25,6 +25,7 @@ from ..io.process_group import STRATEGIES
 from ..models.baselines import ARCHS, TransformerConfig
 from ..models.config import NON_NEGATIVE, SEED, FieldRule, TokenFormerConfig, check_fields
 from ..nn.pattention import PATTENTION_IMPLS
+from .anneal import check_anneal
 from .execution import parse_device
 from .growth_events import run_growth_events
 from .schedule import SCHEDULES
@@ -98,6 +99,10 @@ class TrainConfig:
     growth_noise_old: float = 0.0
     """every growth's noise_old unless its --grow-at sets one: noise added to the old parameter
     tokens, a std relative to each tensor's rms (0: none)"""
+    anneal_steps: int = 0
+    """after each exact growth (--grow-at ...strategy=exact), Θ's factor moves linearly from the
+    value that kept the grown model exact to √n over this many steps (the paper's Θ-factor
+    anneal; 0: off)"""
     # execution
     device: str = "auto"
     """auto, cpu, cuda or cuda:N"""
@@ -170,7 +175,8 @@ class TrainConfig:
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be > 0, got {getattr(self, key)}")
         for key in ("warmup_steps", "eval_interval", "checkpoint_interval", "threads", "seed",
-                    "samples", "weight_decay", "grad_clip", "min_lr", "temperature"):
+                    "samples", "weight_decay", "grad_clip", "min_lr", "temperature",
+                    "anneal_steps"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key} must be >= 0, got {getattr(self, key)}")
         if not self.lr > 0:
@@ -185,10 +191,12 @@ class TrainConfig:
         if not isinstance(self.model, dict) or not isinstance(self.baseline, dict):
             raise ConfigError("model and baseline must be mappings of config keys")
         # a malformed --grow-at fails here, before anything is written
-        for event in run_growth_events(self):
+        events = run_growth_events(self)
+        for event in events:
             if event.lr is not None and event.lr < self.min_lr:
                 raise ConfigError(f"--grow-at {event.spec!r}: lr {event.lr:g} is below min_lr "
                                   f"{self.min_lr:g}, where every decay ends")
+        check_anneal(self.anneal_steps, self.arch, events)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

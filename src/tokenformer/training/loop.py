@@ -5,8 +5,9 @@ with ``.loss``; batches are a pure function of the step, so the step *is* the da
 resumed run replays exactly the batches an uninterrupted one sees. The learning rate is a pure
 function of the step too (:mod:`.schedule`). Each step: a growth when one is due
 (:mod:`.growth`), the rate, one optimizer step (:mod:`.step`), its record (:mod:`.recording`),
-an evaluation when due (:mod:`.evaluation`), a checkpoint when due or asked for by a signal
-(:mod:`.checkpointing`, :mod:`.signals`).
+Θ's factor for the next step while an anneal runs (:mod:`.anneal`), an evaluation when due
+(:mod:`.evaluation`), a checkpoint when due or asked for by a signal (:mod:`.checkpointing`,
+:mod:`.signals`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..errors import ConfigError, DivergedError
 from ..io.checkpoint import STATE_NAME
 from ..io.outputs import hold_run_folder
 from ..io.process_group import World
+from .anneal import Anneal, anneal_after
 from .checkpointing import Checkpointer, restore
 from .config import TrainConfig
 from .evaluation import EvalFn, Evaluation
@@ -101,6 +103,7 @@ def fit(
     progress: bool | None = None,
     freeze: FrozenRows | None = None,
     lr_fn: Callable[[int], float] | None = None,
+    anneal: Anneal | None = None,
 ) -> FitResult:
     """Train ``model`` from ``start_step`` to ``cfg.steps``; see the module docstring.
 
@@ -113,7 +116,10 @@ def fit(
     rows of ``model`` unchanged until its step (:mod:`.freezing`; a growth with ``freeze_old``
     replaces it, and a checkpoint carries it to the resumed run). ``lr_fn(step)``: the learning
     rate of each step instead of ``cfg``'s schedule (a caller whose schedule spans several
-    ``fit`` calls, e.g. the frontier's stable runs and cooldown branches).
+    ``fit`` calls, e.g. the frontier's stable runs and cooldown branches). ``anneal``: the
+    Θ-factor anneal in force at ``start_step`` (a caller that grows between ``fit`` calls, e.g.
+    the frontier's chains); each exact growth of ``cfg.grow_at`` starts one of ``anneal_steps``
+    itself, and a checkpoint carries it to the resumed run.
 
     With ``out_dir`` the run folder is locked for the call (:mod:`tokenformer.io.outputs`), and
     SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
@@ -127,7 +133,7 @@ def fit(
                     start_step=start_step, out_dir=out_dir, resume_from=resume_from,
                     callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
                     device=device, progress=progress, stopper=stopper, freeze=freeze,
-                    lr_fn=lr_fn)
+                    lr_fn=lr_fn, anneal=anneal)
 
 
 def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: EvalFn | None,
@@ -135,7 +141,8 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
          resume_from: str | Path | None, callbacks: Sequence[Callback],
          flops_fn: FlopsFn | None, save_extra: Callable[[Path], None] | None, world: World,
          device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal,
-         freeze: FrozenRows | None, lr_fn: Callable[[int], float] | None) -> FitResult:
+         freeze: FrozenRows | None, lr_fn: Callable[[int], float] | None,
+         anneal: Anneal | None) -> FitResult:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     flops_fn = flops_fn or lm_flops
     events = run_growth_events(cfg)
@@ -150,6 +157,9 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
     if resume_from is not None:
         if optimizer is not None:
             raise ConfigError("pass either an optimizer or resume_from, not both")
+        if anneal is not None:
+            raise ConfigError("pass either an anneal or resume_from (whose checkpoint carries "
+                              "it), not both")
         model, optimizer, state = restore(type(model), Path(resume_from), cfg, world, device)
         start_step = state["step"]
         check_history(events, state.get("growth"), start_step,
@@ -157,6 +167,9 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
         frozen = state.get("frozen_rows")
         freeze = (FrozenRows.from_state(frozen, str(resume_from)) if frozen is not None
                   else None)
+        saved = state.get("anneal")
+        anneal = (Anneal.from_state(saved, cfg.anneal_steps, str(Path(resume_from) / STATE_NAME))
+                  if saved is not None else None)
         counters = {k: state[k] for k in ("tokens", "flops", "train_time", "elapsed")}
     module = prepare_module(model, cfg, world, device)
     if optimizer is None:
@@ -165,6 +178,8 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
     names = group_names(model, optimizer)
     if freeze is not None:
         freeze.attach(model, optimizer)
+    if anneal is not None:  # a model rebuilt from its config holds the factor of the growth
+        anneal.apply(model, start_step)
     recorder = Recorder(cfg, world, run_dir=run_dir, start_step=start_step,
                         resumed=resume_from is not None, counters=counters, callbacks=callbacks,
                         progress=progress)
@@ -187,6 +202,9 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
                 if freeze is not None:
                     freeze.attach(model, optimizer)
                     record["frozen_until"] = "forever" if freeze.until is None else freeze.until
+                anneal = anneal_after(event, model.config, cfg.anneal_steps)  # ends an earlier
+                if anneal is not None:
+                    anneal.apply(model, step)
                 recorder.emit(record, model)
             if freeze is not None and not freeze.active(step):
                 freeze = None  # the old tokens train again (and the saved copy is freed)
@@ -203,6 +221,8 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
             done = step + 1
             recorder.train(done, loss, lr, scalar(grad_norm), tokens,
                            flops_fn(model, batch) * world.world_size, dt, model)
+            if anneal is not None:  # the factor of the next step, and of an evaluation now
+                anneal.apply(model, done)
             if not math.isfinite(loss):
                 raise DivergedError(divergence(loss, done, events))
             recorder.show(loss, lr, tokens / dt)
@@ -210,7 +230,8 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
                 recorder.evaluation(done, evaluation(model), model)
             if checkpoints is not None:
                 checkpoints.after_step(done, stopper, model, optimizer, names, recorder.counters,
-                                       freeze.to_state() if freeze is not None else None)
+                                       freeze.to_state() if freeze is not None else None,
+                                       anneal.to_state() if anneal is not None else None)
     finally:
         recorder.close()
     c = recorder.counters

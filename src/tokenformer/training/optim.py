@@ -1,15 +1,18 @@
 """The optimizer: AdamW over two parameter groups, decayed (>= 2-D: embeddings, parameter tokens,
-Linear weights) and not decayed (norms, biases), rebuilt by parameter name on resume."""
+Linear weights) and not decayed (norms, biases), rebuilt by parameter name from disk
+(:func:`rebuild_optimizer`: a run's checkpoint, ``tokenformer grow``'s input, a frontier state)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..io.checkpoint import apply_optimizer_state
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -48,3 +51,32 @@ def group_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[list
     :func:`param_groups` on resume)."""
     by_id = {id(p): n for n, p in model.named_parameters()}
     return [[by_id[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+
+
+def rebuild_optimizer(model: nn.Module, names: Sequence[Sequence[str]] | None,
+                      state: dict[str, Any], file: str | Path,
+                      cfg: TrainConfig | None = None) -> torch.optim.AdamW:
+    """The one way an optimizer is rebuilt from disk: AdamW over ``model``'s parameters grouped
+    by the saved parameter ``names`` (one list per param group, in order), holding the saved
+    ``state`` (an optimizer state dict) checked against the parameters
+    (:func:`tokenformer.io.checkpoint.apply_optimizer_state`). ``file`` names the saved state in
+    errors.
+
+    With ``cfg``: a training run's two groups (:func:`make_optimizer`; ``names`` None: the
+    model's own split). Without: any number of groups, every hyper-parameter from ``state``
+    (Adam and AdamW share the state format; ``decoupled_weight_decay`` comes from the file too).
+    """
+    if cfg is not None:
+        optimizer = make_optimizer(model, cfg, names)
+    else:
+        if names is None:
+            raise ValueError("rebuild_optimizer without cfg needs the saved group names")
+        params = dict(model.named_parameters())
+        unknown = [n for group in names for n in group if n not in params]
+        if unknown:
+            raise CheckpointError(f"{file} names parameter {unknown[0]!r}, which the model does "
+                                  f"not have")
+        optimizer = torch.optim.AdamW([{"params": [params[n] for n in group]}
+                                       for group in names])
+    apply_optimizer_state(optimizer, state, file)
+    return optimizer

@@ -33,6 +33,7 @@ from ...ops.growth import (
     strategy_names,
 )
 from ...ops.growth import grow as grow_model
+from ...training.optim import rebuild_optimizer
 from ..options import comma_list, seed
 
 
@@ -145,19 +146,12 @@ def copy_tokenizer(source: Path, target: Path) -> None:
 
 
 def _optimizer_from_checkpoint(model: torch.nn.Module, directory: Path) -> torch.optim.Optimizer:
-    """An AdamW over ``model`` holding the saved state (Adam and AdamW share the state format, and
-    every hyper-parameter, ``decoupled_weight_decay`` included, comes from the file)."""
+    """An AdamW over ``model`` holding the saved state, its groups named as
+    :func:`_group_names` finds them (:func:`tokenformer.training.optim.rebuild_optimizer`)."""
     state = ckpt.load_optimizer_state(directory)
-    params = dict(model.named_parameters())
-    names = _group_names(state["param_groups"], directory, list(params))
-    unknown = [n for group in names for n in group if n not in params]
-    if unknown:
-        raise CheckpointError(f"{directory / ckpt.OPTIMIZER_NAME} names parameter {unknown[0]!r}, "
-                              f"which the model does not have")
-    groups = [{"params": [params[n] for n in group]} for group in names]
-    optimizer = torch.optim.AdamW(groups)
-    ckpt.apply_optimizer_state(optimizer, state, directory)
-    return optimizer
+    names = _group_names(state["param_groups"], directory,
+                         [n for n, _ in model.named_parameters()])
+    return rebuild_optimizer(model, names, state, directory / ckpt.OPTIMIZER_NAME)
 
 
 def _group_names(groups: list[dict[str, Any]], directory: Path,

@@ -1,0 +1,274 @@
+"""One run of the frontier: its stable phase in segments with a cooldown branch at each budget
+(:func:`train_run`), loaded when finished or trained and saved (:func:`execute`), and runs
+trained in parallel worker processes (:func:`prefetch`).
+
+Every segment is trained by :func:`tokenformer.training.fit` with the run's own schedule
+(``lr_fn``: :func:`schedule.run_lr`, the WSD schedule over the branch's total steps whose peak is
+the LR of the stage in force), so no approximation slips in when a run is cut into segments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ...errors import DivergedError, TokenFormerError
+from ...io.files import atomic_write_text
+from ...io.workers import check_parent, worker_pool
+from ...ops.widening import optimizer_for
+from ...training.freezing import FrozenRows
+from ...training.lm import lm_batches
+from ...training.loop import fit
+from ...training.optim import group_names, make_optimizer
+from ..common.report import to_json
+from . import schedule as schedule_
+from .growing import _diagnose_growth, _finish_diagnosis, _grow, _grows_tokens
+from .presets import Preset
+from .schedule import Branch, Run
+from .state import (
+    Context,
+    _anneal,
+    _build,
+    _checkpoint,
+    _load_state,
+    _restore,
+    _result_path,
+    _saved,
+    _state_path,
+    _train_config,
+    context,
+    lr_record,
+)
+
+
+def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
+    """Train ``run`` at the peak LRs ``lrs`` (one per stage, :func:`schedule.stage_lrs`): the
+    stable phase in segments, a cooldown branch at each budget. Returns the run's results
+    (branch losses and FLOPs) and timing."""
+    lr = lr_record(lrs)
+    stage_at = {s.start: s for s in run.stages[1:]}
+    stops = sorted({b.decay_start for b in run.branches} | set(stage_at))
+    state = _load_state(ctx, run, lr)
+    if state is None:
+        stage0 = run.stages[0]
+        model = _build(run.family, stage0.config, run.seed, ctx.device)
+        optimizer = make_optimizer(model, _train_config(ctx, run, lrs[0], 1, "constant"))
+        state = {"cursor": 0, "counters": {"tokens": 0, "flops": 0.0}, "branches": [],
+                 "anneal": None, "lr": lr, "timing": {"train_time": 0.0, "step_time": {}}}
+    else:
+        model, optimizer = _restore(ctx, run, lrs[0], state)
+    bar = _bar(ctx, run)
+    if bar is not None:
+        bar.update(state["cursor"])
+    try:
+        for stop in stops:
+            if stop <= state["cursor"]:
+                continue
+            # fit's lr_fn (schedule.run_lr) sets every step's LR; the config's lr only seeds AdamW
+            cfg = _train_config(ctx, run, lrs[0], stop, "constant")
+            result = _segment(ctx, run, lrs, model, optimizer, cfg, state["cursor"], state,
+                              bar, schedule_steps=max(b.steps for b in run.branches))
+            model, optimizer = result.model, result.optimizer
+            state["counters"]["tokens"] += result.tokens
+            state["counters"]["flops"] += result.flops
+            state["cursor"] = stop
+            for branch in run.branches:
+                if branch.decay_start == stop:
+                    state["branches"].append(_branch(ctx, run, lrs, model, optimizer, branch,
+                                                     state))
+            if stop in stage_at:
+                old_rows = {n: m.num_tokens for n, m in model.pattentions().items()} if (
+                    _grows_tokens(run)) else None
+                model, optimizer = _grow(ctx, run, model, optimizer, stage_at[stop], state)
+                if old_rows is not None:
+                    state["pending"] = _diagnose_growth(run, model, old_rows, stop)
+            state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                         param_groups=group_names(model, optimizer),
+                         config=dataclasses.asdict(model.config))
+            _checkpoint(_state_path(ctx, run), state)
+    finally:
+        if bar is not None:
+            bar.close()
+    out = {"lr": lr, "branches": sorted(state["branches"], key=lambda b: b["budget_index"]),
+           "timing": state["timing"]}
+    if state.get("diagnostics"):
+        out["growth_diagnostics"] = state["diagnostics"]
+    return out
+
+
+def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
+             cfg: Any, start: int, state: dict[str, Any], bar: Any, schedule_steps: int,
+             eval_fn: Any = None) -> Any:
+    """Train [start, cfg.steps) on the run's schedule for a branch of ``schedule_steps``."""
+    if cfg.schedule == "constant" and cfg.steps > schedule_.decay_start(schedule_steps, ctx.preset):
+        raise AssertionError("a stable segment runs into the cooldown")
+    timing = state["timing"]
+
+    batch_fn = lm_batches(ctx.dataset, cfg.batch_size, cfg.seq_len, run.seed, ctx.device)
+
+    def on_record(record: dict[str, Any], current: Any) -> None:
+        if record["type"] != "train":
+            return
+        pending = state.get("pending")
+        if pending is not None and eval_fn is None and record["step"] == pending["step"] + 1:
+            state.setdefault("diagnostics", []).append(_finish_diagnosis(current, pending))
+            state["pending"] = None
+        size = schedule_.size_at(run.stages, record["step"] - 1).size
+        # seconds of this step: its tokens over its measured tokens/s
+        n, total = timing["step_time"].get(size, (0, 0.0))
+        timing["step_time"][size] = (n + 1, total + cfg.batch_size * cfg.seq_len
+                                     / record["tokens_per_s"])
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", refresh=False)
+
+    # frozen old tokens (a chain's freeze_old), for the steps of this segment that need it
+    frozen = state.get("frozen_rows")  # absent from states written before chains had options
+    freeze = FrozenRows.from_state(frozen, str(_state_path(ctx, run))) if frozen else None
+    result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
+                 device=ctx.device, progress=False, callbacks=[on_record],
+                 freeze=freeze if freeze is not None and freeze.active(start) else None,
+                 lr_fn=lambda step: schedule_.run_lr(run, lrs, step, schedule_steps, ctx.preset),
+                 anneal=_anneal(ctx, run, state))
+    timing["train_time"] += result.train_time
+    return result
+
+
+def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
+            branch: Branch, state: dict[str, Any]) -> dict[str, Any]:
+    """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
+    cfg = _train_config(ctx, run, lrs[0], branch.steps, "wsd")  # lr_fn sets the LR
+    b_model = copy.deepcopy(model)
+    b_opt = optimizer_for(model, optimizer, b_model)
+    result = _segment(ctx, run, lrs, b_model, b_opt, cfg, branch.decay_start, state, None,
+                      schedule_steps=branch.steps, eval_fn=ctx.eval_fn)
+    final = result.final_eval
+    if final is None:
+        raise TokenFormerError(f"{run.id}: the branch at budget {branch.budget_index} has no "
+                               f"evaluation")
+    flops = state["counters"]["flops"] + result.flops
+    return {"budget_index": branch.budget_index, "budget": branch.budget, "steps": branch.steps,
+            "decay_start": branch.decay_start, "flops": flops,
+            "tokens": state["counters"]["tokens"] + result.tokens,
+            "size": schedule_.size_at(run.stages, max(branch.decay_start - 1, 0)).size,
+            "loss": final["val_loss"], "bpb": final["val_bpb"]}
+
+
+def _bar(ctx: Context, run: Run) -> Any:
+    if ctx.progress is False or not sys.stderr.isatty():
+        return None
+
+    return tqdm(total=run.steps, desc=run.id, unit="step", leave=False)
+
+
+def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
+    """A run's results at peak LRs ``lrs`` (one per stage): loaded when an earlier invocation
+    finished it, else trained (resuming from its state file) and saved atomically."""
+    saved = _saved(ctx, run, lrs)
+    if saved is not None:
+        _count(ctx, run)
+        return saved
+    t0 = time.perf_counter()
+    try:
+        result = train_run(ctx, run, lrs)
+    except DivergedError as err:  # sweeps probe LRs that may diverge
+        result = {"lr": lr_record(lrs), "diverged": str(err), "timing": {"train_time": 0.0,
+                                                             "step_time": {}},
+                  "branches": [{"budget_index": b.budget_index, "budget": b.budget,
+                                "steps": b.steps, "decay_start": b.decay_start,
+                                "flops": b.flops, "tokens": b.steps * ctx.preset.tokens_per_step,
+                                "size": run.stages[-1].size, "loss": math.inf,
+                                "bpb": math.inf} for b in run.branches]}
+    result["timing"]["wall"] = time.perf_counter() - t0
+    path = _result_path(ctx, run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_parent()
+    atomic_write_text(path, to_json(result) if "diverged" not in result else
+                      json.dumps(result, allow_nan=True))
+    _state_path(ctx, run).unlink(missing_ok=True)
+    _announce(ctx, run, lrs, result)
+    return result
+
+
+def _count(ctx: Context, run: Run) -> None:
+    if run.id not in ctx.counted:
+        ctx.counted.add(run.id)
+        ctx.done += 1
+
+
+def _announce(ctx: Context, run: Run, lrs: tuple[float, ...], result: dict[str, Any]) -> None:
+    """Count a run just trained (here or in a worker) and print its progress line."""
+    _count(ctx, run)
+    if ctx.progress is not False:
+        last = result["branches"][-1]
+        elapsed = time.perf_counter() - ctx.started
+        lr = " → ".join(f"{x:.3g}" for x in dict.fromkeys(lrs))
+        ctx.print_fn(f"scale: [{ctx.done}/{ctx.total}] {run.id} lr {lr}: loss "
+                     f"{last['loss']:.4f} at {last['flops']:.3g} FLOPs, "
+                     f"{result['timing']['wall']:.0f} s (elapsed {elapsed / 60:.1f} min)")
+
+
+# ------------------------------------------------------------------------ runs in parallel
+_WORKER: dict[Any, Context] = {}  # a worker process's context, built once per experiment
+
+
+def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run,
+          lr: tuple[float, ...]) -> dict[str, Any]:
+    """One run in a worker process (one torch thread: a run's numbers equal those of a
+    sequential ``--threads 1`` run); its results land on disk as :func:`execute` writes them."""
+    torch.set_num_threads(1)
+    key = (preset, source, out)
+    if key not in _WORKER:
+        _WORKER.clear()
+        _WORKER[key] = context(preset, *source, progress=False, out=Path(out), print_fn=None)
+    return execute(_WORKER[key], run, lr)
+
+
+def prefetch(ctx: Context, jobs: list[tuple[Run, tuple[float, ...]]]) -> None:
+    """With ``ctx.jobs`` > 1, train the (run, stage LRs) pairs of ``jobs`` not finished yet in that
+    many worker processes; :func:`execute` then finds their results on disk. Runs are
+    independent given their LR (a pure function of seed and step), so the order does not
+    matter; a run killed in a worker resumes from its state file like any other."""
+    if ctx.jobs <= 1:
+        return
+    todo = [(run, lr) for run, lr in jobs if _saved(ctx, run, lr) is None]
+    if len(todo) < 2:
+        return
+    if ctx.pool is None:  # spawned: no forked torch state; closed by _workers
+        ctx.pool = worker_pool(ctx.jobs)  # workers die with this process: never write after
+        # its run-folder lock is gone
+    pending = {run.id: (run, lr) for run, lr in todo}
+    items = [(ctx.preset, ctx.source, str(ctx.out), run, lr) for run, lr in todo]
+    for run_id, result in ctx.pool.imap_unordered(_work_item, items):
+        run, lr = pending[run_id]
+        _announce(ctx, run, lr, result)
+
+
+def _work_item(item: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
+    return item[3].id, _work(*item)
+
+
+@contextlib.contextmanager
+def _workers(ctx: Context) -> Any:
+    """Close the worker processes after the experiment; on an error or an interrupt, stop
+    them at once (a run killed in a worker keeps its last state file, as anywhere)."""
+    try:
+        yield
+    except BaseException:
+        if ctx.pool is not None:
+            ctx.pool.terminate()
+            ctx.pool.join()
+        raise
+    if ctx.pool is not None:
+        ctx.pool.close()
+        ctx.pool.join()

@@ -1,0 +1,196 @@
+"""The frontier's context and one run's saved state: the experiment's settings and data
+(:class:`Context`), the models and training configs runs are built from, and what a run in
+progress saves and restores.
+
+Resumable at two levels. A finished run is written atomically to ``out/runs/<id>.json`` and never
+trained again; a run in progress saves its stable-phase state (model, AdamW state, counters,
+finished branches, the Θ-factor anneal) atomically to ``out/state/<id>.pt`` at every branch or
+growth point (:mod:`.one_run`), and a restarted command continues from there. Training is a pure
+function of (seed, step) (batches, init, growth generators), so a resumed experiment writes the
+same ``results.json`` up to its ``timing`` section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...data.corpora import corpus_dataset
+from ...data.corpus import default_dataset
+from ...data.datasets import TokenDataset
+from ...errors import CheckpointError, ConfigError, TokenFormerError
+from ...io.files import atomic_write
+from ...io.untrusted import safe_torch_load
+from ...io.workers import check_parent
+from ...models.baselines import TransformerConfig, model_class
+from ...models.config import TokenFormerConfig
+from ...training.anneal import Anneal
+from ...training.config import TrainConfig
+from ...training.evaluation import lm_evaluator
+from ...training.execution import resolve_device
+from ...training.optim import rebuild_optimizer
+from ..common.saved import damaged, read_saved_json
+from . import plan as plan_
+from .presets import Preset
+from .schedule import Run
+
+PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
+
+
+@dataclass
+class Context:
+    preset: Preset
+    dataset: Any
+    device: Any
+    precision: str
+    eval_fn: Any
+    progress: bool | None
+    out: Path
+    print_fn: Any = None
+    started: float = 0.0
+    done: int = 0
+    total: int = 0
+    jobs: int = 1  # runs trained at once, each in its own process with one torch thread
+    source: tuple[Any, ...] = ()  # (data, device, dtype) as given: what a worker reopens
+    counted: set[str] = dataclasses.field(default_factory=set)  # run ids counted in ``done``
+    pool: Any = None  # the worker processes of ``jobs`` > 1, started once, at the first need
+
+
+def context(preset: Preset, data: str | Path | None, device: str, dtype: str | None,
+            progress: bool | None, out: Path, print_fn: Any) -> Context:
+    """The experiment's context: the dataset (``data``, else the preset's corpus, else the
+    embedded one), the device, the precision and the evaluation function."""
+    precision = PRECISIONS.get(str(dtype or preset.dtype).lower())
+    if precision is None:
+        raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(PRECISIONS)}")
+    dev = resolve_device(device)
+    if data is not None:
+        dataset = TokenDataset.open(data)
+    elif preset.corpus is not None:  # built here, never downloaded (data/corpora.py)
+        dataset = corpus_dataset(preset.corpus, progress=progress is not False)
+    else:
+        dataset = default_dataset(progress=progress is not False)
+    dataset.check_model(dataset.vocab_size, preset.seq_len)
+    eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
+    return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn)
+
+
+def _config_class(family: str) -> type:
+    return TokenFormerConfig if plan_.arch(family) == "tokenformer" else TransformerConfig
+
+
+def _build(family: str, config: Any, seed: int, device: Any) -> Any:
+    torch.manual_seed(seed)  # every arm of a seed starts a given size from the same weights
+    return model_class(plan_.arch(family))(config).to(device)
+
+
+def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) -> Any:
+    p = ctx.preset
+    return TrainConfig(arch=plan_.arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
+                       steps=steps, lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
+                       warmup_steps=p.warmup_steps, decay_fraction=p.decay_fraction,
+                       weight_decay=p.weight_decay, grad_clip=p.grad_clip,
+                       precision=ctx.precision, seed=run.seed, eval_interval=0,
+                       eval_batches=p.eval_batches, samples=0, device=str(ctx.device),
+                       pattention_impl=p.pattention_impl)
+
+
+def _anneal(ctx: Context, run: Run, state: dict[str, Any]) -> Anneal | None:
+    """exact-anneal: the Θ-factor anneal of the run's last growth (state["anneal"], None for
+    none), which ``fit`` applies at every step (:mod:`tokenformer.training.anneal`)."""
+    saved = state["anneal"]
+    return (Anneal.from_state(saved, ctx.preset.anneal_steps, str(_state_path(ctx, run)))
+            if saved else None)
+
+
+def _state_path(ctx: Context, run: Run) -> Path:
+    return ctx.out / "state" / (_safe(run.id) + ".pt")
+
+
+def _result_path(ctx: Context, run: Run) -> Path:
+    return ctx.out / "runs" / (_safe(run.id) + ".json")
+
+
+def _safe(run_id: str) -> str:
+    return run_id.replace("/", "__")
+
+
+def _checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write the in-progress state atomically (the resume point of a killed run)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_parent()  # a worker whose parent (the lock holder) died writes nothing
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+# What a state file holds (train_run writes it at every branch or growth point) and what a
+# finished run's runs/<id>.json and each of its branches hold (execute, _branch).
+STATE_KEYS = frozenset({"cursor", "counters", "branches", "anneal", "lr", "timing", "model",
+                        "optimizer", "param_groups", "config"})
+BRANCH_KEYS = frozenset({"budget_index", "budget", "steps", "decay_start", "flops", "tokens",
+                         "size", "loss", "bpb"})
+
+
+def _rerun(run: Run) -> str:
+    return f"delete it to rerun that arm ({run.id})"
+
+
+def _is_result(data: Any) -> bool:
+    return (isinstance(data, dict) and "lr" in data and isinstance(data.get("timing"), dict)
+            and isinstance(data.get("branches"), list) and len(data["branches"]) > 0
+            and all(isinstance(b, dict) and BRANCH_KEYS <= b.keys()
+                    and isinstance(b["loss"], (int, float)) for b in data["branches"]))
+
+
+def _load_state(ctx: Context, run: Run, lr: float | list[float]) -> dict[str, Any] | None:
+    path = _state_path(ctx, run)
+    if not path.is_file():
+        return None
+    try:  # weights only, never torch's fallback (nor its advice to use it)
+        state = safe_torch_load(path, foreign=False)
+    except CheckpointError:
+        raise damaged(path, "truncated or corrupt: not a readable PyTorch file",
+                      _rerun(run)) from None
+    if not (isinstance(state, dict) and STATE_KEYS <= state.keys()
+            and isinstance(state["cursor"], int) and isinstance(state["branches"], list)
+            and all(isinstance(state[k], dict) for k in ("counters", "timing", "model"))):
+        raise damaged(path, "not a state this command writes", _rerun(run))
+    if state.get("lr") != lr:  # the sweep's choice changed: this state is of another run
+        return None
+    return state
+
+
+def _restore(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> tuple[Any, Any]:
+    """Model and optimizer of a loaded state; :func:`damaged` if they do not rebuild from it."""
+    try:
+        config = _config_class(run.family)(**state["config"])
+        model = _build(run.family, config, run.seed, ctx.device)
+        model.load_state_dict(state["model"])
+        optimizer = rebuild_optimizer(model, state["param_groups"], state["optimizer"],
+                                      _state_path(ctx, run),
+                                      _train_config(ctx, run, lr, 1, "constant"))
+        _anneal(ctx, run, state)  # a malformed anneal is a damaged state too
+    except (TokenFormerError, AttributeError, KeyError, TypeError, ValueError,
+            RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise damaged(_state_path(ctx, run), f"it does not restore: {first}",
+                      _rerun(run)) from None
+    return model, optimizer
+
+
+def lr_record(lrs: tuple[float, ...]) -> float | list[float]:
+    """A run's ``lr`` as results.json and the state file hold it: one number, or one per stage
+    when they differ (per-stage LR)."""
+    return lrs[0] if len(set(lrs)) == 1 else list(lrs)
+
+
+def _saved(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any] | None:
+    """The run's results when an earlier invocation (or a worker) finished it at these LRs."""
+    path = _result_path(ctx, run)
+    if not path.is_file():
+        return None
+    saved = read_saved_json(path, _is_result, _rerun(run))
+    return saved if saved.get("lr") == lr_record(lrs) else None
