@@ -13,7 +13,7 @@ from ..common.stats import RULE_INTERVAL, describe, format_p, spread
 from .analysis import FAMILY_LABEL, analyse, arms, as_loss, envelope_pairs, mean_of, wall_clock
 from .plan import CHAIN_RULE, LR_RULE
 from .plots import make_plots
-from .presets import DENSE_FAMILIES
+from .presets import DENSE_FAMILIES, PRODUCT_KEY_FAMILIES, THETA_FAMILIES
 from .questions import question_lines
 from .recipes import RECIPES
 
@@ -456,15 +456,32 @@ def diagnostic_lines(results: dict[str, Any]) -> list[str]:
 def method_lines(results: dict[str, Any], table: dict[str, Any]) -> list[str]:
     """Sizes, schedule, growth operators, FLOP count and pairing, from the preset."""
     p = results["preset"]
-    pk = [f for f in p["families"] if f not in DENSE_FAMILIES]
+    pk = [f for f in p["families"] if f in PRODUCT_KEY_FAMILIES]
     growth = bool(p.get("recipes") or p.get("chains") or p.get("widenings"))
+    first = p.get("first_size", 1)
+    sizes = f"S{first}…S{first + p['num_sizes'] - 1}" if "num_sizes" in p else "S1…"
     pk_stages = [v["stages"][0] for v in table.values()
                  if v["kind"] == "scratch" and v["family"] in pk]
+    # what ran, not a formula: v4 scales Transformer++ by width (MLP 8/3·d), v3 matched its MLP
+    tpp = sorted({(v["stages"][0]["non_embedding_parameters"], v["stages"][0]["size"],
+                   v["stages"][0]["config"].get("hidden_size"),
+                   v["stages"][0]["config"].get("intermediate_size"))
+                  for v in table.values()
+                  if v["kind"] == "scratch" and v["family"] == "transformer++"})
+    tpp_text = ("Transformer++ (SwiGLU, RMSNorm, rotary) by width, MLP = 8/3·d: "
+                + ", ".join(f"{size} d {d} MLP {mlp} ({n:,} non-emb. parameters)"
+                            for n, size, d, mlp in tpp)
+                if p.get("tpp_widths") else
+                "Transformer++ matched to each in non-embedding parameters (MLP width)")
+    thetas = [f for f in p["families"] if f in THETA_FAMILIES]
     return ["## Method", "",
-            f"- Sizes: TokenFormer d = {p['hidden_size']}, {p['num_layers']} layers, "
+            f"- Sizes {sizes}: TokenFormer d = {p['hidden_size']}, {p['num_layers']} layers, "
             f"{p['num_heads']} heads, (qkv, proj, ffn) tokens {tuple(p['base_tokens'])} × "
-            f"{p['factor']}^k for S1… ; Transformer++ matched to each in non-embedding "
-            f"parameters (MLP width). Batch {p['batch_size']} × {p['seq_len']} tokens.",
+            f"{p['factor']}^(k−1) for Sk; {tpp_text}. Batch {p['batch_size']} × "
+            f"{p['seq_len']} tokens.",
+            *[f"- {FAMILY_LABEL[f]}: TokenFormer's sizes with Θ = {THETA_FAMILIES[f]} (no "
+              f"normalisation: every Pattention is a two-layer MLP with that activation, its "
+              f"keys the first layer's weight and its values the second's)." for f in thetas],
             *([f"- Product-key families ({', '.join(pk)}): size Si is TokenFormer Si with "
                f"its FFN Pattention replaced by product keys (`ffn_keys=\"product\"`) over "
                f"n = s² ≈ R × Si's FFN tokens (s the integer nearest √(R·n)) and the top-k "
