@@ -87,7 +87,12 @@ def make_plots(results: dict[str, Any], out: Path, summary: dict[str, Any] | Non
         ax.set_title(f"{FAMILY_LABEL[family]} (mean over seeds, band: min–max)", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=6.5)
-        if rows == 2:
+        if rows == 2 and not growing[family]:  # an empty log axis says nothing: say why
+            axes[1][col].axis("off")
+            axes[1][col].text(0.5, 0.5, f"no growing arm of {FAMILY_LABEL[family]}\nin this "
+                              "preset", ha="center", va="center", fontsize=9,
+                              transform=axes[1][col].transAxes)
+        elif rows == 2:
             ax = axes[1][col]
             for i, arm in enumerate(growing[family]):
                 cs = sorted((c for c in gaps if c["a"] == arm and c["n"] > 0
