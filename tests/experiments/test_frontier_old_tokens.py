@@ -15,6 +15,7 @@ from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier.presets import PRESETS, get_preset
 from tokenformer.experiments.frontier.recipes import RECIPES, Recipe
+from tokenformer.training.freezing import FrozenRows
 
 
 def test_old_token_arms_carry_their_options_and_the_presets_arms_are_unchanged():
@@ -58,11 +59,23 @@ def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir
                            "model": {k: v.clone() for k, v in state["model"].items()}})
         real(path, state)
 
+    real_fit = one_run_.fit
+
+    def fit(*args, callbacks=(), **kwargs):  # the model right after a growth, as fit grew it
+        def at_growth(record, model):
+            if record["type"] == "grow":
+                freeze = FrozenRows.after_growth(model, record["step"])
+                states.append({"frozen_rows": freeze.to_state(), "model": {
+                    k: v.detach().clone() for k, v in model.state_dict().items()}})
+        return real_fit(*args, callbacks=[*callbacks, at_growth], **kwargs)
+
     monkeypatch.setattr(one_run_, "_checkpoint", keep)
+    monkeypatch.setattr(one_run_, "fit", fit)
     results = run_.run_frontier(preset, data=dataset_dir, out=tmp_path / "out",
                                 print_fn=lambda line: None, plots=False)
     assert "chain-frozen-noised/seed0" in results["runs"]
-    # the states after the last growth (an earlier growth's rows are noised again by the next)
+    # the model at the last growth and the states after it (an earlier growth's rows are
+    # noised again by the next)
     grown = [s for s in states if s.get("frozen_rows")]
     grown = [s for s in grown if s["frozen_rows"] == grown[-1]["frozen_rows"]]
     assert len(grown) >= 2, "the chain saved fewer than two states after its growth"

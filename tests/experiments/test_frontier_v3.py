@@ -113,9 +113,9 @@ V3 = dataclasses.replace(
 def test_every_new_arm_kind_trains_into_its_planned_size(dataset_dir, tmp_path, monkeypatch):
     saved, real = {}, one_run_._checkpoint
 
-    def keep(path, state):  # the state saved right after each growth (cursor = growth step)
-        saved.setdefault(path.name, []).append(
-            (state["cursor"], state["config"], len(state["optimizer"]["state"])))
+    def keep(path, state):  # each state: its step, model config and AdamW's step count
+        steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
+        saved.setdefault(path.name, []).append((state["cursor"], state["config"], steps))
         real(path, state)
 
     monkeypatch.setattr(one_run_, "_checkpoint", keep)
@@ -136,11 +136,15 @@ def test_every_new_arm_kind_trains_into_its_planned_size(dataset_dir, tmp_path, 
         assert len(stages) >= 2, run["arm"]  # every arm of V3 grows (the envelopes move)
         states = saved[state_._safe(run["id"]) + ".pt"]
         for stage in stages[1:]:  # after each growth the model is the planned size
-            _, config, moments = next(s for s in states if s[0] == stage["start"])
+            # the first state after the growth (the one at its step holds the model before it)
+            cursor, config, steps = min((s for s in states if s[0] > stage["start"]),
+                                        key=lambda s: s[0])
             # (a grown model keeps its config's name: the rest is the planned size's)
             assert {**config, "name": None} == {**stage["config"], "name": None}
-            # official-released restarts AdamW (no moments yet); every other arm carries them
-            assert (moments == 0) == (run["arm"] == "chain-official-released"), run["arm"]
+            # official-released restarts AdamW at the growth (its step count starts again);
+            # every other arm carries it (the count of every step of the run)
+            restarted = run["arm"] == "chain-official-released"
+            assert steps == {cursor - stage["start"] if restarted else cursor}, run["arm"]
 
 
 # v3's gpu-30m as it was (issue 26; replaced by gpu-code in v4): the refusal's test case

@@ -249,7 +249,7 @@ def test_convert_to_hf_removes_what_a_killed_conversion_left(capsys, tmp_path, b
 
 def test_adapt_checks_its_output_before_training(capsys, monkeypatch, tmp_path, base,
                                                  dataset_dir):
-    import tokenformer.cli.commands.adapt as adapt_command
+    import tokenformer.training.adapt as adapt_command
 
     def fit(*args, **kwargs):
         raise AssertionError("trained before checking --out")

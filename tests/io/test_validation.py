@@ -396,8 +396,8 @@ def sigterm_at_step_2(monkeypatch):
     scheduler, at a reproducible point). Until the command installs its own handler, SIGTERM
     fails the test instead of killing pytest (what it did to the command before: exit 143, not
     a word)."""
-    import tokenformer.cli.commands.adapt as adapt_command
     import tokenformer.experiments.frontier.one_run as frontier_run
+    import tokenformer.training.adapt as adapt_command
     from tokenformer.training import loop
 
     real = loop.fit

@@ -364,7 +364,7 @@ def test_adapt_bench_end_to_end(tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("scipy")
     from importlib.metadata import version
 
-    from tokenformer.experiments.adapt_bench import CODE_PACKAGE, CODE_VERSION
+    from tokenformer.data.corpora import CODE_PACKAGE, CODE_VERSION
     if version(CODE_PACKAGE) != CODE_VERSION:  # the corpus is that release's source, exactly
         pytest.skip(f"the code corpus needs {CODE_PACKAGE}=={CODE_VERSION}, "
                     f"found {version(CODE_PACKAGE)}")

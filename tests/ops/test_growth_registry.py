@@ -117,9 +117,11 @@ def test_a_registered_strategy_reaches_grow_at_and_the_optimizer_reset() -> None
 
 def test_grow_at_keys_are_the_options_fields_with_a_text_form() -> None:
     """Read off GrowthOptions (positions has no key=value form; recipe is strategy's other
-    name; lr and lr_ramp are the schedule's): the list --grow-at has always had."""
+    name; lr and lr_ramp are the schedule's): the list --grow-at has always had, and widen
+    (a baseline's MLP widening, a field since the frontier's widening arms grow through it)."""
     assert GROW_KEYS == ("qkv", "proj", "ffn", "layers", "hidden", "heads", "how", "width_noise",
-                         "strategy", "recipe", "freeze_old", "noise_old", "lr", "lr_ramp")
+                         "widen", "strategy", "recipe", "freeze_old", "noise_old", "lr",
+                         "lr_ramp")
 
 
 def test_an_options_object_and_keywords_grow_the_same_model() -> None:

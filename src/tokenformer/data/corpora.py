@@ -11,10 +11,14 @@
   experiment's fingerprint includes it). E.g. ``"pysource:torch,transformers,sympy"`` (the
   gpu-code preset's): 1.26e8 bytes with torch 2.13 (46 MB), transformers 5.24 (54 MB) and sympy
   (26 MB).
+
+``code_dataset()``: the Python source of the pinned Jinja2 release, byte-tokenized (the
+adaptation corpus of ``tokenformer adapt --data code`` and the adaptation benchmark).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -23,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DataError
-from .corpus import cached_corpus
-from .datasets import TokenDataset
+from .corpus import cached_corpus, default_cache_dir, file_lock
+from .datasets import META_FILE, TokenDataset
+from .prepare import Document, prepare_documents
 from .synthetic import SPEC_PREFIX as SYNTHETIC_PREFIX
 from .synthetic import parse_spec, synthetic_dataset
 
@@ -114,3 +119,47 @@ def corpus_dataset(spec: str, progress: bool | None = True,
     return cached_corpus(name, source, lambda: pysource_bytes(arg).decode("utf-8",
                                                                      errors="replace"),
                          "bytes", cache_dir, progress)
+
+
+# ------------------------------------------------------------- the code corpus (adaptation)
+# The Python source of one pinned package, byte-tokenized like the embedded corpus: the new
+# domain of ``tokenformer adapt --data code`` and of the adaptation benchmark.
+CODE_PACKAGE, CODE_VERSION = "Jinja2", "3.1.6"
+CODE_SOURCE = f"{CODE_PACKAGE}=={CODE_VERSION}:jinja2/*.py"
+
+
+@functools.lru_cache(maxsize=1)
+def code_text() -> str:
+    """The Python source of the pinned Jinja2 package (a dependency of torch, so present
+    wherever torch is), files in sorted order, each headed by ``# file: jinja2/NAME``."""
+    try:
+        import jinja2
+    except ImportError:
+        raise DataError(f"the code corpus needs {CODE_PACKAGE}=={CODE_VERSION} "
+                        f"(pip install 'tokenformer[adapt]')") from None
+    version = importlib.metadata.version(CODE_PACKAGE)
+    if version != CODE_VERSION:
+        raise DataError(f"the code corpus is pinned to {CODE_PACKAGE}=={CODE_VERSION}, found "
+                        f"{version}: pip install {CODE_PACKAGE}=={CODE_VERSION}")
+    root = Path(jinja2.__file__).parent
+    parts = [f"# file: jinja2/{p.relative_to(root).as_posix()}\n{p.read_text('utf-8')}"
+             for p in sorted(root.rglob("*.py"))]
+    return "\n".join(parts)
+
+
+def code_dataset(cache_dir: str | Path | None = None, progress: bool | None = True) -> Any:
+    """The code corpus byte-tokenized (the KJV base's tokenizer), last 10 % held out, cached
+    beside the embedded corpus."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / f"code-{CODE_PACKAGE.lower()}-{CODE_VERSION}-bytes"
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / ".code.lock"):
+        if (path / META_FILE).is_file():
+            with contextlib.suppress(DataError):
+                dataset = TokenDataset.open(path)
+                if dataset.meta.get("sources") == [CODE_SOURCE]:
+                    return dataset
+        text = code_text()
+        doc = Document(CODE_SOURCE, len(text.encode("utf-8")), lambda: text)
+        return prepare_documents([doc], "bytes", path, val_fraction=0.1, progress=progress,
+                                 overwrite=True, sources=[CODE_SOURCE])

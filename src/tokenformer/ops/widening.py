@@ -18,7 +18,10 @@ import torch
 
 from ..errors import GrowthError
 
-WIDENINGS = ("zero", "net2net")
+# name → what it does (tokenformer.ops.growth's widen=, beside its "duplicate")
+WIDENINGS = {"zero": "new units with zero outgoing weights (any width)",
+             "net2net": "new units copy random old ones, outgoing weights split (Net2Net; any "
+                        "width)"}
 
 
 def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
@@ -31,7 +34,9 @@ def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
     proportions summing to one (equal shares ±10 %), so the sum is unchanged while the copies see
     different gradients and can diverge. The optimizer is rebuilt over the new parameters with the
     AdamW moments of the old units kept and zero for the new ones (as :mod:`tokenformer.ops.growth`
-    does for parameter tokens), or fresh with ``reset_optimizer``.
+    does for parameter tokens), or fresh with ``reset_optimizer``; ``optimizer`` None: none
+    (returned as None). :func:`tokenformer.ops.growth.grow` runs it for ``widen=`` (the one way
+    to grow, in a run's ``--grow-at`` too).
     """
     config = model.config
     old = config.intermediate_size
@@ -77,6 +82,8 @@ def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
             grown.mlp.down.weight.copy_(down)
             if block.mlp.down.bias is not None:
                 grown.mlp.down.bias.copy_(block.mlp.down.bias)
+    if optimizer is None:  # ops.growth.grow: the model alone
+        return new, None
     return new, optimizer_for(model, optimizer, new, reset=reset_optimizer)
 
 

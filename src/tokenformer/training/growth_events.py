@@ -5,7 +5,8 @@ the run's steps and, before the first step, against the model (:func:`check_grow
 
 * sizes, passed to :func:`tokenformer.ops.growth.grow`: ``qkv``, ``proj``, ``ffn``, ``layers``,
   ``hidden``, ``heads`` (a count or a multiplier like ``2x``), ``how`` (``identity``, ``stack``),
-  ``width_noise`` (zero-sum noise on duplicated units, std relative to each tensor's rms);
+  ``width_noise`` (zero-sum noise on duplicated units, std relative to each tensor's rms),
+  ``widen`` (a Transformer baseline's MLP: ``duplicate``, ``zero``, ``net2net``);
 * ``strategy`` (or ``recipe``): ``exact``, ``paper``, ``official-init``, ``official-released``
   (``official``: the old name of ``official-init``);
 * old tokens: ``freeze_old`` (steps, or ``forever``), ``noise_old`` (std relative to each tensor's
@@ -30,6 +31,7 @@ from ..ops.growth import (
     OLD_TOKEN_KEYS,
     STRATEGY,
     TEXT_KEYS,
+    WIDEN,
     canonical_recipe,
     freeze_request,
     plan_growth,
@@ -119,6 +121,11 @@ def _value(key: str, value: str, where: str) -> Any:
         if value not in strategy_names():
             raise ConfigError(f"{where}: unknown {key} {value!r}; choose one of "
                               f"{', '.join(STRATEGY)}")
+        return value
+    if key == "widen":
+        if value not in WIDEN:
+            raise ConfigError(f"{where}: unknown widen {value!r}; choose one of "
+                              f"{', '.join(WIDEN)}")
         return value
     if key == "how":
         if not _WORD.match(value):

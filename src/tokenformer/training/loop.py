@@ -57,6 +57,10 @@ class FitResult:
     train_time: float
     elapsed: float
     run_dir: Path | None = None
+    # in force after the last step (a caller that trains on in another fit call passes them on,
+    # e.g. the frontier's segments and cooldown branches)
+    freeze: FrozenRows | None = None
+    anneal: Anneal | None = None
 
     @property
     def evals(self) -> list[dict[str, Any]]:
@@ -117,9 +121,10 @@ def fit(
     replaces it, and a checkpoint carries it to the resumed run). ``lr_fn(step)``: the learning
     rate of each step instead of ``cfg``'s schedule (a caller whose schedule spans several
     ``fit`` calls, e.g. the frontier's stable runs and cooldown branches). ``anneal``: the
-    Θ-factor anneal in force at ``start_step`` (a caller that grows between ``fit`` calls, e.g.
-    the frontier's chains); each exact growth of ``cfg.grow_at`` starts one of ``anneal_steps``
-    itself, and a checkpoint carries it to the resumed run.
+    Θ-factor anneal in force at ``start_step`` (a caller whose run spans several ``fit`` calls
+    passes on the :class:`FitResult`'s ``anneal`` and ``freeze`` of the call before); each exact
+    growth of ``cfg.grow_at`` starts one of ``anneal_steps`` itself, and a checkpoint carries it
+    to the resumed run.
 
     With ``out_dir`` the run folder is locked for the call (:mod:`tokenformer.io.outputs`), and
     SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
@@ -237,4 +242,4 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
     c = recorder.counters
     return FitResult(model, optimizer, max(start_step, cfg.steps), recorder.losses,
                      recorder.records, c["tokens"], c["flops"], c["train_time"], c["elapsed"],
-                     run_dir)
+                     run_dir, freeze, anneal)

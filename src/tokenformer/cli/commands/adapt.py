@@ -8,22 +8,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ...errors import ConfigError
-from ...experiments.adapt_bench import bench_preset, code_dataset, run_adapt_bench
-from ...formats.loading import load_model
+from ...experiments.adapt_bench import bench_preset, run_adapt_bench
 from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir
 from ...io.outputs import check_output
 from ...nn.pattention import KINDS
 from ...ops import adapters as ad
-from ...training.config import TrainConfig, load_config
-from ...training.evaluation import lm_evaluator
-from ...training.execution import resolve_device
-from ...training.lm import lm_batches, open_dataset
-from ...training.loop import fit
-from ...training.signals import interrupt_on_signal
+from ...training.adapt import adapt_checkpoint
+from ...training.config import TrainConfig
 from ..options import comma_list, config_overrides
 from .grow import copy_tokenizer
 from .scale import experiment_folder
@@ -41,74 +34,6 @@ def parse_tokens(spec: str) -> dict[str, int]:
     if not any(sizes.values()):
         raise ConfigError(f"--tokens: an adapter needs at least one count > 0, got {spec!r}")
     return sizes
-
-
-def open_data(cfg: Any, progress: bool = True) -> Any:
-    """``cfg.data``: what the trainer opens (a prepared directory, ``default`` = the embedded
-    KJV) or ``code`` (the embedded Jinja2 source corpus,
-    :mod:`tokenformer.experiments.adapt_bench`)."""
-    if cfg.data == "code":
-        return code_dataset(progress=progress)
-
-    return open_dataset(cfg, progress=progress)
-
-
-def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str | Path, *,
-                     name: str = "adapter", overrides: dict[str, Any] | None = None,
-                     progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """Load ``base``, attach a token adapter, train it on ``data_spec`` with the trainer
-    (:func:`tokenformer.training.fit`; any TrainConfig key in ``overrides``), save it to ``out``
-    (``overwrite``: replacing an earlier ``adapt``'s output)."""
-    out = Path(out)
-    ad.check_name(name)  # before loading anything
-    # before training: an output that exists, is an input or cannot be created is refused now
-    check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt",
-                 overwrite=overwrite)
-    cfg = load_config(None, {"steps": 200, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20,
-                             "eval_interval": 0, "eval_batches": 8, "batch_size": 16,
-                             "seq_len": 128, "weight_decay": 0.0, **(overrides or {}),
-                             "data": data_spec})
-    # an adapter is written only once trained: a signal before that leaves nothing to resume
-    with interrupt_on_signal(f"nothing was written to {out} (an adapter is saved when its "
-                             f"training ends); rerun the same command to train it"):
-        model, summary = _train_adapter(base, data_spec, tokens, cfg, name, progress)
-    ad.save_adapter(model, name, out, extra={"training": summary}, overwrite=overwrite,
-                    command="adapt")
-    return {**summary, "out": str(out)}
-
-
-def _train_adapter(base: str, data_spec: str, tokens: dict[str, int], cfg: Any, name: str,
-                   progress: bool | None) -> tuple[Any, dict[str, Any]]:
-    """:func:`adapt_checkpoint`'s work before the save: the adapted model and its summary."""
-    device = resolve_device(cfg.device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    model = load_model(base).to(device)  # a folder is checked against its manifest first
-    dataset = open_data(cfg, progress=bool(progress))
-    dataset.check_model(model.config.vocab_size, cfg.seq_len)
-    if cfg.seq_len > model.config.max_seq_len:
-        raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "
-                          f"{model.config.max_seq_len}")
-    torch.manual_seed(cfg.seed)
-    ad.adapt(model, **tokens, name=name, generator=torch.Generator().manual_seed(cfg.seed))
-    evaluate = lm_evaluator(dataset, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device)
-
-    batch_fn = lm_batches(dataset, cfg.batch_size, cfg.seq_len, cfg.seed, device)
-
-    model.eval()
-    with torch.no_grad(), ad.adapters_active(model, []):
-        before = evaluate(model)
-    model.train()
-    result = fit(model, batch_fn, cfg, eval_fn=evaluate, progress=progress)
-    after = result.final_eval or {}
-    summary = {"base": str(base), "data": data_spec, "name": name, "tokens": tokens,
-               "trainable_parameters": ad.trainable_parameters(model),
-               "base_parameters": sum(p.numel() for n, p in model.named_parameters()
-                                      if ".adapters." not in n),
-               "steps": result.step, "train_time_s": result.train_time,
-               "val_loss_base": before["val_loss"], "val_loss_adapted": after.get("val_loss"),
-               "train_config": cfg.to_dict()}
-    return model, summary
 
 
 def run_adapt(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ from ...models.memory import check_memory
 from ...ops.growth import (
     HOWS,
     PLAN_KEYS,
+    WIDEN,
     GrowthOptions,
     grow_with_optimizer,
     max_logit_change,
@@ -224,7 +225,8 @@ def run(args: argparse.Namespace) -> None:
         parts.append(f"layers {args.layers} " + ("stacked" if args.how == "stack" else
                                                   f"by inserted blocks ({args.strategy})"))
     if not hasattr(summary["config_before"], "qkv_tokens") and args.ffn is not None:
-        parts.append(f"mlp {args.ffn} by duplication")  # a baseline: no parameter tokens
+        how = "duplication" if args.widen == "duplicate" else f"{args.widen} widening"
+        parts.append(f"mlp {args.ffn} by {how}")  # a baseline: no parameter tokens
     elif any(getattr(args, kind) is not None for kind in ("qkv", "proj", "ffn")):
         parts.append(f"{args.strategy} tokens")
     print(f"grew {args.checkpoint} -> {summary['out']} ({'; '.join(parts) or 'a copy'})")
@@ -245,7 +247,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for kind in ("qkv", "proj", "ffn"):
         p.add_argument(f"--{kind}", default=None, metavar="N|Kx",
                        help=f"new {kind} token count, absolute or a multiplier like 2x"
-                            + (" (a Transformer baseline: its MLP width, a whole multiple)"
+                            + (" (a Transformer baseline: its MLP width, a whole multiple "
+                               "unless --widen zero|net2net)"
                                if kind == "ffn" else ""))
     p.add_argument("--hidden", default=None, metavar="N|Kx",
                    help="new hidden size, a whole multiple (2x, 4x, or 1536 from 768): exact "
@@ -257,6 +260,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="zero-sum noise on the duplicated units, std relative to each tensor's "
                         "RMS (breaks their symmetry; the function stays exact; default 0, "
                         "HyperCloning used 0.32)")
+    p.add_argument("--widen", choices=tuple(WIDEN), default="duplicate",
+                   help="a Transformer baseline's MLP growth with --ffn: "
+                        + "; ".join(f"{name}: {what}" for name, what in WIDEN.items()))
     p.add_argument("--layers", default=None, metavar="N|Kx",
                    help="new total number of blocks (see --how)")
     p.add_argument("--how", choices=HOWS, default="identity",

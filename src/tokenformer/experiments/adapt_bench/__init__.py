@@ -2,7 +2,8 @@
 
 A TokenFormer (and a Transformer++ of matched size, same data, steps and schedule) is pretrained
 on the embedded King James Bible; each arm then adapts it to a second embedded corpus, the Python
-source of the pinned ``Jinja2`` package (:func:`.corpus.code_text`), for the same number of steps:
+source of the pinned ``Jinja2`` package (:func:`tokenformer.data.corpora.code_text`), for the
+same number of steps:
 
 ==============  ===================================================================================
 ``tok-ffn``     parameter-token adapter on the FFN Pattentions (:func:`tokenformer.adapt`)
@@ -25,12 +26,10 @@ corpora) → :mod:`.run` (bases, LR tuning, every adaptation run; resumable) →
 (``results.json`` → intervals, paired comparisons, the verdict, report.md and the Pareto plot).
 """
 
-from .corpus import CODE_PACKAGE, CODE_SOURCE, CODE_VERSION, code_dataset, code_text
 from .plan import ARMS, LABELS, PRESETS, SCHEMA, BenchPreset, bench_preset, get_preset, tuning_key
 from .report import summarize, t_interval, verdict
 from .run import knob, run_adapt_bench, run_one, tune_lr
 
-__all__ = ["ARMS", "CODE_PACKAGE", "CODE_SOURCE", "CODE_VERSION", "LABELS", "PRESETS", "SCHEMA",
-           "BenchPreset", "bench_preset", "code_dataset", "code_text", "get_preset", "knob",
-           "run_adapt_bench", "run_one", "summarize", "t_interval", "tune_lr", "tuning_key",
+__all__ = ["ARMS", "LABELS", "PRESETS", "SCHEMA", "BenchPreset", "bench_preset", "get_preset",
+           "knob", "run_adapt_bench", "run_one", "summarize", "t_interval", "tune_lr", "tuning_key",
            "verdict"]

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ...data.corpora import CODE_SOURCE
 from ...io.files import atomic_write_text
 from ..common import stats
 from ..common.report import have_matplotlib, markdown_table, to_json
-from .corpus import CODE_SOURCE
 from .plan import LABELS, base_of
 
 

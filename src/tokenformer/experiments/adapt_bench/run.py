@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...data.corpora import CODE_SOURCE, code_dataset
 from ...errors import TokenFormerError
 from ...io.files import atomic_write_text, save_safetensors
 from ...models.baselines import TransformerLM, matched_config
@@ -34,7 +35,7 @@ from ..common.machine import machine_summary
 from ..common.saved import damaged, is_mapping_of, read_saved_json
 from ..common.sweep import sweep_lr
 from . import report
-from .corpus import CODE_SOURCE, code_dataset, kjv_dataset
+from .corpus import kjv_dataset
 from .plan import SCHEMA, BenchPreset, base_of, bench_preset, tuning_key
 
 # What every run of .partial.json holds (run_one's row and its budget): a rerun reads them all.

@@ -1,64 +1,70 @@
-"""A chain's growths in the frontier: each recipe's operator at a stage's start (tokens, MLP width,
-stacking, cloning), with the old-token options and the Θ-factor anneal it asks for, and the
-growth diagnostics (old vs new tokens' norms and their first update)."""
+"""A chain's growths in the frontier, as ``--grow-at`` events that ``fit`` applies
+(:mod:`tokenformer.training.growth`, the one way a run grows): each recipe's growth into a stage
+written as the spec ``tokenformer train --grow-at`` takes (:func:`grow_at`), the run-wide
+growth options that go with it (:func:`growth_settings`), and the growth diagnostics (old vs new
+tokens' norms and their first update)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
-import torch
-
 from ...nn.pattention import pattention_kind
-from ...ops.growth import grow_with_optimizer
-from ...ops.widening import widen_mlp
-from ...training.anneal import Anneal
-from ...training.freezing import FrozenRows
+from ...ops.growth import old_tokens
 from . import recipes as recipes_
 from . import schedule as schedule_
+from .presets import Preset
 from .schedule import Run
-from .state import Context
+
+# What a growth changes in a model's config (the rest, e.g. Θ's factors, follows the recipe): a
+# model of a stage's sizes has grown into that stage.
+SIZE_FIELDS = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "qkv_tokens",
+               "proj_tokens", "ffn_tokens")
 
 
-def _grow(ctx: Context, run: Run, model: Any, optimizer: Any, stage: schedule_.Stage,
-          state: dict[str, Any]) -> tuple[Any, Any]:
-    """Grow to ``stage``'s size with the run's recipe and old-token options; the anneal record
-    (or None) and the frozen rows (or None) go into ``state``."""
-    generator = torch.Generator().manual_seed(run.seed * 1_000_003 + stage.start)
+def same_size(a: Any, b: Any) -> bool:
+    """Whether configs ``a`` and ``b`` have the same sizes (:data:`SIZE_FIELDS`)."""
+    return all(getattr(a, f, None) == getattr(b, f, None) for f in SIZE_FIELDS)
+
+
+def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> str:
+    """The ``--grow-at`` spec of ``run``'s growth from a model of ``config`` into ``stage``:
+    its recipe's operator (tokens, MLP widening, stacking or duplication), sizes and old-token
+    options."""
     recipe = recipes_.RECIPES[run.recipe]
-    if recipe.shape != "size":  # G_stack or HyperCloning, into the final size
-        c = stage.config
-        how = ({"layers": c.num_layers, "how": "stack"} if recipe.shape == "stack" else
-               {"hidden": c.hidden_size, "heads": c.num_heads, "width_noise": recipe.width_noise,
-                # v4's width-scaled Transformer++ doubles its MLP with the hidden size
-                **({"ffn": c.intermediate_size} if getattr(model.config, "intermediate_size",
-                                                           None) != c.intermediate_size else {})})
-        model, optimizer = grow_with_optimizer(
-            model, optimizer, new_row_moments=ctx.preset.new_row_moments, generator=generator,
-            **how)
-        if dataclasses.asdict(model.config) != dataclasses.asdict(stage.config):
-            raise AssertionError(f"{run.id}: grown to {model.config}, planned {stage.config}")
-        state.update(anneal=None, frozen_rows=None)
-        return model.to(ctx.device).train(), optimizer
-    if recipe.kind == "widen":
-        model, optimizer = widen_mlp(model, optimizer, stage.config.intermediate_size,
-                                     recipe.method, generator=generator)
-        state.update(anneal=None, frozen_rows=None)
-        return model.to(ctx.device).train(), optimizer
-
     c = stage.config
-    model, optimizer = grow_with_optimizer(
-        model, optimizer, new_row_moments=ctx.preset.new_row_moments, generator=generator,
-        qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens, strategy=recipe.method,
-        freeze_old=recipe.freeze_old, noise_old=recipe.noise_old)
-    model = model.to(ctx.device).train()
-    freeze = FrozenRows.after_growth(model, stage.start)
-    state["frozen_rows"] = freeze.to_state() if freeze is not None else None
-    state["anneal"] = (Anneal.after_growth(model.config, stage.start,
-                                           ctx.preset.anneal_steps).to_state()
-                       if recipe.anneal else None)
-    return model, optimizer
+    request: dict[str, Any]
+    if recipe.shape == "stack":  # G_stack, into the final size
+        request = {"layers": c.num_layers, "how": "stack"}
+    elif recipe.shape == "clone":  # HyperCloning, into the final size
+        request = {"hidden": c.hidden_size, "heads": c.num_heads,
+                   "width_noise": recipe.width_noise,
+                   # v4's width-scaled Transformer++ doubles its MLP with the hidden size
+                   "ffn": c.intermediate_size if config.intermediate_size
+                   != c.intermediate_size else None}
+    elif recipe.kind == "widen":
+        request = {"ffn": c.intermediate_size, "widen": recipe.method}
+    else:
+        request = {"qkv": c.qkv_tokens, "proj": c.proj_tokens, "ffn": c.ffn_tokens,
+                   "strategy": recipe.method, "freeze_old": recipe.freeze_old,
+                   "noise_old": recipe.noise_old}
+    options = ",".join(f"{key}={value!r}" if isinstance(value, float) else f"{key}={value}"
+                       for key, value in request.items() if value not in (None, 0.0))
+    return f"{stage.start}:{options}"
+
+
+def growth_settings(preset: Preset, run: Run, grows: bool) -> dict[str, Any]:
+    """The training options of a segment of ``run`` (``grows``: one that starts with a growth):
+    the carried AdamW state of new rows (the preset's ``new_row_moments``; an MLP widening
+    starts its new units' moments at zero, the only form tokenformer.ops.widening has) and, for
+    an annealing recipe, the anneal of Θ's factor that its exact growth starts."""
+    recipe = recipes_.RECIPES.get(run.recipe or "")
+    if recipe is None:
+        return {}
+    widening = recipe.kind == "widen" and recipe.shape == "size"
+    mean = preset.new_row_moments == "mean" and not widening
+    return {"growth_optimizer": "carry-mean" if mean else "carry",
+            "anneal_steps": preset.anneal_steps if recipe.anneal and grows else 0}
 
 
 def _grows_tokens(run: Run) -> bool:
@@ -70,16 +76,19 @@ def _row_norm(t: Any) -> float:
     return float(t.detach().float().norm(dim=1).mean()) if t.shape[0] else math.nan
 
 
-def _diagnose_growth(run: Run, model: Any, old_rows: dict[str, int], step: int
-                     ) -> dict[str, Any]:
-    """Right after a growth of tokens: the old (first ``old_rows``) and new rows' mean L2 norm
-    per Pattention kind and tensor, and a copy of the tokens to measure the first step's
-    update against (:func:`_finish_diagnosis`)."""
+def _diagnose_growth(run: Run, model: Any, step: int) -> dict[str, Any]:
+    """Right after a growth of tokens: the old rows' (those the growth kept, as it recorded
+    them: :func:`tokenformer.ops.growth.old_tokens`) and new rows' mean L2 norm per Pattention
+    kind and tensor, and a copy of the tokens to measure the first step's update against
+    (:func:`_finish_diagnosis`)."""
     sizes = schedule_.size_at(run.stages, step - 1).size, schedule_.size_at(run.stages, step).size
+    kept = old_tokens(model)
+    if kept is None:
+        raise AssertionError(f"{run.id}: the growth at step {step} recorded no old tokens")
     norms: dict[str, list[tuple[float, float]]] = {}
     snap = {}
     for name, m in model.pattentions().items():
-        n = old_rows[name]
+        n = kept.rows[f"{name}.key_param_tokens"]
         for which, t in (("keys", m.key_param_tokens), ("values", m.value_param_tokens)):
             norms.setdefault(f"{pattention_kind(name)}.{which}", []).append(
                 (_row_norm(t[:n]), _row_norm(t[n:])))

@@ -32,7 +32,7 @@ from ...training.loop import fit
 from ...training.optim import group_names, make_optimizer
 from ..common.report import to_json
 from . import schedule as schedule_
-from .growing import _diagnose_growth, _finish_diagnosis, _grow, _grows_tokens
+from .growing import _diagnose_growth, _finish_diagnosis, _grows_tokens, grow_at, same_size
 from .presets import Preset
 from .schedule import Branch, Run
 from .state import (
@@ -53,8 +53,10 @@ from .state import (
 
 def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     """Train ``run`` at the peak LRs ``lrs`` (one per stage, :func:`schedule.stage_lrs`): the
-    stable phase in segments, a cooldown branch at each budget. Returns the run's results
-    (branch losses and FLOPs) and timing."""
+    stable phase in segments, a cooldown branch at each budget. A chain's growth into a stage
+    is the ``--grow-at`` event (:func:`.growing.grow_at`) that starts the segment at the stage's
+    first step, applied by ``fit`` like any run's. Returns the run's results (branch losses and
+    FLOPs) and timing."""
     lr = lr_record(lrs)
     stage_at = {s.start: s for s in run.stages[1:]}
     stops = sorted({b.decay_start for b in run.branches} | set(stage_at))
@@ -74,24 +76,28 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
         for stop in stops:
             if stop <= state["cursor"]:
                 continue
+            start = state["cursor"]
+            # a growth into the stage starting here, unless a state of an earlier version (which
+            # saved the model grown) already holds it
+            stage = stage_at.get(start)
+            growth = (grow_at(run, stage, model.config)
+                      if stage is not None and not same_size(model.config, stage.config)
+                      else None)
             # fit's lr_fn (schedule.run_lr) sets every step's LR; the config's lr only seeds AdamW
-            cfg = _train_config(ctx, run, lrs[0], stop, "constant")
-            result = _segment(ctx, run, lrs, model, optimizer, cfg, state["cursor"], state,
-                              bar, schedule_steps=max(b.steps for b in run.branches))
+            cfg = _train_config(ctx, run, lrs[0], stop, "constant", growth)
+            result = _segment(ctx, run, lrs, model, optimizer, cfg, start, state, bar,
+                              schedule_steps=max(b.steps for b in run.branches))
             model, optimizer = result.model, result.optimizer
             state["counters"]["tokens"] += result.tokens
             state["counters"]["flops"] += result.flops
+            # what the last growth left in force, for the branches and the next segment
+            state["frozen_rows"] = result.freeze.to_state() if result.freeze is not None else None
+            state["anneal"] = result.anneal.to_state() if result.anneal is not None else None
             state["cursor"] = stop
             for branch in run.branches:
                 if branch.decay_start == stop:
                     state["branches"].append(_branch(ctx, run, lrs, model, optimizer, branch,
                                                      state))
-            if stop in stage_at:
-                old_rows = {n: m.num_tokens for n, m in model.pattentions().items()} if (
-                    _grows_tokens(run)) else None
-                model, optimizer = _grow(ctx, run, model, optimizer, stage_at[stop], state)
-                if old_rows is not None:
-                    state["pending"] = _diagnose_growth(run, model, old_rows, stop)
             state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
                          param_groups=group_names(model, optimizer),
                          config=dataclasses.asdict(model.config))
@@ -109,14 +115,22 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
 def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
              cfg: Any, start: int, state: dict[str, Any], bar: Any, schedule_steps: int,
              eval_fn: Any = None) -> Any:
-    """Train [start, cfg.steps) on the run's schedule for a branch of ``schedule_steps``."""
+    """Train [start, cfg.steps) on the run's schedule for a branch of ``schedule_steps``
+    (growing first when ``cfg.grow_at`` holds the growth at ``start``)."""
     if cfg.schedule == "constant" and cfg.steps > schedule_.decay_start(schedule_steps, ctx.preset):
         raise AssertionError("a stable segment runs into the cooldown")
     timing = state["timing"]
-
     batch_fn = lm_batches(ctx.dataset, cfg.batch_size, cfg.seq_len, run.seed, ctx.device)
 
     def on_record(record: dict[str, Any], current: Any) -> None:
+        if record["type"] == "grow":
+            stage = schedule_.size_at(run.stages, record["step"])
+            if not same_size(current.config, stage.config):
+                raise AssertionError(f"{run.id}: grown to {current.config}, planned "
+                                     f"{stage.config}")
+            if _grows_tokens(run):
+                state["pending"] = _diagnose_growth(run, current, record["step"])
+            return
         if record["type"] != "train":
             return
         pending = state.get("pending")

@@ -4,8 +4,10 @@ progress saves and restores.
 
 Resumable at two levels. A finished run is written atomically to ``out/runs/<id>.json`` and never
 trained again; a run in progress saves its stable-phase state (model, AdamW state, counters,
-finished branches, the Θ-factor anneal) atomically to ``out/state/<id>.pt`` at every branch or
-growth point (:mod:`.one_run`), and a restarted command continues from there. Training is a pure
+finished branches, the Θ-factor anneal and frozen rows in force) atomically to
+``out/state/<id>.pt`` at every branch or growth point (:mod:`.one_run`; at a growth point, the
+model before the growth, which the next segment's ``fit`` applies), and a restarted command
+continues from there. Training is a pure
 function of (seed, step) (batches, init, growth generators), so a resumed experiment writes the
 same ``results.json`` up to its ``timing`` section.
 """
@@ -35,6 +37,7 @@ from ...training.execution import resolve_device
 from ...training.optim import rebuild_optimizer
 from ..common.saved import damaged, read_saved_json
 from . import plan as plan_
+from .growing import growth_settings
 from .presets import Preset
 from .schedule import Run
 
@@ -88,7 +91,10 @@ def _build(family: str, config: Any, seed: int, device: Any) -> Any:
     return model_class(plan_.arch(family))(config).to(device)
 
 
-def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) -> Any:
+def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str,
+                  growth: str | None = None) -> Any:
+    """A segment's training config; ``growth``: the ``--grow-at`` spec of the growth it starts
+    with (:func:`.growing.grow_at`), with the growth options of the run's recipe."""
     p = ctx.preset
     return TrainConfig(arch=plan_.arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
                        steps=steps, lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
@@ -96,7 +102,8 @@ def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str) 
                        weight_decay=p.weight_decay, grad_clip=p.grad_clip,
                        precision=ctx.precision, seed=run.seed, eval_interval=0,
                        eval_batches=p.eval_batches, samples=0, device=str(ctx.device),
-                       pattention_impl=p.pattention_impl)
+                       pattention_impl=p.pattention_impl, grow_at=[growth] if growth else [],
+                       **growth_settings(p, run, growth is not None))
 
 
 def _anneal(ctx: Context, run: Run, state: dict[str, Any]) -> Anneal | None:

@@ -104,6 +104,7 @@ from .strategies import (
     RELEASED,
     STRATEGIES,
     STRATEGY,
+    WIDEN,
     Strategy,
     canonical_recipe,
     grown_tokens,
@@ -118,7 +119,7 @@ from .surgery import rebuild
 __all__ = [
     "BRANCH_OUTPUTS", "FOREVER", "HOWS", "NEW_ROW_MOMENTS", "OLD_TOKEN_KEYS", "OPTION_KEYS",
     "PLAN_KEYS", "RECIPES", "RECIPE_ALIASES", "RELEASED", "REQUEST_KEYS", "STRATEGIES",
-    "STRATEGY", "TEXT_KEYS", "TOKEN_TENSORS", "GrowthOptions", "OldTokens", "Strategy",
+    "STRATEGY", "TEXT_KEYS", "TOKEN_TENSORS", "WIDEN", "GrowthOptions", "OldTokens", "Strategy",
     "canonical_recipe", "default_positions", "freeze_request", "grow", "grow_with_optimizer",
     "grown_tokens", "max_logit_change", "old_tokens", "parse_growth_request", "plan_growth",
     "rebuild", "recipe_alias_note", "refuse_product_ffn", "refuse_unsupported",

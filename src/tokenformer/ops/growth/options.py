@@ -31,7 +31,9 @@ class GrowthOptions:
 
     Sizes are absolute (``1536``) or multipliers (``"2x"``); ``strategy`` names an entry of
     :data:`tokenformer.ops.growth.strategies.STRATEGY`; ``how`` one of
-    :data:`tokenformer.ops.growth.strategies.HOW`. Values are checked when the request is
+    :data:`tokenformer.ops.growth.strategies.HOW`; ``widen`` one of
+    :data:`tokenformer.ops.growth.strategies.WIDEN` (how a Transformer baseline's MLP grows
+    with ``ffn=``). Values are checked when the request is
     planned (:func:`~tokenformer.ops.growth.plan_growth`), not here, so that every refusal is
     the one line it has always been."""
 
@@ -43,6 +45,7 @@ class GrowthOptions:
     heads: int | None = None
     how: str = "identity"
     width_noise: float = 0.0
+    widen: str = "duplicate"
     strategy: str = "exact"
     positions: list[int] | None = field(default=None, metadata=_LIST)
     freeze_old: int | str | bool | None = field(default=None, metadata=_NOT_PLANNED)

@@ -15,7 +15,7 @@ from ...nn.pattention import KINDS, default_scale, resolve_top_k
 from ..cloning import product_key_refusal, widened_config
 from .options import GrowthOptions, refuse_unsupported
 from .sizes import layer_plan, resolve_size, width_factor
-from .strategies import HOW, STRATEGY, canonical_recipe
+from .strategies import HOW, STRATEGY, WIDEN, canonical_recipe
 
 
 def plan_growth(config: Any, options: GrowthOptions | None = None, /,
@@ -39,6 +39,8 @@ def plan_growth(config: Any, options: GrowthOptions | None = None, /,
                           f"RMS), got {width_noise!r}")
     baseline = isinstance(config, TransformerConfig)
     product = getattr(config, "ffn_keys", "dense") == "product"
+    if opts.widen != "duplicate":
+        return _widened_mlp_config(config, opts, baseline)
     if baseline and (qkv is not None or proj is not None):
         raise GrowthError("a Transformer baseline has no parameter tokens: its attention width "
                           "is the hidden size (grow it with hidden=) and its MLP width is ffn=")
@@ -75,6 +77,27 @@ def plan_growth(config: Any, options: GrowthOptions | None = None, /,
              for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
     refuse_product_ffn(config, sizes["ffn"], "grow")
     return _grown_config(config, sizes, new_layers, strategy.exact)
+
+
+def _widened_mlp_config(config: Any, opts: GrowthOptions, baseline: bool) -> Any:
+    """The config of a baseline's MLP widened by ``widen=`` (zero or net2net, any width):
+    ffn= alone, the MLP's new unit count."""
+    if opts.widen not in WIDEN:
+        raise GrowthError(f"unknown MLP widening widen={opts.widen!r}; choose one of "
+                          + ", ".join(f"{name} ({what})" for name, what in WIDEN.items()))
+    if not baseline:
+        raise GrowthError(f"widen={opts.widen} widens a Transformer baseline's MLP; a "
+                          f"TokenFormer's FFN grows by its tokens (ffn=N, with a strategy)")
+    others = [key for key, value in opts.planned().items()
+              if key not in ("ffn", "widen", "strategy", "how") and value not in (None, 0.0)]
+    if opts.ffn is None or others or opts.how != "identity":
+        raise GrowthError(f"widen={opts.widen} widens the MLP alone: give ffn= (its new width) "
+                          f"and nothing else; grow hidden= or layers= in a growth of its own")
+    old = config.intermediate_size
+    width = resolve_size(opts.ffn, old, "ffn")
+    if width == old:
+        raise GrowthError(f"ffn: the MLP already has {old} units; widen= needs more")
+    return dataclasses.replace(config, intermediate_size=width)
 
 
 def refuse_product_ffn(config: Any, ffn_tokens: int, what: str) -> None:

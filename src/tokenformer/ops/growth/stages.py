@@ -17,6 +17,7 @@ from ...models.baselines import TransformerConfig
 from ...models.checks import non_finite
 from ...nn.pattention import Pattention, kind_names
 from ..cloning import carry_moment, widen_tensor, widened_config, width_axes
+from ..widening import widen_mlp
 from .old_tokens import record_old_tokens
 from .optimizer import NEW_ROW_MOMENTS, carry_optimizer
 from .options import GrowthOptions, freeze_request, noise_level, refuse_unsupported
@@ -101,6 +102,14 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer | Non
     copy = bool(copy)
     reset = reset_optimizer or resets_optimizer(str(opts.strategy))
     refuse_unsupported(unsupported)
+    if opts.widen != "duplicate":  # a baseline's MLP alone: tokenformer.ops.widening
+        width = plan_growth(model.config, opts).intermediate_size
+        if new_row_moments != "zero" and optimizer is not None and not reset:
+            raise GrowthError(f"widen={opts.widen} starts the new units' AdamW moments at zero; "
+                              f"new_row_moments {new_row_moments!r} (growth_optimizer "
+                              f"carry-mean) is for growths of tokens, width and depth")
+        return widen_mlp(model, optimizer, width, opts.widen, reset_optimizer=reset,
+                         generator=generator)
     grown = model
     stages = list(_stages(model, opts, generator, copy, progress))
     for old, growth in stages:

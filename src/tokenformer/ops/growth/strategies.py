@@ -22,6 +22,7 @@ import torch
 
 from ...errors import GrowthError
 from ...nn.pattention import Pattention
+from ..widening import WIDENINGS
 from .tokens import TokensFn, exact_tokens, random_tokens, zero_key_tokens
 
 
@@ -71,6 +72,12 @@ STRATEGIES = (*RECIPES, *RECIPE_ALIASES)  # every built-in name grow(strategy=..
 # blocks in order (tokenformer.ops.growth.stages).
 HOW = {"identity": "insert identity blocks", "stack": "repeat the trained blocks in order"}
 HOWS = tuple(HOW)
+
+# A Transformer baseline's MLP growth (ffn=), by widen=: "duplicate" copies every unit a whole
+# number of times (HyperCloning, tokenformer.ops.cloning: the rule hidden= follows too); the
+# others are tokenformer.ops.widening's function-preserving widenings to any width, the MLP
+# alone (the frontier's widening arms).
+WIDEN = {"duplicate": "copy every unit a whole number of times (HyperCloning)", **WIDENINGS}
 
 
 def _aliases() -> dict[str, str]:

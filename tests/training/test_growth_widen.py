@@ -1,0 +1,111 @@
+"""A Transformer baseline's MLP widening (``widen=zero|net2net``) is a growth like any other: the
+same ``grow``/``grow_with_optimizer`` request, the same ``--grow-at`` event in a run (the
+frontier's widening arms train through it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenformer.errors import ConfigError, GrowthError
+from tokenformer.models.baselines import TransformerConfig, TransformerLM
+from tokenformer.models.config import TokenFormerConfig
+from tokenformer.ops.growth import grow, grow_with_optimizer, plan_growth
+from tokenformer.ops.widening import widen_mlp
+from tokenformer.training.config import TrainConfig
+from tokenformer.training.growth_events import parse_grow_at
+from tokenformer.training.loop import fit
+
+
+def baseline(width: int = 12) -> TransformerConfig:
+    return TransformerConfig(arch="transformer++", vocab_size=64, hidden_size=16, num_layers=2,
+                             num_heads=2, intermediate_size=width, max_seq_len=16)
+
+
+def trained(config: TransformerConfig) -> tuple[TransformerLM, torch.optim.AdamW, torch.Tensor]:
+    torch.manual_seed(0)
+    model = TransformerLM(config).double()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ids = torch.randint(0, 64, (2, 16))
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return model, opt, ids
+
+
+@pytest.mark.parametrize("how", ["zero", "net2net"])
+def test_grow_widen_is_the_widening_operator_and_keeps_the_function(how):
+    model, opt, ids = trained(baseline())
+    grown, grown_opt = grow_with_optimizer(model, opt, ffn=30, widen=how,
+                                           generator=torch.Generator().manual_seed(7))
+    direct, direct_opt = widen_mlp(model, opt, 30, how,
+                                   generator=torch.Generator().manual_seed(7))
+    assert grown.config.intermediate_size == 30
+    for (name, a), (_, b) in zip(grown.state_dict().items(), direct.state_dict().items(),
+                                 strict=True):
+        assert torch.equal(a, b), name
+    assert str(grown_opt.state_dict()) == str(direct_opt.state_dict())
+    with torch.no_grad():  # function preserved (float64)
+        torch.testing.assert_close(grown(ids).logits, model(ids).logits, rtol=0, atol=1e-10)
+    # grow (no optimizer) draws the same new units
+    alone = grow(model, ffn=30, widen=how, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(alone.layers[1].mlp.up.weight, direct.layers[1].mlp.up.weight)
+
+
+def test_widen_plans_any_width():
+    assert plan_growth(baseline(12), ffn="2.5x", widen="zero").intermediate_size == 30
+    assert plan_growth(baseline(12), ffn=13, widen="net2net").intermediate_size == 13
+
+
+@pytest.mark.parametrize("config, request_, message", [
+    (baseline(), {"ffn": 24, "widen": "wide"}, "unknown MLP widening"),
+    (baseline(), {"widen": "zero"}, "give ffn="),
+    (baseline(), {"ffn": 24, "hidden": "2x", "widen": "zero"}, "the MLP alone"),
+    (baseline(), {"ffn": 24, "layers": 4, "widen": "zero"}, "the MLP alone"),
+    (baseline(), {"ffn": 12, "widen": "zero"}, "already has 12 units"),
+    (baseline(), {"ffn": 8, "widen": "zero"}, "shrink"),
+    (TokenFormerConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, qkv_tokens=8,
+                       proj_tokens=8, ffn_tokens=16, max_seq_len=16),
+     {"ffn": 32, "widen": "zero"}, "grows by its tokens"),
+])
+def test_bad_widenings_are_refused_before_any_work(config, request_, message):
+    with pytest.raises(GrowthError, match=message):
+        plan_growth(config, **request_)
+
+
+def test_widening_refuses_mean_moments_it_cannot_give():
+    model, opt, _ = trained(baseline())
+    with pytest.raises(GrowthError, match="moments at zero"):
+        grow_with_optimizer(model, opt, ffn=24, widen="zero", new_row_moments="mean")
+    # a fresh optimizer has no moments to start: allowed
+    grown, _ = grow_with_optimizer(model, opt, ffn=24, widen="zero", new_row_moments="mean",
+                                   reset_optimizer=True)
+    assert grown.config.intermediate_size == 24
+
+
+def test_grow_at_parses_widen():
+    event = parse_grow_at("5:ffn=30,widen=net2net")
+    assert (event.step, event.kwargs) == (5, {"ffn": 30, "widen": "net2net"})
+    with pytest.raises(ConfigError, match="unknown widen 'wide'"):
+        parse_grow_at("5:ffn=30,widen=wide")
+
+
+def test_a_run_widens_its_mlp_at_its_grow_at_step_keeping_the_loss():
+    torch.manual_seed(0)
+    model = TransformerLM(baseline(12))
+    ids = torch.randint(0, 64, (4, 16))
+    cfg = TrainConfig(arch="transformer++", steps=6, lr=1e-3, warmup_steps=0, batch_size=4,
+                      seq_len=16, eval_interval=0, samples=0, device="cpu",
+                      grow_at=["3:ffn=20,widen=net2net"])
+
+    def evaluate(m):
+        with torch.no_grad():
+            return {"val_loss": float(m(ids, labels=ids).loss)}
+
+    result = fit(model, lambda step: {"input_ids": ids, "labels": ids}, cfg, eval_fn=evaluate,
+                 progress=False)
+    assert result.model.config.intermediate_size == 20
+    (record,) = [r for r in result.records if r["type"] == "grow"]
+    assert record["step"] == 3 and record["params_after"] > record["params_before"]
+    # the widening keeps the function: the loss right before and right after are one number
+    assert record["after"]["val_loss"] == pytest.approx(record["before"]["val_loss"], abs=1e-5)
