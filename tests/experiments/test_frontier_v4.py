@@ -16,6 +16,8 @@ from test_frontier import (  # rootdir-relative, as test_frontier_old_tokens
 
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import analysis
+from tokenformer.experiments.frontier import chains as chains_
+from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
@@ -27,7 +29,7 @@ def test_width_scaled_transformer_sizes_halve_into_each_other():
     """S-1…S3 at d 24, 36, 48, 72, 96 with an MLP of exactly 8/3·d; Sk at half width (hidden,
     heads and MLP) is S(k−2), the shape HyperCloning starts from."""
     preset = get_preset("full")
-    configs = plan_.model_configs(preset, "transformer++", 256)
+    configs = configs_.model_configs(preset, "transformer++", 256)
     assert [(c.hidden_size, c.num_heads, c.intermediate_size) for c in configs.values()] == [
         (24, 1, 64), (36, 2, 96), (48, 2, 128), (72, 4, 192), (96, 4, 256)]
     for big, small in (("S2", "S0"), ("S3", "S1")):
@@ -36,7 +38,7 @@ def test_width_scaled_transformer_sizes_halve_into_each_other():
             s.hidden_size, s.num_heads, s.intermediate_size)
     # every budget read has a size on each side of the predicted optimum (window of one)
     for family in preset.families:
-        best = plan_.predicted_envelope(preset, family, 256)
+        best = chains_.predicted_envelope(preset, family, 256)
         order = list(presets_.family_sizes(preset, family))
         assert all(0 < order.index(z) < len(order) - 1 for z in best.values())
 

@@ -11,7 +11,7 @@ from ...io.files import atomic_write_text
 from ..common.report import fmt, markdown_table
 from ..common.stats import RULE_INTERVAL, describe, format_p, spread
 from .analysis import FAMILY_LABEL, analyse, arms, as_loss, envelope_pairs, mean_of, wall_clock
-from .plan import CHAIN_RULE, LR_RULE
+from .plan_text import CHAIN_RULE, LR_RULE
 from .plots import make_plots
 from .presets import DENSE_FAMILIES, PRODUCT_KEY_FAMILIES, THETA_FAMILIES
 from .questions import question_lines
