@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
-from tokenformer.experiments.frontier import analysis, report
+from tokenformer.experiments.frontier import analysis, report, report_markdown
 from tokenformer.experiments.frontier import chains as chains_
 from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import one_run as one_run_
@@ -726,7 +726,8 @@ def test_report_answers_each_question_with_the_expected_decision(tmp_path):
                                                      rows["G2"]["p_value"]))
     assert [round(rows[q]["p_value"], 3) for q in ("A1", "A2")] == [0.031, 0.049]
     assert rows["A1"]["decision"] == rows["A2"]["decision"] == "not resolved"
-    text = report.report_markdown({**results, **_report_frame()}, report.summarize(results), [])
+    text = report_markdown.report_markdown({**results, **_report_frame()},
+                                           report.summarize(results), [])
     assert text.index("## Pre-registered questions") < text.index("## Answers") < text.index(
         "## Envelopes")
     line = next(x for x in text.splitlines() if x.startswith("| A2 |"))
@@ -750,7 +751,7 @@ def test_a_question_without_data_is_not_resolved():
                               questions_.GROWTH_QUESTIONS[:1])
     (row,) = analysis.answers(results)
     assert row["decision"] == "not resolved" and row["diffs"] == [] and row["budget"] is None
-    assert "no data" in report.answer_rows([row])[0][3]
+    assert "no data" in report_markdown.answer_rows([row])[0][3]
 
 
 def test_cli_plan_lists_the_pre_registered_questions(capsys):

@@ -165,7 +165,7 @@ def test_report_method_names_each_family_for_what_it_is():
     """The v4 full run's report called the plain-GELU control a product-key family (every
     family beyond the dense two was taken for product keys) and said Transformer++ was matched
     in parameters when it is scaled by width: the Method section now says what ran."""
-    from tokenformer.experiments.frontier import report
+    from tokenformer.experiments.frontier import report_markdown
 
     base = dataclasses.asdict(get_preset("full"))
 
@@ -177,7 +177,7 @@ def test_report_method_names_each_family_for_what_it_is():
                                   "stages": [stage("S0", 36, 96, 31284)]},
              "tokenformer-gelu-S0": {"kind": "scratch", "family": "tokenformer-gelu",
                                      "stages": [stage("S0", 64, None, 24704)]}}
-    text = "\n".join(report.method_lines({"preset": base}, table))
+    text = "\n".join(report_markdown.method_lines({"preset": base}, table))
     assert "Product-key" not in text
     assert "Θ = gelu" in text and "Sizes S-1…S3" in text
     assert "by width, MLP = 8/3·d: S0 d 36 MLP 96 (31,284 non-emb. parameters)" in text
@@ -185,6 +185,6 @@ def test_report_method_names_each_family_for_what_it_is():
     table = {"tokenformer-pk16-S1": {"kind": "scratch", "family": "tokenformer-pk16",
                                      "stages": [stage("S1", 64, None, 100000, ffn_tokens=1600,
                                                       ffn_product_k=32)]}}
-    text = "\n".join(report.method_lines({"preset": pk}, table))
+    text = "\n".join(report_markdown.method_lines({"preset": pk}, table))
     assert "Product-key families (tokenformer-pk16)" in text and "n = 1,600, k = 32" in text
     assert "matched to each in non-embedding parameters" in text

@@ -4,8 +4,8 @@ Data flows one way: :mod:`.plan` (presets → runs, pure data; a family's model 
 :mod:`.configs`', the chains' stages :mod:`.chains`', the time estimates :mod:`.estimates`', the
 plan in words :mod:`.plan_text`'s) → :mod:`.run` (trains them, resumable, writes
 ``results.json``; one run is :mod:`.one_run`'s, its saved state :mod:`.state`'s, a chain's
-growths :mod:`.growing`'s) → :mod:`.report` (``results.json`` → ``report.md`` + plots, the
-verdict's prose).
+growths :mod:`.growing`'s) → :mod:`.report` (``results.json`` → the summary and the verdict's
+prose, ``report.md`` (:mod:`.report_markdown`) + plots).
 """
 
 from .plan_text import describe
