@@ -1,5 +1,5 @@
 """Seconds per training step of every (family, size) of a ``tokenformer scale`` preset, and the
-preset's estimated wall time from them (experiments/frontier/plan.estimate_seconds).
+preset's estimated wall time from them (experiments/frontier/estimates.estimate_seconds).
 
     python benchmarks/frontier_steps.py --preset full [--cpu-time]
     python benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step 32 --jobs 8
@@ -29,16 +29,9 @@ from common import (
     machine,
 )
 
-from tokenformer.experiments.frontier.plan import (
-    arch,
-    estimate_seconds,
-    model_configs,
-    parallel_seconds,
-    stage_plans,
-    sweep_run,
-    swept_sizes,
-    tuning_seeds,
-)
+from tokenformer.experiments.frontier.configs import arch, model_configs
+from tokenformer.experiments.frontier.estimates import estimate_seconds, parallel_seconds
+from tokenformer.experiments.frontier.plan import stage_plans, sweep_run, swept_sizes, tuning_seeds
 from tokenformer.experiments.frontier.presets import get_preset, size_key
 from tokenformer.models.baselines import model_class
 

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
-from tokenformer.experiments.frontier import analysis, report
+from tokenformer.experiments.frontier import analysis, report, report_markdown
+from tokenformer.experiments.frontier import chains as chains_
+from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
@@ -116,9 +118,9 @@ def test_full_preset_sizes_budgets_seeds_and_corpus_repeats():
 
 def test_matched_transformer_sizes_track_tokenformer_parameters():
     preset = presets_.FULL_V3
-    tf = plan_.model_configs(preset, "tokenformer", 256)
-    tpp = plan_.model_configs(preset, "transformer++", 256)
-    gelu = plan_.model_configs(preset, "tokenformer-gelu", 256)
+    tf = configs_.model_configs(preset, "tokenformer", 256)
+    tpp = configs_.model_configs(preset, "transformer++", 256)
+    gelu = configs_.model_configs(preset, "tokenformer-gelu", 256)
     assert set(tpp) == set(tf) - {"S0"}
     for size, b in tpp.items():
         ratio = b.num_parameters(non_embedding=True) / tf[size].num_parameters(non_embedding=True)
@@ -472,8 +474,8 @@ def test_gpu_presets_run_a_few_steps_on_cpu(name, dataset_dir, tmp_path, monkeyp
                                 eval_batches=1, num_budgets=2, dtype="fp32",
                                 follow="predicted", tokens_per_parameter=1e-3,
                                 corpus="pysource:tokenformer" if gpu.corpus else None)
-    configs = plan_.model_configs(small, "tokenformer", 256)
-    per_step = plan_._stage(small, small.sizes[0], configs[small.sizes[0]], 0).flops_per_step
+    configs = configs_.model_configs(small, "tokenformer", 256)
+    per_step = configs_._stage(small, small.sizes[0], configs[small.sizes[0]], 0).flops_per_step
     small = dataclasses.replace(small, max_budget=12 * per_step)
     data = None if gpu.corpus else dataset_dir
     results = run_.run_frontier(small, data=data, out=tmp_path / "gpu",
@@ -507,7 +509,7 @@ def test_gpu_code_fits_its_corpus_and_the_protocol():
     assert preset.arm_names() >= {"chain-paper-final-lr", "tokenformer-S0"}
     # every size the plan sweeps is the predicted optimum somewhere or its neighbour
     for family in preset.families:
-        best = set(plan_.predicted_envelope(preset, family, 256).values())
+        best = set(chains_.predicted_envelope(preset, family, 256).values())
         order = list(presets_.family_sizes(preset, family))
         for z in plan_.swept_sizes(preset, family, 256):
             assert any(abs(order.index(z) - order.index(b)) <= 1 for b in best)
@@ -636,7 +638,7 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
             assert b.steps - stage.start >= preset.min_stage_share * b.steps
         assert run.lr_from == presets_.size_key(run.family, env[max(env)])
     families = {a: recipes_.RECIPES[a].family for a in preset.recipes}
-    expected = {a for a, f in families.items() if len(set(plan_.chain_targets(
+    expected = {a for a, f in families.items() if len(set(chains_.chain_targets(
         measured[f], presets_.family_sizes(preset, f)).values())) > 1}
     assert {r.arm for r in chains} == expected  # a flat envelope asks for no chain
 
@@ -647,9 +649,9 @@ def test_growth_points_follow_the_rule_by_hand():
     branch's decay start; both give the new size >= 40 % of the next budget's steps, so no
     growth moves earlier."""
     preset = presets_.FULL_V3
-    configs = plan_.model_configs(preset, "tokenformer", 256)
+    configs = configs_.model_configs(preset, "tokenformer", 256)
     best = dict(enumerate(["S0", "S0", "S0", "S1", "S1", "S2"]))
-    stages = plan_.follow_envelope(preset, configs, best)
+    stages = chains_.follow_envelope(preset, configs, best)
     assert [s.size for s in stages] == ["S0", "S1", "S2"]
     s0 = (stages[0],)
     b2 = schedule_.branch_for(s0, 2, preset.budgets[2], preset)  # 5e11 at S0 alone
@@ -658,7 +660,7 @@ def test_growth_points_follow_the_rule_by_hand():
     assert stages[2].start == b4.decay_start
     # a non-monotone envelope never asks the chain to shrink: S1, S2, S1, S2 → S1 … S2
     noisy = dict(enumerate(["S1", "S2", "S1", "S2", "S1", "S2"]))
-    assert plan_.chain_targets(noisy, tuple(configs)) == dict(enumerate(["S1"] * 5 + ["S2"]))
+    assert chains_.chain_targets(noisy, tuple(configs)) == dict(enumerate(["S1"] * 5 + ["S2"]))
 
 
 def test_min_stage_share_moves_a_growth_earlier():
@@ -666,8 +668,8 @@ def test_min_stage_share_moves_a_growth_earlier():
     new size far less than 40 % of the next budget, so the growth moves to the latest step that
     gives it exactly that share (and the budget before it is then not read)."""
     preset = dataclasses.replace(presets_.FULL_V3, budget_ratio=1.25, num_budgets=4)
-    configs = plan_.model_configs(preset, "tokenformer", 256)
-    stages = plan_.follow_envelope(preset, configs, dict(enumerate(["S1", "S1", "S1", "S2"])))
+    configs = configs_.model_configs(preset, "tokenformer", 256)
+    stages = chains_.follow_envelope(preset, configs, dict(enumerate(["S1", "S1", "S1", "S2"])))
     b = schedule_.branch_for(stages, 3, preset.budgets[3], preset)
     assert b.steps - stages[1].start >= 0.4 * b.steps
     later = (stages[0], dataclasses.replace(stages[1], start=stages[1].start + 1))
@@ -724,7 +726,8 @@ def test_report_answers_each_question_with_the_expected_decision(tmp_path):
                                                      rows["G2"]["p_value"]))
     assert [round(rows[q]["p_value"], 3) for q in ("A1", "A2")] == [0.031, 0.049]
     assert rows["A1"]["decision"] == rows["A2"]["decision"] == "not resolved"
-    text = report.report_markdown({**results, **_report_frame()}, report.summarize(results), [])
+    text = report_markdown.report_markdown({**results, **_report_frame()},
+                                           report.summarize(results), [])
     assert text.index("## Pre-registered questions") < text.index("## Answers") < text.index(
         "## Envelopes")
     line = next(x for x in text.splitlines() if x.startswith("| A2 |"))
@@ -748,7 +751,7 @@ def test_a_question_without_data_is_not_resolved():
                               questions_.GROWTH_QUESTIONS[:1])
     (row,) = analysis.answers(results)
     assert row["decision"] == "not resolved" and row["diffs"] == [] and row["budget"] is None
-    assert "no data" in report.answer_rows([row])[0][3]
+    assert "no data" in report_markdown.answer_rows([row])[0][3]
 
 
 def test_cli_plan_lists_the_pre_registered_questions(capsys):
@@ -828,7 +831,7 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     from tokenformer.training.optim import make_optimizer
 
     preset = presets_.FULL_V3
-    configs = plan_.model_configs(preset, "tokenformer-gelu", 256)
+    configs = configs_.model_configs(preset, "tokenformer-gelu", 256)
     torch.manual_seed(0)
     model = model_class("tokenformer")(configs["S0"])
     keys = model.layers[0].mlp.key_param_tokens

@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from tokenformer.errors import ConfigError
+from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import report
 from tokenformer.experiments.frontier import run as run_
-from tokenformer.experiments.frontier.plan import plan, product_key_config
+from tokenformer.experiments.frontier.configs import product_key_config
+from tokenformer.experiments.frontier.plan import plan
 from tokenformer.experiments.frontier.presets import get_preset
 from tokenformer.models.baselines import model_class
 from tokenformer.models.config import THETA_FLOPS_PER_SCORE, TokenFormerConfig, flops_per_token
@@ -38,8 +40,8 @@ def test_sparse_preset_plan_matches_flops_and_multiplies_tokens():
         assert run.schedule == "wsd" and len(run.stages) == 1
     for arm in {r.arm for r in runs}:
         assert len({r.seed for r in runs if r.arm == arm}) >= 3
-    dense = list(plan_.model_configs(preset, "tokenformer", 256).values())
-    pk = list(plan_.model_configs(preset, "tokenformer-pk16", 256).values())
+    dense = list(configs_.model_configs(preset, "tokenformer", 256).values())
+    pk = list(configs_.model_configs(preset, "tokenformer-pk16", 256).values())
     assert len(pk) == len(dense) == preset.num_sizes >= 2
     for d, p in zip(dense, pk, strict=True):
         assert p.ffn_keys == "product" and d.ffn_keys == "dense"
@@ -66,7 +68,7 @@ def test_sparse_preset_plan_matches_flops_and_multiplies_tokens():
         # and many more parameters at those FLOPs (the question the arm asks)
         assert p.num_parameters(non_embedding=True) > 4 * d.num_parameters(non_embedding=True)
     # the 64× family builds at the same FLOPs too (not in the preset: CPU time)
-    for d, p in zip(dense, plan_.model_configs(preset, "tokenformer-pk64", 256).values(),
+    for d, p in zip(dense, configs_.model_configs(preset, "tokenformer-pk64", 256).values(),
                     strict=True):
         assert abs(p.ffn_tokens / d.ffn_tokens - 64) < 1
         assert p.projection_flops()[1] == pytest.approx(d.projection_flops()[1],
@@ -97,8 +99,8 @@ def test_product_key_config_by_hand_errors_and_arch():
     # n = 4, 64×: s = 16 sub-keys cost 2·16·16 = 512 > the dense FFN's 4·72 = 288: no k fits
     with pytest.raises(ConfigError, match="no top-k"):
         product_key_config(dense(4), 64)
-    assert plan_.arch("tokenformer-pk16") == "tokenformer"
-    assert plan_.arch("transformer++") == "transformer++"
+    assert configs_.arch("tokenformer-pk16") == "tokenformer"
+    assert configs_.arch("transformer++") == "transformer++"
 
 
 # ----------------------------------------------------------------------------- FLOP accounting
@@ -154,8 +156,8 @@ def test_sparse_preset_runs_a_few_steps_on_cpu(dataset_dir, tmp_path):
         sparse, hidden_size=32, num_layers=1, num_heads=2, base_tokens=(16, 16, 64),
         num_sizes=2, seq_len=32, batch_size=2, seeds=2, min_steps=4, sweep_steps=6,
         warmup_steps=2, eval_batches=1, num_budgets=2, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2))
-    per_step = plan_.model_configs(small, "tokenformer", 256)["S1"]
-    per_step = plan_._stage(small, "S1", per_step, 0).flops_per_step
+    per_step = configs_.model_configs(small, "tokenformer", 256)["S1"]
+    per_step = configs_._stage(small, "S1", per_step, 0).flops_per_step
     small = dataclasses.replace(small, max_budget=14 * per_step, budget_ratio=2.0)
     lines: list[str] = []
     results = run_.run_frontier(small, data=dataset_dir, out=tmp_path / "sparse",

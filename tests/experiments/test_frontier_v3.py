@@ -11,8 +11,8 @@ import dataclasses
 import pytest
 from test_frontier import assert_plan_refused  # rootdir-relative, as test_frontier_old_tokens
 
+from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import one_run as one_run_
-from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier import schedule as schedule_
@@ -88,7 +88,7 @@ def test_half_stages_take_the_nearest_swept_sizes_lr():
     is nearest to Transformer++ S1."""
     stack = _chain("chain-stack")
     assert [s.size for s in stack.stages] == ["S2/half-depth", "S2"]
-    assert stack.stages[0].config.num_parameters(non_embedding=True) == plan_.model_configs(
+    assert stack.stages[0].config.num_parameters(non_embedding=True) == configs_.model_configs(
         presets_.FULL_V3, "tokenformer", 256)["S1"].num_parameters(non_embedding=True)
     assert schedule_.stage_lrs(stack, CHOSEN) == (4e-3, 2e-3)
     clone = _chain("widen-duplicate")

@@ -16,6 +16,8 @@ from test_frontier import (  # rootdir-relative, as test_frontier_old_tokens
 
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import analysis
+from tokenformer.experiments.frontier import chains as chains_
+from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
@@ -27,7 +29,7 @@ def test_width_scaled_transformer_sizes_halve_into_each_other():
     """S-1…S3 at d 24, 36, 48, 72, 96 with an MLP of exactly 8/3·d; Sk at half width (hidden,
     heads and MLP) is S(k−2), the shape HyperCloning starts from."""
     preset = get_preset("full")
-    configs = plan_.model_configs(preset, "transformer++", 256)
+    configs = configs_.model_configs(preset, "transformer++", 256)
     assert [(c.hidden_size, c.num_heads, c.intermediate_size) for c in configs.values()] == [
         (24, 1, 64), (36, 2, 96), (48, 2, 128), (72, 4, 192), (96, 4, 256)]
     for big, small in (("S2", "S0"), ("S3", "S1")):
@@ -36,7 +38,7 @@ def test_width_scaled_transformer_sizes_halve_into_each_other():
             s.hidden_size, s.num_heads, s.intermediate_size)
     # every budget read has a size on each side of the predicted optimum (window of one)
     for family in preset.families:
-        best = plan_.predicted_envelope(preset, family, 256)
+        best = chains_.predicted_envelope(preset, family, 256)
         order = list(presets_.family_sizes(preset, family))
         assert all(0 < order.index(z) < len(order) - 1 for z in best.values())
 
@@ -163,7 +165,7 @@ def test_report_method_names_each_family_for_what_it_is():
     """The v4 full run's report called the plain-GELU control a product-key family (every
     family beyond the dense two was taken for product keys) and said Transformer++ was matched
     in parameters when it is scaled by width: the Method section now says what ran."""
-    from tokenformer.experiments.frontier import report
+    from tokenformer.experiments.frontier import report_markdown
 
     base = dataclasses.asdict(get_preset("full"))
 
@@ -175,7 +177,7 @@ def test_report_method_names_each_family_for_what_it_is():
                                   "stages": [stage("S0", 36, 96, 31284)]},
              "tokenformer-gelu-S0": {"kind": "scratch", "family": "tokenformer-gelu",
                                      "stages": [stage("S0", 64, None, 24704)]}}
-    text = "\n".join(report.method_lines({"preset": base}, table))
+    text = "\n".join(report_markdown.method_lines({"preset": base}, table))
     assert "Product-key" not in text
     assert "Θ = gelu" in text and "Sizes S-1…S3" in text
     assert "by width, MLP = 8/3·d: S0 d 36 MLP 96 (31,284 non-emb. parameters)" in text
@@ -183,6 +185,6 @@ def test_report_method_names_each_family_for_what_it_is():
     table = {"tokenformer-pk16-S1": {"kind": "scratch", "family": "tokenformer-pk16",
                                      "stages": [stage("S1", 64, None, 100000, ffn_tokens=1600,
                                                       ffn_product_k=32)]}}
-    text = "\n".join(report.method_lines({"preset": pk}, table))
+    text = "\n".join(report_markdown.method_lines({"preset": pk}, table))
     assert "Product-key families (tokenformer-pk16)" in text and "n = 1,600, k = 32" in text
     assert "matched to each in non-embedding parameters" in text

@@ -1,12 +1,14 @@
 """The loss-vs-compute frontier experiment behind ``tokenformer scale`` (issue 15).
 
-Data flows one way: :mod:`.plan` (presets → runs, pure data) → :mod:`.run` (trains them,
-resumable, writes ``results.json``; one run is :mod:`.one_run`'s, its saved state
-:mod:`.state`'s, a chain's growths :mod:`.growing`'s) → :mod:`.report` (``results.json`` →
-``report.md`` + plots, the verdict's prose).
+Data flows one way: :mod:`.plan` (presets → runs, pure data; a family's model configs are
+:mod:`.configs`', the chains' stages :mod:`.chains`', the time estimates :mod:`.estimates`', the
+plan in words :mod:`.plan_text`'s) → :mod:`.run` (trains them, resumable, writes
+``results.json``; one run is :mod:`.one_run`'s, its saved state :mod:`.state`'s, a chain's
+growths :mod:`.growing`'s) → :mod:`.report` (``results.json`` → the summary and the verdict's
+prose, ``report.md`` (:mod:`.report_markdown`) + plots).
 """
 
-from .plan import describe
+from .plan_text import describe
 from .presets import PRESETS, Preset, get_preset
 from .run import run_frontier
 

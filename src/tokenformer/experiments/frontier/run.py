@@ -27,6 +27,7 @@ from ..common.report import to_json
 from ..common.saved import read_saved_json
 from ..common.sweep import sweep_lr
 from . import analysis, report
+from . import chains as chains_
 from . import plan as plan_
 from . import presets as presets_
 from . import schedule as schedule_
@@ -277,11 +278,11 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     else:
         scratch = [run for run in runs if run.kind == "scratch"]
         train_all(scratch, lambda run: schedule_.stage_lrs(run, chosen))  # every envelope first
-    # the chains follow the MEASURED envelopes (plan's module docstring; v4: chosen on the
+    # the chains follow the MEASURED envelopes (chains' module docstring; v4: chosen on the
     # tuning seeds); a run id is one arm and seed, so a resumed experiment finds its chains'
     # results and states under the same ids
     if preset.follow == "predicted":
-        envelopes = {f: plan_.predicted_envelope(preset, f, ds.vocab_size)
+        envelopes = {f: chains_.predicted_envelope(preset, f, ds.vocab_size)
                      for f in preset.families}
     elif horizon:
         envelopes = {f: {j: z for j, (z, _) in c.items()} for f, c in choice.items()}

@@ -36,7 +36,7 @@ from ...training.evaluation import lm_evaluator
 from ...training.execution import resolve_device
 from ...training.optim import rebuild_optimizer
 from ..common.saved import damaged, read_saved_json
-from . import plan as plan_
+from .configs import arch
 from .growing import growth_settings
 from .presets import Preset
 from .schedule import Run
@@ -83,12 +83,12 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
 
 
 def _config_class(family: str) -> type:
-    return TokenFormerConfig if plan_.arch(family) == "tokenformer" else TransformerConfig
+    return TokenFormerConfig if arch(family) == "tokenformer" else TransformerConfig
 
 
 def _build(family: str, config: Any, seed: int, device: Any) -> Any:
     torch.manual_seed(seed)  # every arm of a seed starts a given size from the same weights
-    return model_class(plan_.arch(family))(config).to(device)
+    return model_class(arch(family))(config).to(device)
 
 
 def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str,
@@ -96,7 +96,7 @@ def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str,
     """A segment's training config; ``growth``: the ``--grow-at`` spec of the growth it starts
     with (:func:`.growing.grow_at`), with the growth options of the run's recipe."""
     p = ctx.preset
-    return TrainConfig(arch=plan_.arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
+    return TrainConfig(arch=arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
                        steps=steps, lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
                        warmup_steps=p.warmup_steps, decay_fraction=p.decay_fraction,
                        weight_decay=p.weight_decay, grad_clip=p.grad_clip,
