@@ -17,7 +17,7 @@ from tokenformer.models.baselines import (
     load_model_dir,
     matched_config,
 )
-from tokenformer.ops.widening import widen_mlp
+from tokenformer.ops.growth import grow_with_optimizer
 
 ARCHS = ("transformer", "transformer++")
 
@@ -156,7 +156,7 @@ def test_widen_mlp_preserves_function_and_carries_adam(arch, how):
     opt.step()
     opt.zero_grad()
     gen = torch.Generator().manual_seed(1)
-    big, big_opt = widen_mlp(model, opt, 30, how, generator=gen)
+    big, big_opt = grow_with_optimizer(model, opt, ffn=30, widen=how, generator=gen)
     assert big.config.intermediate_size == 30 and model.config.intermediate_size == 12
     with torch.no_grad():
         torch.testing.assert_close(big(ids).logits, model(ids).logits, rtol=0, atol=1e-10)

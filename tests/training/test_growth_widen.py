@@ -11,7 +11,6 @@ from tokenformer.errors import ConfigError, GrowthError
 from tokenformer.models.baselines import TransformerConfig, TransformerLM
 from tokenformer.models.config import TokenFormerConfig
 from tokenformer.ops.growth import grow, grow_with_optimizer, plan_growth
-from tokenformer.ops.widening import widen_mlp
 from tokenformer.training.config import TrainConfig
 from tokenformer.training.growth_events import parse_grow_at
 from tokenformer.training.loop import fit
@@ -34,22 +33,24 @@ def trained(config: TransformerConfig) -> tuple[TransformerLM, torch.optim.AdamW
 
 
 @pytest.mark.parametrize("how", ["zero", "net2net"])
-def test_grow_widen_is_the_widening_operator_and_keeps_the_function(how):
+def test_grow_widens_the_mlp_keeping_the_function_and_old_units(how):
     model, opt, ids = trained(baseline())
     grown, grown_opt = grow_with_optimizer(model, opt, ffn=30, widen=how,
                                            generator=torch.Generator().manual_seed(7))
-    direct, direct_opt = widen_mlp(model, opt, 30, how,
-                                   generator=torch.Generator().manual_seed(7))
-    assert grown.config.intermediate_size == 30
-    for (name, a), (_, b) in zip(grown.state_dict().items(), direct.state_dict().items(),
-                                 strict=True):
-        assert torch.equal(a, b), name
-    assert str(grown_opt.state_dict()) == str(direct_opt.state_dict())
+    assert grown.config.intermediate_size == 30 and model.config.intermediate_size == 12
     with torch.no_grad():  # function preserved (float64)
         torch.testing.assert_close(grown(ids).logits, model(ids).logits, rtol=0, atol=1e-10)
-    # grow (no optimizer) draws the same new units
+    old_mlp, new_mlp = model.layers[1].mlp, grown.layers[1].mlp
+    assert torch.equal(new_mlp.up.weight[:12], old_mlp.up.weight)  # old units first
+    if how == "zero":  # new units add nothing: zero outgoing weights
+        assert not new_mlp.down.weight[:, 12:].any()
+    # grow (no optimizer) draws the same new units from the same generator
     alone = grow(model, ffn=30, widen=how, generator=torch.Generator().manual_seed(7))
-    assert torch.equal(alone.layers[1].mlp.up.weight, direct.layers[1].mlp.up.weight)
+    assert torch.equal(alone.layers[1].mlp.up.weight, new_mlp.up.weight)
+    # the optimizer over the grown model: down's moments in the leading corner, the rest zero
+    moment = grown_opt.state[new_mlp.down.weight]["exp_avg"]
+    assert torch.equal(moment[:, :12], opt.state[old_mlp.down.weight]["exp_avg"])
+    assert not moment[:, 12:].any()
 
 
 def test_widen_plans_any_width():

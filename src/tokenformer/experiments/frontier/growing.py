@@ -56,7 +56,7 @@ def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> str:
 def growth_settings(preset: Preset, run: Run, grows: bool) -> dict[str, Any]:
     """The training options of a segment of ``run`` (``grows``: one that starts with a growth):
     the carried AdamW state of new rows (the preset's ``new_row_moments``; an MLP widening
-    starts its new units' moments at zero, the only form tokenformer.ops.widening has) and, for
+    starts its new units' moments at zero, the only form an MLP widening has) and, for
     an annealing recipe, the anneal of Θ's factor that its exact growth starts."""
     recipe = recipes_.RECIPES.get(run.recipe or "")
     if recipe is None:

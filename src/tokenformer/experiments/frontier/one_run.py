@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ...errors import DivergedError, TokenFormerError
 from ...io.files import atomic_write_text
 from ...io.workers import check_parent, worker_pool
-from ...ops.widening import optimizer_for
+from ...ops.growth.optimizer import copy_optimizer
 from ...training.freezing import FrozenRows
 from ...training.lm import lm_batches
 from ...training.loop import fit
@@ -163,7 +163,7 @@ def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimize
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
     cfg = _train_config(ctx, run, lrs[0], branch.steps, "wsd")  # lr_fn sets the LR
     b_model = copy.deepcopy(model)
-    b_opt = optimizer_for(model, optimizer, b_model)
+    b_opt = copy_optimizer(model, optimizer, b_model)
     result = _segment(ctx, run, lrs, b_model, b_opt, cfg, branch.decay_start, state, None,
                       schedule_steps=branch.steps, eval_fn=ctx.eval_fn)
     final = result.final_eval

@@ -26,7 +26,7 @@ from typing import Any
 from ...data.corpora import parse_corpus
 from ...errors import ConfigError
 from ...ops.growth import NEW_ROW_MOMENTS, strategy_names
-from ...ops.widening import WIDENINGS
+from ...ops.growth.widening import WIDENINGS
 from .questions import (
     ARCHITECTURE_QUESTIONS,
     BUDGET_READINGS,

@@ -37,7 +37,7 @@ class Recipe:
     walks the family's sizes: a chain grows Pattention tokens with
     ``ops.growth.grow_with_optimizer`` (``method`` is its ``strategy``; ``official-released``
     also restarts the optimizer and the warmup at each growth), a widen arm widens the MLP with
-    ``ops.widening.widen_mlp`` (``method`` is its method). ``shape`` "stack" (method "stack")
+    ``ops.growth``'s ``widen=`` (``method`` is its method). ``shape`` "stack" (method "stack")
     and "clone" (method "duplicate", ``width_noise``: ops.cloning's symmetry-breaking noise)
     reach the final size from a half-depth or half-width model instead (:data:`SHAPES`,
     :func:`reshaped_chain`). ``anneal``: after an exact growth Θ's factor moves to √n over

@@ -1,5 +1,6 @@
 """The optimizer across a growth: an optimizer of the same class over the grown model, its
-param groups and per-parameter state carried over (or fresh)."""
+param groups and per-parameter state carried over (or fresh); the one place an optimizer is
+carried to another model (:func:`copy_optimizer`: to a same-shaped copy)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,13 @@ def carry_optimizer(old_model: nn.Module, optimizer: torch.optim.Optimizer, grow
                 state[key] = value.clone() if torch.is_tensor(value) else value
         new_opt.state[names_param] = state
     return new_opt
+
+
+def copy_optimizer(old_model: nn.Module, optimizer: torch.optim.Optimizer, new_model: nn.Module
+                   ) -> torch.optim.Optimizer:
+    """An independent copy of ``optimizer`` over ``new_model``, a same-shaped copy of
+    ``old_model`` (e.g. ``copy.deepcopy``): the frontier's cooldown branches. The carry of a
+    growth that grows nothing."""
+    params = [name for name, _ in new_model.named_parameters()]
+    return carry_optimizer(old_model, optimizer, Growth(new_model, {n: n for n in params}, set()),
+                           reset=False, copy=True)

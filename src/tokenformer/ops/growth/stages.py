@@ -1,7 +1,9 @@
 """The entry points, :func:`grow` and :func:`grow_with_optimizer`, and the stages a growth request
 runs as: width by duplication, then stacking, then tokens and identity blocks (the last drawn by
-the request's strategy, :mod:`tokenformer.ops.growth.strategies`). Every stage is one
-:func:`~tokenformer.ops.growth.surgery.rebuild` and carries the optimizer."""
+the request's strategy, :mod:`tokenformer.ops.growth.strategies`); or a baseline's MLP widening
+alone (``widen=``, :mod:`tokenformer.ops.growth.widening`). Every stage is a
+:class:`~tokenformer.ops.growth.surgery.Growth` (most of them one
+:func:`~tokenformer.ops.growth.surgery.rebuild`) and carries the optimizer."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from ...models.baselines import TransformerConfig
 from ...models.checks import non_finite
 from ...nn.pattention import Pattention, kind_names
 from ..cloning import carry_moment, widen_tensor, widened_config, width_axes
-from ..widening import widen_mlp
 from .old_tokens import record_old_tokens
 from .optimizer import NEW_ROW_MOMENTS, carry_optimizer
 from .options import GrowthOptions, freeze_request, noise_level, refuse_unsupported
@@ -26,6 +27,7 @@ from .sizes import layer_plan, resolve_size, width_factor
 from .strategies import resets_optimizer, strategy_named
 from .surgery import Growth, layers_prefix, rebuild
 from .tokens import init_linear_block, new_block_tokens
+from .widening import mlp_widening
 
 # The Pattentions whose output is added to the residual stream: zero them for an identity block.
 BRANCH_OUTPUTS = kind_names("proj") + kind_names("ffn")
@@ -102,14 +104,11 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer | Non
     copy = bool(copy)
     reset = reset_optimizer or resets_optimizer(str(opts.strategy))
     refuse_unsupported(unsupported)
-    if opts.widen != "duplicate":  # a baseline's MLP alone: tokenformer.ops.widening
-        width = plan_growth(model.config, opts).intermediate_size
-        if new_row_moments != "zero" and optimizer is not None and not reset:
-            raise GrowthError(f"widen={opts.widen} starts the new units' AdamW moments at zero; "
-                              f"new_row_moments {new_row_moments!r} (growth_optimizer "
-                              f"carry-mean) is for growths of tokens, width and depth")
-        return widen_mlp(model, optimizer, width, opts.widen, reset_optimizer=reset,
-                         generator=generator)
+    if opts.widen != "duplicate" and new_row_moments != "zero" and optimizer is not None \
+            and not reset:
+        raise GrowthError(f"widen={opts.widen} starts the new units' AdamW moments at zero; "
+                          f"new_row_moments {new_row_moments!r} (growth_optimizer carry-mean) is "
+                          f"for growths of tokens, width and depth")
     grown = model
     stages = list(_stages(model, opts, generator, copy, progress))
     for old, growth in stages:
@@ -140,7 +139,10 @@ def _stages(model: nn.Module, opts: GrowthOptions, generator: torch.Generator | 
     then tokens and identity blocks (a same-size copy when nothing is asked). Everything is
     checked (:func:`plan_growth`) before the first stage runs."""
     config = model.config
-    plan_growth(config, opts)
+    planned = plan_growth(config, opts)
+    if opts.widen != "duplicate":  # a baseline's MLP alone, to any width (ops.growth.widening)
+        yield model, mlp_widening(model, planned.intermediate_size, opts.widen, generator)
+        return
     baseline = isinstance(config, TransformerConfig)
     r = width_factor(opts.hidden, config.hidden_size, "hidden")
     r_ffn = width_factor(opts.ffn, config.intermediate_size, "ffn") if baseline else 1

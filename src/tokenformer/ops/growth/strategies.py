@@ -22,8 +22,8 @@ import torch
 
 from ...errors import GrowthError
 from ...nn.pattention import Pattention
-from ..widening import WIDENINGS
 from .tokens import TokensFn, exact_tokens, random_tokens, zero_key_tokens
+from .widening import WIDENINGS
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ HOWS = tuple(HOW)
 
 # A Transformer baseline's MLP growth (ffn=), by widen=: "duplicate" copies every unit a whole
 # number of times (HyperCloning, tokenformer.ops.cloning: the rule hidden= follows too); the
-# others are tokenformer.ops.widening's function-preserving widenings to any width, the MLP
+# others are tokenformer.ops.growth.widening's function-preserving widenings to any width, the MLP
 # alone (the frontier's widening arms).
 WIDEN = {"duplicate": "copy every unit a whole number of times (HyperCloning)", **WIDENINGS}
 

@@ -1,6 +1,7 @@
-"""Growing a Transformer baseline by widening its MLP, the function-preserving counterpart of
-TokenFormer's parameter-token growth (:mod:`tokenformer.ops.growth`) for
-:mod:`tokenformer.models.baselines`.
+"""Growing a Transformer baseline by widening its MLP (``widen="zero"|"net2net"`` with ``ffn=``),
+the function-preserving counterpart of TokenFormer's parameter-token growth for
+:mod:`tokenformer.models.baselines`: one stage of :func:`~tokenformer.ops.growth.grow`, its
+optimizer carried by :func:`~tokenformer.ops.growth.optimizer.carry_optimizer` like every stage's.
 
 ``zero``: new units with the model's init on their incoming weights and zero outgoing weights;
 ``net2net``: new units copy random old units and the outgoing weights of each unit and its copies
@@ -10,33 +11,31 @@ carried, the new units' is zero (as growth does for new parameter tokens).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from typing import Any
 
 import torch
+from torch import nn
 
-from ..errors import GrowthError
+from ...errors import GrowthError
+from .surgery import Growth
 
-# name → what it does (tokenformer.ops.growth's widen=, beside its "duplicate")
+# name → what it does (grow's widen=, beside its "duplicate")
 WIDENINGS = {"zero": "new units with zero outgoing weights (any width)",
              "net2net": "new units copy random old ones, outgoing weights split (Net2Net; any "
                         "width)"}
 
 
-def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
-              reset_optimizer: bool = False, generator: Any = None) -> tuple[Any, Any]:
-    """Widen every MLP of a Transformer baseline to ``width`` units, preserving its function.
+def mlp_widening(model: nn.Module, width: int, how: str, generator: torch.Generator | None
+              ) -> Growth:
+    """Every MLP of a Transformer baseline widened to ``width`` units, preserving its function.
 
     ``zero``: new units get random incoming weights (the model's init) and zero outgoing
     weights. ``net2net``: each new unit copies the incoming weights (and bias) of a random old
     unit; the outgoing weights of a unit and its copies are split between them in random
     proportions summing to one (equal shares ±10 %), so the sum is unchanged while the copies see
-    different gradients and can diverge. The optimizer is rebuilt over the new parameters with the
-    AdamW moments of the old units kept and zero for the new ones (as :mod:`tokenformer.ops.growth`
-    does for parameter tokens), or fresh with ``reset_optimizer``; ``optimizer`` None: none
-    (returned as None). :func:`tokenformer.ops.growth.grow` runs it for ``widen=`` (the one way
-    to grow, in a run's ``--grow-at`` too).
+    different gradients and can diverge. Old units come first in every widened dimension, so an
+    optimizer state tensor carries over into the leading corner of a zero tensor of the new
+    shape (the :class:`Growth`'s ``carry``).
     """
     config = model.config
     old = config.intermediate_size
@@ -82,33 +81,11 @@ def widen_mlp(model: Any, optimizer: Any, width: int, how: str = "zero", *,
             grown.mlp.down.weight.copy_(down)
             if block.mlp.down.bias is not None:
                 grown.mlp.down.bias.copy_(block.mlp.down.bias)
-    if optimizer is None:  # ops.growth.grow: the model alone
-        return new, None
-    return new, optimizer_for(model, optimizer, new, reset=reset_optimizer)
-
-
-def optimizer_for(old: Any, optimizer: Any, new: Any, *, reset: bool = False) -> Any:
-    """``optimizer``'s class, groups and hyper-parameters over ``new``'s parameters (matched by
-    name), with a deep copy of its state: each state tensor of a widened parameter fills the
-    leading corner of a zero tensor of the new shape (old units come first in every widened
-    dimension), unless ``reset``. With ``new`` a same-shaped copy of ``old`` (a frontier
-    cooldown branch) it is an independent copy of ``optimizer``."""
-    names = {id(p): n for n, p in old.named_parameters()}
     params = dict(new.named_parameters())
-    groups = [{**{k: v for k, v in g.items() if k != "params"},
-               "params": [params[names[id(p)]] for p in g["params"]]}
-              for g in optimizer.param_groups]
-    widened = type(optimizer)(groups)
-    if reset:
-        return widened
-    state = copy.deepcopy(optimizer.state_dict())
-    targets = [p for g in widened.param_groups for p in g["params"]]
-    for index, entry in state["state"].items():
-        shape = targets[index].shape
-        for key, value in entry.items():
-            if hasattr(value, "shape") and value.dim() and value.shape != shape:
-                grown = value.new_zeros(shape)
-                grown[tuple(slice(0, n) for n in value.shape)] = value
-                entry[key] = grown
-    widened.load_state_dict(state)
-    return widened
+
+    def carry(name: str, key: str, value: torch.Tensor) -> torch.Tensor:
+        grown = value.new_zeros(params[name].shape)
+        grown[tuple(slice(0, n) for n in value.shape)] = value
+        return grown
+
+    return Growth(new, {name: name for name in params}, set(), carry)
