@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from tokenformer import GrowthError, TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
 from tokenformer.errors import ConfigError
-from tokenformer.io.checkpoint import load_optimizer_state, verify_checkpoint
+from tokenformer.io.checkpoint import verify_checkpoint
+from tokenformer.io.training_state import load_optimizer_state
 from tokenformer.nn.pattention import THETA_VARIANTS
 from tokenformer.ops.growth import (
     default_positions,
