@@ -49,7 +49,6 @@ def open_data(cfg: Any, progress: bool = True) -> Any:
     :mod:`tokenformer.experiments.adapt_bench`)."""
     if cfg.data == "code":
         return code_dataset(progress=progress)
-
     return open_dataset(cfg, progress=progress)
 
 
