@@ -37,7 +37,7 @@ from common import command_line, log, machine
 
 from tokenformer.data.corpus import default_dataset
 from tokenformer.formats.loading import load_model
-from tokenformer.io.checkpoint import load_optimizer_state, read_state
+from tokenformer.io.training_state import load_optimizer_state, read_state
 from tokenformer.ops.growth import grow_with_optimizer
 from tokenformer.training.optim import param_groups
 

@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from tokenformer import THETA_VARIANTS, Pattention, TokenFormerConfig, TokenFormerLM, grow, theta
-from tokenformer.io.checkpoint import step_dir
 from tokenformer.io.process_group import World
+from tokenformer.io.run_folders import step_dir
 from tokenformer.nn.kernels import triton_theta
 from tokenformer.nn.pattention import PATTENTION_IMPLS
 from tokenformer.training.config import TrainConfig

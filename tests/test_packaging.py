@@ -90,7 +90,8 @@ def test_constraints_file_pins_the_lowest_tested_versions():
 
 # ------------------------------------------------------------------------------ import graph
 CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.files",
-        "tokenformer.io.checkpoint", "tokenformer.io.paths", "tokenformer.io.untrusted",
+        "tokenformer.io.checkpoint", "tokenformer.io.training_state", "tokenformer.io.tree",
+        "tokenformer.io.paths", "tokenformer.io.untrusted",
         "tokenformer.models.memory",
         "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.theta",
         "tokenformer.nn.kernels",

@@ -14,6 +14,7 @@ import torch
 
 from tokenformer import TokenFormerLM, load_model
 from tokenformer.io import checkpoint as ckpt
+from tokenformer.io.training_state import read_state
 from tokenformer.training import TrainConfig, fit
 
 OLD = Path(__file__).resolve().parents[1] / "fixtures" / "v0.1.0"
@@ -51,7 +52,7 @@ def test_training_checkpoint_verifies_loads_and_resumes_exactly(tmp_path):
     path = tmp_path / "checkpoint"
     shutil.copytree(OLD / "checkpoint", path)
     assert ckpt.verify_checkpoint(path)  # its manifest.json, in the format written then
-    state = ckpt.read_state(path)
+    state = read_state(path)
     assert state["format"] == "tokenformer-trainer-v1" and state["step"] == 1
     with torch.no_grad():
         torch.testing.assert_close(TokenFormerLM.load(path).eval()(IDS).logits,

@@ -23,7 +23,8 @@ import torch
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main as cli
-from tokenformer.io.checkpoint import read_metrics, write_manifest
+from tokenformer.io.checkpoint import write_manifest
+from tokenformer.io.metrics import read_metrics
 from tokenformer.io.outputs import LOCK_PID, MARKER
 
 # A few-second run: the tiny preset on the small prepared dataset, a checkpoint every 2 steps.
@@ -286,7 +287,7 @@ def test_crash_leftovers_are_cleaned_and_never_block(capsys, tmp_path, dataset_d
 
     # kill -9 between the two renames of a replacement: final/ is gone, .final.old is complete
     os.replace(run_dir / "final", run_dir / ".final.old")
-    from tokenformer.io.checkpoint import clean_leftovers
+    from tokenformer.io.run_folders import clean_leftovers
 
     clean_leftovers(run_dir)
     assert leftovers(run_dir) == []

@@ -27,16 +27,21 @@ from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main as cli
 from tokenformer.errors import CheckpointError
 from tokenformer.io import checkpoint as ckpt
-from tokenformer.io.checkpoint import (
-    MANIFEST_NAME,
-    latest_checkpoint,
-    load_optimizer_state,
-    load_tree,
-    read_metrics,
-    save_tree,
-    verify_checkpoint,
-)
+from tokenformer.io.checkpoint import MANIFEST_NAME, verify_checkpoint
+from tokenformer.io.metrics import read_metrics
 from tokenformer.io.process_group import World
+from tokenformer.io.run_folders import latest_checkpoint
+from tokenformer.io.training_state import (
+    LEGACY_OPTIMIZER_NAME,
+    LEGACY_RNG_NAME,
+    OPTIMIZER_NAME,
+    RNG_NAME,
+    load_optimizer_state,
+    read_rng_state,
+    rng_state,
+    set_rng_state,
+)
+from tokenformer.io.tree import load_tree, save_tree
 from tokenformer.models.official import save_official
 from tokenformer.training.config import load_config
 from tokenformer.training.distributed import load_sharded, load_sharded_model, save_sharded
@@ -218,9 +223,9 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 
 def _to_legacy(directory: Path) -> None:
     """Rewrite a checkpoint as an earlier version wrote it: optimizer.pt, rng.pt, no manifest."""
-    torch.save(load_optimizer_state(directory), directory / ckpt.LEGACY_OPTIMIZER_NAME)
-    torch.save(ckpt.read_rng_state(directory), directory / ckpt.LEGACY_RNG_NAME)
-    for name in (ckpt.OPTIMIZER_NAME, ckpt.RNG_NAME, MANIFEST_NAME):
+    torch.save(load_optimizer_state(directory), directory / LEGACY_OPTIMIZER_NAME)
+    torch.save(read_rng_state(directory), directory / LEGACY_RNG_NAME)
+    for name in (OPTIMIZER_NAME, RNG_NAME, MANIFEST_NAME):
         (directory / name).unlink()
 
 
@@ -246,9 +251,9 @@ def test_payload_in_our_checkpoint_never_runs(run, dataset_dir, tmp_path, marker
         for directory in checkpoints:  # every checkpoint, so resume has nothing to fall back to
             if target.startswith("legacy"):
                 _to_legacy(directory)
-            file = {"optimizer": ckpt.OPTIMIZER_NAME, "rng": ckpt.RNG_NAME,
-                    "legacy-optimizer": ckpt.LEGACY_OPTIMIZER_NAME,
-                    "legacy-rng": ckpt.LEGACY_RNG_NAME}[target]
+            file = {"optimizer": OPTIMIZER_NAME, "rng": RNG_NAME,
+                    "legacy-optimizer": LEGACY_OPTIMIZER_NAME,
+                    "legacy-rng": LEGACY_RNG_NAME}[target]
             (directory / file).write_bytes(data)
             if not target.startswith("legacy"):
                 # a manifest rewritten to match: what keeps loading safe is the reader, not it
@@ -291,7 +296,7 @@ def test_subprocess_cli_never_runs_a_payload(run, tmp_path, marker, command):
     data = payloads(marker)["legacy-p2"]
     (folder / "final.bin").write_bytes(data)
     for directory in (folder / "final", folder / "checkpoints" / "step-000002"):
-        (directory / ckpt.OPTIMIZER_NAME).write_bytes(data)
+        (directory / OPTIMIZER_NAME).write_bytes(data)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-m", "tokenformer",
                              *[a.format(run=folder) for a in command]],
@@ -333,9 +338,9 @@ def test_rng_state_round_trip(tmp_path):
     import numpy as np
 
     torch.manual_seed(5), random.seed(5), np.random.seed(5)
-    save_tree(tmp_path / "rng.safetensors", ckpt.rng_state())
+    save_tree(tmp_path / "rng.safetensors", rng_state())
     expected = (torch.rand(3), random.random(), np.random.rand())
-    ckpt.set_rng_state(load_tree(tmp_path / "rng.safetensors"))
+    set_rng_state(load_tree(tmp_path / "rng.safetensors"))
     assert torch.equal(torch.rand(3), expected[0])
     assert (random.random(), np.random.rand()) == expected[1:]
 
@@ -356,9 +361,9 @@ def test_manifest_refuses_a_damaged_checkpoint(run, tmp_path, damage):
     elif damage == "flip state":
         _flip(final / "trainer_state.json", 5)
     elif damage == "truncate optimizer":
-        (final / ckpt.OPTIMIZER_NAME).write_bytes((final / ckpt.OPTIMIZER_NAME).read_bytes()[:-1])
+        (final / OPTIMIZER_NAME).write_bytes((final / OPTIMIZER_NAME).read_bytes()[:-1])
     elif damage == "delete rng":
-        (final / ckpt.RNG_NAME).unlink()
+        (final / RNG_NAME).unlink()
     elif damage == "no manifest":
         (final / MANIFEST_NAME).unlink()
     else:

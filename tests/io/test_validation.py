@@ -473,7 +473,7 @@ def test_every_safetensors_write_raises_enospc(tmp_path, disk_full):
     on device while writing the checkpoint" line)."""
     import errno
 
-    from tokenformer.io.checkpoint import save_tree
+    from tokenformer.io.tree import save_tree
 
     model = tiny()
     ad.adapt(model, ffn=2, name="a")

@@ -136,6 +136,18 @@ def test_unregistered_theta_is_refused_with_the_built_in_choices():
         unregister_theta(TOY)
 
 
+def test_a_theta_whose_zero_keys_take_weight_must_say_how_exact_growth_duplicates():
+    """Zero-key growth is exact only when a zero key is silent: a row claiming both is refused,
+    and so is an unknown way; a non-silent Θ that duplicates is accepted."""
+    identity = lambda s, scale, eps: s  # noqa: E731
+    with pytest.raises(ConfigError, match="needs zero_keys_silent"):
+        ThetaVariant(identity, scale_n, 1, zero_keys_silent=False)
+    with pytest.raises(ConfigError, match="exact_growth must be one of zero-keys, duplicate"):
+        ThetaVariant(identity, scale_n, 1, exact_growth="append")
+    row = ThetaVariant(identity, scale_n, 1, zero_keys_silent=False, exact_growth="duplicate")
+    assert row.exact_growth == "duplicate"
+
+
 def test_built_in_rows_hold_the_constants_they_replaced():
     assert THETA_VARIANTS == tuple(BUILT_IN.split(", "))
     scales = {name: THETAS[name].default_scale(49) for name in THETA_VARIANTS}
@@ -146,6 +158,7 @@ def test_built_in_rows_hold_the_constants_they_replaced():
     assert [name for name, v in THETAS.items() if v.cpu_kernel] == ["l2_norm_gelu"]
     assert [name for name, v in THETAS.items() if v.fan_in_keys] == ["gelu"]
     assert [name for name, v in THETAS.items() if not v.zero_keys_silent] == ["softmax"]
+    assert [name for name, v in THETAS.items() if v.exact_growth == "duplicate"] == ["softmax"]
     assert [name for name, v in THETAS.items() if v.normaliser is None] == ["gelu"]
     # the Triton kernels' NORM constexpr (nn/kernels/triton_theta_jit.py's branches)
     assert {name: v.triton for name, v in THETAS.items()} == {

@@ -6,6 +6,7 @@ float64 formulas written out here, gradients of the un-grown model, and invarian
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -18,8 +19,10 @@ from hypothesis import strategies as st
 from tokenformer import GrowthError, TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
 from tokenformer.errors import ConfigError
-from tokenformer.io.checkpoint import load_optimizer_state, verify_checkpoint
+from tokenformer.io.checkpoint import verify_checkpoint
+from tokenformer.io.training_state import load_optimizer_state
 from tokenformer.nn.pattention import THETA_VARIANTS
+from tokenformer.nn.theta import THETAS, register_theta, unregister_theta
 from tokenformer.ops.growth import (
     default_positions,
     grow,
@@ -204,6 +207,28 @@ def test_plain_gelu_zero_key_growth_is_function_preserving(strategy: str) -> Non
 def test_exact_softmax_needs_whole_multiples() -> None:
     with pytest.raises(GrowthError, match=r"softmax.*whole multiple"):
         grow(make("softmax"), ffn=30)
+
+
+def test_exact_growth_follows_the_theta_registry_not_the_name() -> None:
+    """A Θ registered with ``exact_growth="duplicate"`` grows as softmax does, whatever its name:
+    GELU + L1 under that flag (r copies of a token each take 1/r of its L1 share, so duplication
+    is exact for it too) refuses 24 → 30 ffn tokens, which the built-in gelu_l1_norm (zero keys)
+    grows, and 24 → 48 repeats every old key twice and keeps the logits."""
+    name = "gelu_l1_duplicated"
+    built_in = THETAS["gelu_l1_norm"]
+    register_theta(name, dataclasses.replace(built_in, zero_keys_silent=False,
+                                             exact_growth="duplicate", fused=None, triton=None))
+    try:
+        with pytest.raises(GrowthError, match=rf"Θ={name} needs a whole multiple of ffn"):
+            grow(make(name), ffn=30)
+        assert grow(make("gelu_l1_norm"), ffn=30).config.ffn_tokens == 30
+        model = make(name)
+        grown = grow(model, ffn="2x", generator=gen())
+        old_keys = model.layers[0].mlp.key_param_tokens
+        assert torch.equal(grown.layers[0].mlp.key_param_tokens, torch.cat([old_keys, old_keys]))
+        assert relative_change(model, grown) <= 1e-5
+    finally:
+        unregister_theta(name)
 
 
 def _new_rows(old: TokenFormerLM, new: TokenFormerLM) -> dict[str, tuple[str, int]]:

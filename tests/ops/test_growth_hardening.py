@@ -16,13 +16,9 @@ import torch
 
 from tokenformer import GrowthError, TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
-from tokenformer.io.checkpoint import (
-    OPTIMIZER_NAME,
-    STATE_NAME,
-    load_optimizer_state,
-    save_tree,
-    write_manifest,
-)
+from tokenformer.io.checkpoint import write_manifest
+from tokenformer.io.training_state import OPTIMIZER_NAME, STATE_NAME, load_optimizer_state
+from tokenformer.io.tree import save_tree
 from tokenformer.ops.growth import default_positions, grow, plan_growth
 from tokenformer.ops.growth.sizes import layer_plan
 

@@ -365,7 +365,7 @@ def checkpoint(tmp_path):
 
 
 def test_cli_grows_width_and_stacks(checkpoint, tmp_path, capsys) -> None:
-    from tokenformer.io.checkpoint import load_optimizer_state
+    from tokenformer.io.training_state import load_optimizer_state
     from tokenformer.training.optim import param_groups
 
     out = tmp_path / "grown"

@@ -14,7 +14,8 @@ import torch
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main as cli
 from tokenformer.errors import CheckpointError, ConfigError
-from tokenformer.io.checkpoint import read_state, step_dir
+from tokenformer.io.run_folders import step_dir
+from tokenformer.io.training_state import read_state
 from tokenformer.models.baselines import model_class
 from tokenformer.training.anneal import Anneal
 from tokenformer.training.config import TrainConfig

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tokenformer import TokenFormerLM
-from tokenformer.io.checkpoint import read_metrics
+from tokenformer.io.metrics import read_metrics
 from tokenformer.training.config import load_config
 from tokenformer.training.distributed import load_sharded_model
 from tokenformer.training.lm import train

@@ -16,7 +16,9 @@ import torch
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main as cli
 from tokenformer.errors import ConfigError, GrowthError
-from tokenformer.io.checkpoint import read_metrics, read_state, step_dir
+from tokenformer.io.metrics import read_metrics
+from tokenformer.io.run_folders import step_dir
+from tokenformer.io.training_state import read_state
 from tokenformer.ops.growth import grow_with_optimizer, old_tokens
 from tokenformer.training import growth as growth_in_run
 from tokenformer.training.config import TrainConfig, load_config

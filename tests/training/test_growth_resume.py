@@ -14,13 +14,10 @@ import torch
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main as cli
 from tokenformer.errors import DivergedError
-from tokenformer.io.checkpoint import (
-    STATE_NAME,
-    read_metrics,
-    read_state,
-    step_dir,
-    write_manifest,
-)
+from tokenformer.io.checkpoint import write_manifest
+from tokenformer.io.metrics import read_metrics
+from tokenformer.io.run_folders import step_dir
+from tokenformer.io.training_state import STATE_NAME, read_state
 from tokenformer.training.config import TrainConfig
 from tokenformer.training.loop import fit
 

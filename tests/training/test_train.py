@@ -18,7 +18,9 @@ import torch
 from tokenformer import TokenFormerConfig, TokenFormerLM, flops_per_token
 from tokenformer.cli import main as cli
 from tokenformer.errors import ConfigError
-from tokenformer.io.checkpoint import load_optimizer_state, read_metrics, verify_checkpoint
+from tokenformer.io.checkpoint import verify_checkpoint
+from tokenformer.io.metrics import read_metrics
+from tokenformer.io.training_state import load_optimizer_state
 from tokenformer.training.config import TrainConfig, load_config
 from tokenformer.training.growth_events import parse_grow_at
 from tokenformer.training.lm import train

@@ -189,7 +189,6 @@ def _resolve_tokenizer(spec: str | Path, train_texts: Callable[[], Iterable[str]
 
 def _progress(total: int, desc: str, progress: bool | None, unit: str = "B"):
     """A tqdm bar unless ``progress is False``; True and None both mean "on a terminal"."""
-
     # disable=None: tqdm hides itself when stderr is not a terminal (logs, CI, pipes)
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, dynamic_ncols=True,
                 disable=True if progress is False else None)

@@ -23,7 +23,6 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from ..errors import OutputError, TokenFormerError
-from .checkpoint import clean_leftovers
 from .files import (
     MARKER,
     atomic_write_text,
@@ -34,6 +33,7 @@ from .files import (
 )
 from .paths import has_regular_file, is_link_loop
 from .process_group import World, max_across
+from .run_folders import clean_leftovers
 
 LOCK = ".tokenformer.lock"
 LOCK_PID = ".tokenformer.lock.pid"  # sidecar: the lock file itself must stay empty for filelock
@@ -194,7 +194,7 @@ def _holder(directory: Path) -> str:
 def hold_run_folder(directory: str | Path, *, command: str, world: World | None = None
                     ) -> Iterator[Path]:
     """Hold ``directory`` (created if needed) exclusively for the block, mark it as
-    ``command``'s, and remove crash leftovers (:func:`tokenformer.io.checkpoint.clean_leftovers`).
+    ``command``'s, and remove crash leftovers (:func:`tokenformer.io.run_folders.clean_leftovers`).
 
     The lock is an OS file lock (``filelock``): a second process is refused at once with the
     holder's pid; a process killed with -9 releases it. Re-entrant within one process. Under

@@ -209,7 +209,6 @@ class TransformerLM(TokenFormerLM):
 
     def __init__(self, config: TransformerConfig) -> None:
         nn.Module.__init__(self)
-
         config.validate()
         self.config = config
         self.word_embeddings = nn.Embedding(config.padded_vocab_size, config.hidden_size)

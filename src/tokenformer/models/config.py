@@ -47,8 +47,8 @@ class FieldRule:
 
 def one_of(options: Collection[str]) -> FieldRule:
     """A field that must be one of ``options``, read at each check: a live collection (the Θ
-    table, :data:`tokenformer.nn.theta.THETAS`, which :func:`register_theta` extends) is
-    followed."""
+    table, :data:`tokenformer.nn.theta.THETAS`, which
+    :func:`~tokenformer.nn.theta.register_theta` extends) is followed."""
     return FieldRule(lambda: f"one of {', '.join(options)}", lambda value: value in options)
 
 
@@ -324,7 +324,6 @@ class TokenFormerConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> TokenFormerConfig:
-
         path = regular_file(path, "config file")
         try:
             text = path.read_text(encoding="utf-8")

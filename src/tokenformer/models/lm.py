@@ -272,8 +272,9 @@ class TokenFormerLM(GenerateMixin, nn.Module):
     ) -> CausalLMOutput:
         """``logits_to_keep`` > 0: logits of the last that many positions only (Hugging Face's
         argument of the same name; generation needs one and saves the [T, vocab] projection).
-        ``cache_position`` [T]: with a static cache (:class:`StaticKVCache`, transformers'
-        ``StaticCache``), the cache slots of this call's tokens; by default the next free ones.
+        ``cache_position`` [T]: with a static cache
+        (:class:`~tokenformer.models.kv_cache.StaticKVCache`, transformers' ``StaticCache``), the
+        cache slots of this call's tokens; by default the next free ones.
         ``attention_mask`` is then [B, <= capacity] (1 = a real token) or a ready 4-D mask."""
         if logits_to_keep > 0 and labels is not None:
             raise ConfigError("logits_to_keep needs every position's logits when labels "

@@ -53,6 +53,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -100,6 +101,10 @@ class FusedTheta:
                        tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
 
+# How exact growth keeps a Θ's function: new tokens with zero keys, or every old token duplicated.
+EXACT_GROWTHS = ("zero-keys", "duplicate")
+
+
 @dataclass(frozen=True)
 class ThetaVariant:
     """One Θ: what every part of the package needs to know about it.
@@ -112,7 +117,12 @@ class ThetaVariant:
     * ``normaliser(scores)``: the per-row quantity Θ divides by, [rows] (pruning's ``renorm``);
       None: Θ has none, removing tokens changes no kept token's weight.
     * ``zero_keys_silent``: a token with a zero key takes weight 0 and leaves every other
-      token's weight unchanged (adapters start silent; exact zero-key growth).
+      token's weight unchanged (adapters start silent).
+    * ``exact_growth``: how ``exact`` growth keeps the function (:mod:`tokenformer.ops.growth`):
+      ``"zero-keys"`` appends tokens with zero keys (needs ``zero_keys_silent``); ``"duplicate"``
+      repeats every old token r times, its value split into r zero-sum parts, so n grows by whole
+      multiples only (exact when r copies of a token weigh what it weighed: softmax's normaliser
+      and numerator are both multiplied by r).
     * ``fan_in_keys``: keys start at N(0, 1/d_in) instead of the config's ``init_std``.
     * ``fused``: the fused Function's closed forms; None: no fast path, the reference runs.
     * ``cpu_kernel``: the C++ CPU kernel computes it (``nn/kernels/csrc/theta_cpu.cpp``).
@@ -124,10 +134,19 @@ class ThetaVariant:
     flops_per_score: int
     normaliser: Callable[[torch.Tensor], torch.Tensor] | None = None
     zero_keys_silent: bool = True
+    exact_growth: Literal["zero-keys", "duplicate"] = "zero-keys"
     fan_in_keys: bool = False
     fused: FusedTheta | None = None
     cpu_kernel: bool = False
     triton: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.exact_growth not in EXACT_GROWTHS:
+            raise ConfigError(f"exact_growth must be one of {', '.join(EXACT_GROWTHS)}, got "
+                              f"{self.exact_growth!r}")
+        if self.exact_growth == "zero-keys" and not self.zero_keys_silent:
+            raise ConfigError("exact_growth='zero-keys' needs zero_keys_silent: a zero-key token "
+                              "that takes weight would change the grown model's output")
 
 
 # ------------------------------------------------------------------------- default factors
@@ -285,6 +304,7 @@ THETAS: dict[str, ThetaVariant] = {
     "gelu_l1_norm": ThetaVariant(_gelu_l1_norm, scale_n, 8, _gelu_l1, fused=_GELU_L1, triton=2),
     # exp(x·k) > 0: a new token always takes a share of the normalisation
     "softmax": ThetaVariant(_softmax, scale_n, 5, _exp_sum, zero_keys_silent=False,
+                            exact_growth="duplicate",
                             fused=FusedTheta(_softmax_fwd, _softmax_bwd), triton=3),
     "gelu": ThetaVariant(_gelu, scale_one, 4, None, fan_in_keys=True,
                          fused=FusedTheta(_gelu_fwd, _gelu_bwd), triton=4),

@@ -1,4 +1,5 @@
-"""Pruning: shrink a TokenFormer by removing parameter tokens, the inverse of :func:`grow`.
+"""Pruning: shrink a TokenFormer by removing parameter tokens, the inverse of
+:func:`~tokenformer.ops.growth.grow`.
 
 Each Pattention keeps its ``n_new`` most important tokens (in their original order) and drops the
 rest; every layer of a kind (Q/K/V, proj, FFN) ends with the same count, the config's. Importance

@@ -31,10 +31,9 @@ from .signals import interrupt_on_signal
 def open_data(cfg: Any, progress: bool = True) -> Any:
     """``cfg.data``: what the trainer opens (a prepared directory, ``default`` = the embedded
     KJV) or ``code`` (the embedded Jinja2 source corpus,
-    :mod:`tokenformer.experiments.adapt_bench`)."""
+    :func:`tokenformer.data.corpora.code_dataset`)."""
     if cfg.data == "code":
         return code_dataset(progress=progress)
-
     return open_dataset(cfg, progress=progress)
 
 
@@ -77,7 +76,6 @@ def _train_adapter(base: str, data_spec: str, tokens: dict[str, int], cfg: Any, 
     torch.manual_seed(cfg.seed)
     ad.adapt(model, **tokens, name=name, generator=torch.Generator().manual_seed(cfg.seed))
     evaluate = lm_evaluator(dataset, cfg.seq_len, cfg.batch_size, cfg.eval_batches, device)
-
     batch_fn = lm_batches(dataset, cfg.batch_size, cfg.seq_len, cfg.seed, device)
 
     model.eval()

@@ -18,8 +18,19 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError, is_disk_full
 from ..io import checkpoint as ckpt
+from ..io.metrics import MetricsLog
 from ..io.paths import has_regular_file
 from ..io.process_group import World, barrier
+from ..io.run_folders import FINAL, latest_checkpoint, list_checkpoints, prune_checkpoints, step_dir
+from ..io.training_state import (
+    OPTIMIZER_NAME,
+    STATE_NAME,
+    has_optimizer_state,
+    load_optimizer_state,
+    load_rng_state,
+    read_state,
+    write_state,
+)
 from ..models.baselines import load_model_dir, model_class
 from ..models.checks import check_buildable
 from ..models.persistence import CONFIG_NAME
@@ -76,7 +87,7 @@ class Checkpointer:
                     model.config.save(tmp / "config.json")
                     if self.save_extra is not None:
                         self.save_extra(tmp)
-                    ckpt.write_state(tmp, state)
+                    write_state(tmp, state)
 
                 save_sharded(path, model, optimizer, world, rest)
             elif world.is_main:
@@ -99,33 +110,33 @@ class Checkpointer:
         signum = stopper.requested(world)  # the same on every rank: all save or none
         periodic = cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
         if done == cfg.steps:
-            self.save(done, run_dir / ckpt.FINAL, model, optimizer, names, counters, frozen,
+            self.save(done, run_dir / FINAL, model, optimizer, names, counters, frozen,
                       anneal)
         elif periodic or signum:
-            self.save(done, ckpt.step_dir(run_dir, done), model, optimizer, names, counters,
+            self.save(done, step_dir(run_dir, done), model, optimizer, names, counters,
                       frozen, anneal)
             if world.is_main:
-                ckpt.prune_checkpoints(run_dir, cfg.keep_last)
+                prune_checkpoints(run_dir, cfg.keep_last)
         if signum and done < cfg.steps:
             raise Interrupted(f"interrupted by {signal.Signals(signum).name} after step "
                               f"{done} of {cfg.steps}: checkpoint written to "
-                              f"{ckpt.step_dir(run_dir, done)}", 128 + signum)
+                              f"{step_dir(run_dir, done)}", 128 + signum)
 
 
 def resume_point(run_dir: Path, world: World, print_fn: Callable[[str], None]) -> Path | None:
     """The newest checkpoint of ``run_dir`` to resume from, its state and the metrics log checked
     (on every rank, before anything changes); None for a run that crashed before its first
     checkpoint, whose log is then emptied to start over with the saved config."""
-    if ckpt.list_checkpoints(run_dir):
-        resume_from = ckpt.latest_checkpoint(run_dir)
+    if list_checkpoints(run_dir):
+        resume_from = latest_checkpoint(run_dir)
         # a malformed state or log fails here, on every rank, before anything changes
-        state = ckpt.read_state(resume_from)
+        state = read_state(resume_from)
         check_state(state, resume_from)
-        ckpt.MetricsLog.kept(run_dir / METRICS, state["step"])
+        MetricsLog.kept(run_dir / METRICS, state["step"])
         return resume_from
-    ckpt.MetricsLog.kept(run_dir / METRICS, 0)  # malformed: fails on every rank
+    MetricsLog.kept(run_dir / METRICS, 0)  # malformed: fails on every rank
     if world.is_main:
-        ckpt.MetricsLog.truncate(run_dir / METRICS, 0)
+        MetricsLog.truncate(run_dir / METRICS, 0)
         print_fn(f"{run_dir} has no checkpoint yet: starting from step 0 with its "
                  f"saved config")
     return None
@@ -138,7 +149,7 @@ def check_resumed_growth(cfg: TrainConfig, run_dir: Path, resume_from: Path,
     applied), and the growths still to come fit the checkpoint's model (its own config, not the
     one the run started from), and so is its ``anneal_steps``. Each refusal is one ConfigError
     line naming --grow-at (or --anneal-steps)."""
-    state = ckpt.read_state(resume_from)
+    state = read_state(resume_from)
     step = state["step"]
     if has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
         saved = load_config(run_dir / RUN_CONFIG)
@@ -149,7 +160,7 @@ def check_resumed_growth(cfg: TrainConfig, run_dir: Path, resume_from: Path,
                               f"anneal_steps {cfg.anneal_steps}, but it recorded "
                               f"{saved.anneal_steps}: a resumed run keeps its Θ-factor anneal; "
                               f"give --anneal-steps {saved.anneal_steps} or not at all")
-    check_history(events, state.get("growth"), step, str(resume_from / ckpt.STATE_NAME))
+    check_history(events, state.get("growth"), step, str(resume_from / STATE_NAME))
     config = model_class(cfg.arch).config_class.load(resume_from / CONFIG_NAME)
     check_growth_plan(config, [e for e in events if e.step >= step])
 
@@ -157,7 +168,7 @@ def check_resumed_growth(cfg: TrainConfig, run_dir: Path, resume_from: Path,
 def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch.device
              ) -> tuple[nn.Module, torch.optim.Optimizer, dict[str, Any]]:
     """Model, optimizer and trainer state of a checkpoint, for :func:`fit` to continue from."""
-    state = ckpt.read_state(path)
+    state = read_state(path)
     check_state(state, path)
     if is_sharded(path):
         if world.strategy != "fsdp":
@@ -172,15 +183,15 @@ def restore(cls: type, path: Path, cfg: TrainConfig, world: World, device: torch
     else:
         model = cls.load(path).to(device)
         optimizer = rebuild_optimizer(model, state["param_groups"],
-                                      ckpt.load_optimizer_state(path),
-                                      path / ckpt.OPTIMIZER_NAME, cfg)
-    ckpt.load_rng_state(path)
+                                      load_optimizer_state(path),
+                                      path / OPTIMIZER_NAME, cfg)
+    load_rng_state(path)
     return model, optimizer, state
 
 
 def check_state(state: Any, path: Path) -> None:
     """A trainer state to resume from holds a step, the counters and the param-group names."""
-    file = path / ckpt.STATE_NAME
+    file = path / STATE_NAME
 
     def bad(what: str) -> CheckpointError:
         return CheckpointError(f"{file} is malformed ({what}); resume from an earlier "
@@ -215,7 +226,7 @@ def initial_model(cfg: TrainConfig) -> nn.Module:
 
 def initial_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer | None:
     """AdamW with the state saved beside ``init_from`` (e.g. carried over by growth), if any."""
-    if not ckpt.has_optimizer_state(cfg.init_from):
+    if not has_optimizer_state(cfg.init_from):
         return None
-    return rebuild_optimizer(model, None, ckpt.load_optimizer_state(cfg.init_from),
-                             Path(cfg.init_from) / ckpt.OPTIMIZER_NAME, cfg)
+    return rebuild_optimizer(model, None, load_optimizer_state(cfg.init_from),
+                             Path(cfg.init_from) / OPTIMIZER_NAME, cfg)

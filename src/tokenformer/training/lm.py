@@ -15,10 +15,10 @@ import torch
 
 from ..data import corpus, datasets
 from ..errors import ConfigError
-from ..io.checkpoint import FINAL
 from ..io.files import atomic_write_text
 from ..io.outputs import check_run_folder, hold_run_folder
 from ..io.process_group import World, barrier, init, shutdown
+from ..io.run_folders import FINAL
 from ..models.baselines import TransformerConfig, matched_config, model_class
 from ..models.config import PRESETS, TokenFormerConfig, flops_per_token
 from .checkpointing import (

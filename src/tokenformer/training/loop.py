@@ -24,9 +24,9 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, DivergedError
-from ..io.checkpoint import STATE_NAME
 from ..io.outputs import hold_run_folder
 from ..io.process_group import World
+from ..io.training_state import STATE_NAME
 from .anneal import Anneal, anneal_after
 from .checkpointing import Checkpointer, restore
 from .config import TrainConfig

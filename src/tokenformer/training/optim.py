@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from ..io.checkpoint import apply_optimizer_state
+from ..io.training_state import apply_optimizer_state
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -59,7 +59,7 @@ def rebuild_optimizer(model: nn.Module, names: Sequence[Sequence[str]] | None,
     """The one way an optimizer is rebuilt from disk: AdamW over ``model``'s parameters grouped
     by the saved parameter ``names`` (one list per param group, in order), holding the saved
     ``state`` (an optimizer state dict) checked against the parameters
-    (:func:`tokenformer.io.checkpoint.apply_optimizer_state`). ``file`` names the saved state in
+    (:func:`tokenformer.io.training_state.apply_optimizer_state`). ``file`` names the saved state in
     errors.
 
     With ``cfg``: a training run's two groups (:func:`make_optimizer`; ``names`` None: the

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..io.checkpoint import read_metrics
 from ..io.files import atomic_path
+from ..io.metrics import read_metrics
 
 AXES = (("step", "step"), ("tokens", "tokens"), ("flops", "training FLOPs"),
         ("elapsed", "wall-clock (s)"))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..io.checkpoint import MetricsLog
+from ..io.metrics import MetricsLog
 from ..io.process_group import World
 from ..io.progress import progress_bar
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..data.datasets import unigram_entropy
-from ..io.checkpoint import FINAL
+from ..io.run_folders import FINAL
 
 if TYPE_CHECKING:
     from .config import TrainConfig

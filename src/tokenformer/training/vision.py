@@ -127,7 +127,6 @@ def _run_folder(out: Path, data: str) -> contextlib.AbstractContextManager[Path]
 def _train_vision(cfg: Any, preset: str, data: str, arch: str, out: str | Path | None,
                   max_shift: int, progress: bool | None, model_overrides: dict[str, Any] | None,
                   workers: int = 0) -> VisionRun:
-
     torch.manual_seed(cfg.seed)
     config = TokenFormerViTConfig.from_name(preset, **(model_overrides or {}))
     model = build_vision_model(arch, config)

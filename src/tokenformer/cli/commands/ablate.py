@@ -12,8 +12,6 @@ from .scale import command_line, experiment_folder
 
 
 def ablate(args: argparse.Namespace) -> int:
-
-
     torch.set_num_threads(args.threads)
     command = command_line("ablate")
 

@@ -25,7 +25,6 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.model is None or (args.data is None and args.tasks is None):
         raise ConfigError("give a MODEL and one of --data or --tasks (or --task-dir alone)")
-
     if args.data is not None:
         if args.output_path is not None or args.log_samples:
             raise ConfigError("--output-path and --log-samples apply to --tasks; --json prints "

@@ -19,6 +19,16 @@ from ...io import checkpoint as ckpt
 from ...io.files import atomic_dir, atomic_write_text
 from ...io.outputs import check_output
 from ...io.paths import has_regular_file, not_found, read_json_object
+from ...io.training_state import (
+    OPTIMIZER_NAME,
+    RNG_NAME,
+    STATE_NAME,
+    has_optimizer_state,
+    load_optimizer_state,
+    read_rng_state,
+    save_optimizer_state,
+)
+from ...io.tree import save_tree
 from ...models.config import flops_per_token
 from ...models.memory import check_memory
 from ...ops.growth import (
@@ -57,7 +67,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, options: GrowthOpti
         raise not_found(source, "checkpoint")
     check_output(out, [source], command="grow", overwrite=overwrite)
     model = load_model(source)  # a folder is checked against its manifest first
-    has_state = source.is_dir() and ckpt.has_optimizer_state(source)
+    has_state = source.is_dir() and has_optimizer_state(source)
     trainer_state = _read_trainer_state(source) if has_state else None
     # official-released starts a fresh optimizer whatever --reset-optimizer says: say so, and
     # record it, rather than "carried over"
@@ -85,7 +95,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, options: GrowthOpti
     with atomic_dir(out, overwrite=overwrite, command="grow") as tmp:
         grown.save(tmp)
         if optimizer is not None:
-            ckpt.save_optimizer_state(tmp, optimizer)
+            save_optimizer_state(tmp, optimizer)
             if trainer_state is not None:
                 _write_trainer_state(source, trainer_state, tmp, grown, optimizer, {
                     "from": str(source), **options.planned(), "seed": seed,
@@ -103,7 +113,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, options: GrowthOpti
 def _read_trainer_state(source: Path) -> dict[str, Any] | None:
     """The trainer state beside the weights (None: none), its growth history checked before any
     work: a list of growth records (one JSON object per earlier ``grow``)."""
-    state_file = source / ckpt.STATE_NAME
+    state_file = source / STATE_NAME
     if not has_regular_file(state_file, folder=source):
         return None
     state = read_json_object(state_file)
@@ -123,10 +133,10 @@ def _write_trainer_state(source: Path, state: dict[str, Any], out: Path,
     names = {id(p): n for n, p in model.named_parameters()}
     state["param_groups"] = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
     state["grown"] = [*state.get("grown", []), growth]
-    atomic_write_text(out / ckpt.STATE_NAME, json.dumps(state, indent=2) + "\n")
-    rng = ckpt.read_rng_state(source)  # re-written: an earlier version's rng.pt becomes ours
+    atomic_write_text(out / STATE_NAME, json.dumps(state, indent=2) + "\n")
+    rng = read_rng_state(source)  # re-written: an earlier version's rng.pt becomes ours
     if rng is not None:
-        ckpt.save_tree(out / ckpt.RNG_NAME, rng)
+        save_tree(out / RNG_NAME, rng)
 
 
 def copy_tokenizer(source: Path, target: Path) -> None:
@@ -149,10 +159,10 @@ def copy_tokenizer(source: Path, target: Path) -> None:
 def _optimizer_from_checkpoint(model: torch.nn.Module, directory: Path) -> torch.optim.Optimizer:
     """An AdamW over ``model`` holding the saved state, its groups named as
     :func:`_group_names` finds them (:func:`tokenformer.training.optim.rebuild_optimizer`)."""
-    state = ckpt.load_optimizer_state(directory)
+    state = load_optimizer_state(directory)
     names = _group_names(state["param_groups"], directory,
                          [n for n, _ in model.named_parameters()])
-    return rebuild_optimizer(model, names, state, directory / ckpt.OPTIMIZER_NAME)
+    return rebuild_optimizer(model, names, state, directory / OPTIMIZER_NAME)
 
 
 def _group_names(groups: list[dict[str, Any]], directory: Path,
@@ -162,7 +172,7 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
     every parameter, the model's own order."""
     if all("param_names" in g for g in groups):
         return [list(g["param_names"]) for g in groups]
-    state_file = directory / ckpt.STATE_NAME
+    state_file = directory / STATE_NAME
     if has_regular_file(state_file, folder=directory):
         value = read_json_object(state_file).get("param_groups")
         if (isinstance(value, list) and len(value) == len(groups)
@@ -170,7 +180,7 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
             return [list(g) for g in value]
     if len(groups) == 1 and len(groups[0]["params"]) == len(model_names):
         return [model_names]
-    raise CheckpointError(f"{directory / ckpt.OPTIMIZER_NAME} has {len(groups)} parameter "
+    raise CheckpointError(f"{directory / OPTIMIZER_NAME} has {len(groups)} parameter "
                           f"groups but does not name their parameters; pass --reset-optimizer "
                           f"to grow without carrying it over")
 

@@ -98,7 +98,6 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
         raise ConfigError("the prompt is empty")
     room = model.config.max_seq_len - len(ids)
     if room < max_new_tokens and room >= 0:  # generate what fits, and say so
-
         print(f"note: the model's context is {model.config.max_seq_len} tokens and the prompt "
               f"has {len(ids)}: generating at most {room} new tokens, not {max_new_tokens}",
               file=sys.stderr)

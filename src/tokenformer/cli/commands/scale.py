@@ -18,8 +18,6 @@ from ..options import device, positive
 
 
 def scale(args: argparse.Namespace) -> int:
-
-
     if args.jobs > 1 and (args.threads or 1) > 1:
         raise ConfigError("scale: --jobs runs each run with one thread; drop --threads (or "
                           "give --threads 1)")

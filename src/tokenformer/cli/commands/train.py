@@ -7,9 +7,10 @@ import dataclasses
 from pathlib import Path
 
 from ...errors import CheckpointError, ConfigError
-from ...io import checkpoint as ckpt
 from ...io.outputs import check_output
 from ...io.paths import has_regular_file
+from ...io.run_folders import FINAL, latest_checkpoint
+from ...io.training_state import read_state
 from ...models.baselines import TransformerConfig
 from ...models.config import TokenFormerConfig
 from ...models.persistence import WEIGHTS_NAME
@@ -54,13 +55,13 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
 def _finished(run_dir: Path, steps: int) -> bool:
     """True (and says so) when ``run_dir``'s newest checkpoint already holds all ``steps``."""
     try:
-        step = int(ckpt.read_state(ckpt.latest_checkpoint(run_dir, quiet=True)).get("step", 0))
+        step = int(read_state(latest_checkpoint(run_dir, quiet=True)).get("step", 0))
     except (CheckpointError, TypeError, ValueError):
         return False  # nothing usable to resume from: train() says so, under the run's lock
     if step < steps:
         return False
     print(f"{run_dir} is finished: {step} of {steps} steps done, nothing to resume; the model "
-          f"is {run_dir / ckpt.FINAL} (to train further: --resume {run_dir} --steps N, N > "
+          f"is {run_dir / FINAL} (to train further: --resume {run_dir} --steps N, N > "
           f"{step})")
     return True
 

@@ -106,7 +106,7 @@ def _fmt_spread(task: Task, s: dict[str, Any]) -> str:
 
 
 def _fmt_diff(task: Task, c: dict[str, Any]) -> str:
-    """Mean difference, its 95 % t interval and p (:func:`stats.describe`)."""
+    """Mean difference, its 95 % t interval and p (:func:`..common.stats.describe`)."""
     if c["n"] and (c["mean"] is None or not math.isfinite(c["mean"])):
         return "a run diverged"
     if task.percent:

@@ -31,7 +31,7 @@ from ... import __version__
 from ...data.corpus import default_dataset
 from ...data.datasets import TokenDataset
 from ...errors import ConfigError, DivergedError
-from ...io.checkpoint import read_metrics
+from ...io.metrics import read_metrics
 from ...io.progress import inner_progress
 from ...training.config import TrainConfig
 from ...training.lm import train

@@ -79,7 +79,7 @@ def _table(intro: str, header: str, rule: str, line: str, rows: list[dict[str, A
 
 def train_arms(plan: TrainArms, rows: list[dict[str, Any]]) -> dict[str, Any]:
     return _table(f"Frontier arm {plan.size} at its largest budget, retrained by "
-                  f"`tokenformer.train` with the recipe of {plan.results} (WSD, chosen LR per "
+                  f"`tokenformer.training` with the recipe of {plan.results} (WSD, chosen LR per "
                   f"family).",
                   "| family | seed | LR | steps | val loss | frontier's val loss |",
                   "|---|---:|---:|---:|---:|---:|",

@@ -201,8 +201,8 @@ def compare_mlp(plan: CompareMLP) -> list[dict[str, Any]]:
 # ------------------------------------------------------------------ pruning with seeds
 def finetune_wsd(model: torch.nn.Module, run: dict, steps: int, lr: float, dataset: Any
                  ) -> torch.nn.Module:
-    """``steps`` steps of ``tokenformer.train.fit`` on ``model`` (in place), fresh AdamW, the
-    frontier's schedule family: WSD (10 warmup steps, the last 20 % decaying to 0.1 × ``lr``);
+    """``steps`` steps of ``tokenformer.training.loop.fit`` on ``model`` (in place), fresh AdamW,
+    the frontier's schedule family: WSD (10 warmup steps, the last 20 % decaying to 0.1 × ``lr``);
     batch, sequence, weight decay, clipping and data seed of the run's config (``run``), on the
     training batches that follow the run's last step."""
     cfg = TrainConfig(arch=run["arch"], seq_len=run["seq_len"], batch_size=run["batch_size"],

@@ -12,6 +12,7 @@ from ...errors import GrowthError
 from ...models.baselines import TransformerConfig
 from ...models.config import TokenFormerConfig
 from ...nn.pattention import KINDS, default_scale, resolve_top_k
+from ...nn.theta import theta_variant
 from ..cloning import product_key_refusal, widened_config
 from .options import GrowthOptions, refuse_unsupported
 from .sizes import layer_plan, resolve_size, width_factor
@@ -119,20 +120,21 @@ def _grown_config(config: Any, sizes: dict[str, int], num_layers: int, exact: bo
         if not exact:
             changes[f"{kind}_scale"] = None  # Θ's factor follows the new n
             continue
-        if config.norm == "softmax" and n_new % n_old:
+        duplicate = theta_variant(config.norm).exact_growth == "duplicate"
+        if duplicate and n_new % n_old:
             raise GrowthError(
-                f"exact growth with Θ=softmax needs a whole multiple of {kind} tokens "
-                f"({n_old} → {n_new} is not): exp(x·k) > 0 for every finite new key, so a new "
-                f"token always takes a share of the normalisation; the exact construction "
-                f"duplicates every old token instead")
+                f"exact growth with Θ={config.norm} needs a whole multiple of {kind} tokens "
+                f"({n_old} → {n_new} is not): a new token with a zero key would take a share of "
+                f"the normalisation (softmax: exp(x·k) > 0 for every finite key); the exact "
+                f"construction duplicates every old token instead")
         scale = getattr(config, f"{kind}_scale")
         changes[f"{kind}_scale"] = scale if scale is not None else default_scale(config.norm,
                                                                                  n_old)
         top_k = getattr(config, f"{kind}_top_k", None)
         if top_k is not None:
-            # Top-k held like the factor: the new tokens' Θ is 0 (softmax: each old token is r
-            # tokens, each with 1/r of its Θ), so the same k (r·k) largest |Θ| give the same
+            # Top-k held like the factor: the new tokens' Θ is 0 (duplicated: each old token is
+            # r tokens, each with 1/r of its Θ), so the same k (r·k) largest |Θ| give the same
             # output, while a fraction of the new n would keep more old tokens than before.
             k = resolve_top_k(top_k, n_old)
-            changes[f"{kind}_top_k"] = k * n_new // n_old if config.norm == "softmax" else k
+            changes[f"{kind}_top_k"] = k * n_new // n_old if duplicate else k
     return dataclasses.replace(config, **changes)

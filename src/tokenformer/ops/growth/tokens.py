@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ...nn.pattention import Pattention, resolve_top_k
+from ...nn.theta import theta_variant
 
 TokensFn = Callable[[Pattention, Pattention, torch.Generator | None, bool],
                     tuple[torch.Tensor, torch.Tensor]]
@@ -74,11 +75,12 @@ def zero_key_tokens(old: Pattention, new: Pattention, generator: torch.Generator
 
 def exact_tokens(old: Pattention, new: Pattention, generator: torch.Generator | None,
                  copy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``exact``: zero keys (:func:`zero_key_tokens`), or for Θ = softmax every old token
-    repeated r times with its value split into r zero-sum parts."""
+    """``exact``: zero keys (:func:`zero_key_tokens`), or for a Θ whose ``exact_growth`` is
+    ``"duplicate"`` (softmax) every old token repeated r times with its value split into r
+    zero-sum parts."""
     keys, values = old.key_param_tokens.detach(), old.value_param_tokens.detach()
     n_old, n_new = keys.shape[0], new.num_tokens
-    if old.norm == "softmax" and n_new > n_old:
+    if theta_variant(old.norm).exact_growth == "duplicate" and n_new > n_old:
         r = n_new // n_old  # duplicate each token r times; split its value into r zero-sum parts
         noise = randn_rows(n_new, values, new.value_init_std, generator).view(r, n_old, -1)
         noise = (noise - noise.mean(dim=0, keepdim=True)).to(values)
