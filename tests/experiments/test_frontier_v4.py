@@ -47,7 +47,6 @@ def test_a_question_reading_the_grids_edge_is_refused_in_one_line(capsys, tmp_pa
                                                                   monkeypatch):
     """Without S-1 the full preset's smallest budget has its predicted optimum (S0) at the
     grid's edge, and the trend questions read every budget: refused before anything trains."""
-
     edge = dataclasses.replace(get_preset("full"), first_size=0, num_sizes=4)
     with pytest.raises(ConfigError, match=r"reads the tokenformer envelope at 3.12e\+11 FLOPs, "
                                           r"where its predicted best size S0 is at the edge"):

@@ -181,7 +181,6 @@ def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimize
 def _bar(ctx: Context, run: Run) -> Any:
     if ctx.progress is False or not sys.stderr.isatty():
         return None
-
     return tqdm(total=run.steps, desc=run.id, unit="step", leave=False)
 
 

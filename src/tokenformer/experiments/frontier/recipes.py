@@ -9,7 +9,7 @@ one WSD family every run here follows; its counterpart is each budget's cooldown
 arm gets. ``chain-stack``/``widen-stack`` (G_stack) and ``widen-duplicate``
 (HyperCloning) grow once, into the same final size as the size-walking chains, from that size
 at half depth or half width, at a branch point of their own stages by the same rule
-(:func:`.plan.reshaped_chain`; their LR: :func:`.schedule.run_lr`).
+(:func:`.chains.reshaped_chain`; their LR: :func:`.schedule.run_lr`).
 
 A new growing arm is one entry of :data:`RECIPES`: the extension point for growth operators (see
 the comment above it).
@@ -40,9 +40,9 @@ class Recipe:
     ``ops.growth``'s ``widen=`` (``method`` is its method). ``shape`` "stack" (method "stack")
     and "clone" (method "duplicate", ``width_noise``: ops.cloning's symmetry-breaking noise)
     reach the final size from a half-depth or half-width model instead (:data:`SHAPES`,
-    :func:`reshaped_chain`). ``anneal``: after an exact growth Θ's factor moves to √n over
+    :func:`.chains.reshaped_chain`). ``anneal``: after an exact growth Θ's factor moves to √n over
     ``anneal_steps``. The chain follows ``family``'s envelope and takes its LRs from that
-    family's sweeps by ``lr_policy`` (:data:`LR_POLICIES`, :func:`stage_lrs`)."""
+    family's sweeps by ``lr_policy`` (:data:`LR_POLICIES`, :func:`.schedule.stage_lrs`)."""
 
     arm: str
     family: str

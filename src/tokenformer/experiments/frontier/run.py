@@ -173,7 +173,6 @@ def pattention_impl(preset: Preset) -> str:
     built (l2_norm_gelu on the CPU), else the PyTorch paths (see tokenformer.nn.pattention)."""
     if preset.pattention_impl != "auto":
         return preset.pattention_impl
-
     if kernels.available():
         return "auto (C++ Θ kernel for l2_norm_gelu on the CPU, fused elsewhere)"
     return (f"auto (fused in training, reference in evaluation: the C++ kernel is unavailable, "
@@ -228,7 +227,6 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
 def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], key: str,
          data_info: dict[str, Any], out: Path, *, print_fn: Any, command: str | None,
          plots: bool) -> dict[str, Any]:
-
     ds = ctx.dataset
     out.mkdir(parents=True, exist_ok=True)
     marker = out / "experiment.json"

@@ -59,7 +59,6 @@ def rebuild(model: nn.Module, new_config: Any, tokens_for: Any, source_of: Any =
     old_modules = dict(model.named_modules())
     state: dict[str, torch.Tensor] = {}
     pattentions = [(n, m) for n, m in new.named_modules() if isinstance(m, Pattention)]
-
     for name, module in tqdm(pattentions, desc=desc, unit="Pattention",
                              disable=None if progress else True):
         old = old_modules[source_of(name)[0]]
