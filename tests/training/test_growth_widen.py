@@ -110,3 +110,26 @@ def test_a_run_widens_its_mlp_at_its_grow_at_step_keeping_the_loss():
     assert record["step"] == 3 and record["params_after"] > record["params_before"]
     # the widening keeps the function: the loss right before and right after are one number
     assert record["after"]["val_loss"] == pytest.approx(record["before"]["val_loss"], abs=1e-5)
+
+
+def test_cli_grow_widens_a_baselines_mlp(tmp_path, capsys):
+    from tokenformer.cli import main
+    from tokenformer.formats.loading import load_model
+
+    torch.manual_seed(0)
+    model = TransformerLM(baseline(12))
+    model.save(tmp_path / "base")
+    assert main(["grow", str(tmp_path / "base"), str(tmp_path / "wide"), "--ffn", "20",
+                 "--widen", "net2net", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "mlp 20 by net2net widening" in printed and "mlp 12 -> 20" in printed
+    grown = load_model(tmp_path / "wide")
+    assert grown.config.intermediate_size == 20
+    ids = torch.randint(0, 64, (2, 16))
+    with torch.no_grad():  # the function kept (float32 rounding of the split shares)
+        torch.testing.assert_close(grown(ids).logits, model(ids).logits, rtol=0, atol=1e-5)
+    # an unknown widening is refused by the parser, before anything is written
+    with pytest.raises(SystemExit) as refused:
+        main(["grow", str(tmp_path / "base"), str(tmp_path / "bad"), "--ffn", "20",
+              "--widen", "wide"])
+    assert refused.value.code == 2 and not (tmp_path / "bad").exists()
