@@ -53,6 +53,16 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
     steps ≈ 1 min; four inductor compiles + CUDA-graph captures (2 models × 2 batch sizes, the
     first call of each compiled path, reported as "first call s") ≈ 1–2 min each: ≈ 5–8 min,
     so run it in a call of its own (``--stage decode``).
+``concurrency``
+    How to fill one GPU with the frontier's small runs (issue 35: processes or CUDA graphs of the
+    training step, "measure which"): the ``--frontier-preset``'s largest TokenFormer run
+    (benchmarks/frontier_probe.py: ``fit`` at the preset's batch and precision) k times at once,
+    eager for k = 1, 2, 4, 8, and with CUDA graphs of the step (inductor with cudagraphs, what
+    ``torch.compile(mode="reduce-overhead")`` sets) for k = 1 and 8; the k runs' timed steps
+    are released together (a barrier). Reports ms per step and the steps/s of all k runs.
+    Estimate: eager ≈ 10–15 s a configuration (start-up, 35 steps of ≤ 0.14 s); graphs ≈ 1–2 min
+    each (inductor compiles in every process): ≈ 3–4 min; ``--concurrency-minutes`` (default 4)
+    stops starting configurations.
 ``frontier``
     ``tokenformer scale --preset PRESET --device cuda --jobs N --out --frontier-dir`` for at most
     ``--frontier-minutes`` (default 7.5), then SIGINT: every finished run is on disk and a second
@@ -97,6 +107,7 @@ import re
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -127,7 +138,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded, ever
 
-STAGES = ("tests", "train", "pattention", "decode", "frontier")
+STAGES = ("tests", "train", "pattention", "decode", "concurrency", "frontier")
 RESULTS_JSON, RESULTS_MD, TESTS_LOG = "results.json", "results.md", "tests.log"
 FRONTIER_TAR, FRONTIER_LOG = "frontier.tar.gz", "frontier.log"
 MAX_RETURNED_FILE = 16 << 20  # a device call brings back files up to 16 MiB
@@ -707,6 +718,96 @@ def decode_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, o
 
 
 # ------------------------------------------------------------------------------ frontier
+# --------------------------------------------------------------------------- concurrency
+PROBE = ROOT / "benchmarks" / "frontier_probe.py"
+# (mode, runs at once): eager at 1, 2, 4, 8 processes; the step as CUDA graphs alone and at 8
+CONCURRENCY_PLAN = (("eager", 1), ("eager", 2), ("eager", 4), ("eager", 8), ("graphs", 1),
+                    ("graphs", 8))
+CONCURRENCY_SMOKE = (("eager", 1), ("eager", 2))
+
+
+def probe_runs(mode: str, jobs: int, size: str, device: torch.device, args: argparse.Namespace,
+               limit: float) -> list[dict[str, Any]]:
+    """``jobs`` processes of benchmarks/frontier_probe.py at once, their timed steps released
+    together (a barrier folder); each one's JSON line (or an ``error``)."""
+    with tempfile.TemporaryDirectory() as barrier:
+        command = [sys.executable, str(PROBE), "--preset", args.frontier_preset,
+                   "--family", "tokenformer", "--size", size, "--mode", mode,
+                   "--device", device.type, "--barrier", barrier,
+                   "--warmup", str(2 if args.smoke else 5), "--steps", str(2 if args.smoke else 30),
+                   *(["--smoke"] if args.smoke else [])]
+        procs = [subprocess.Popen(command, cwd=ROOT, env=subprocess_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(jobs)]
+        deadline = time.monotonic() + limit
+        while len(list(Path(barrier).glob("ready-*"))) < jobs and time.monotonic() < deadline \
+                and all(p.poll() is None for p in procs):
+            time.sleep(0.05)
+        (Path(barrier) / "go").touch()  # all ready (or one died, or out of time): release
+        rows = []
+        for proc in procs:
+            try:
+                stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            line = next((s for s in reversed(stdout.splitlines()) if s.startswith("{")), None)
+            rows.append(json.loads(line) if proc.returncode == 0 and line else
+                        {"error": (stderr.strip().splitlines() or ["killed"])[-1][:300]})
+    return rows
+
+
+def concurrency_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, out: Path
+                      ) -> dict[str, Any]:
+    """The frontier preset's largest TokenFormer run, k at once: which of more processes and CUDA
+    graphs of the step gets the most steps out of one GPU (issue 35)."""
+    configs = list(model_configs_of(args))
+    size = configs[0] if args.smoke else configs[-1]  # smoke: the smallest, for a CPU
+    plan = CONCURRENCY_SMOKE if args.smoke else CONCURRENCY_PLAN
+    stop = time.monotonic() + 60 * args.concurrency_minutes
+    rows, notes, base = [], [], None
+    for mode, jobs in plan:
+        left = stop - time.monotonic()
+        if left < 30:
+            notes.append(f"stopped before {mode} × {jobs}: the stage's "
+                         f"{args.concurrency_minutes:g} min were spent")
+            break
+        log(f"concurrency: {size} {mode} × {jobs}")
+        runs = probe_runs(mode, jobs, size, device, args, left)
+        good = [r for r in runs if "ms_per_step" in r]
+        if len(good) < jobs:
+            notes += [f"{mode} × {jobs}: {r['error']}" for r in runs if "error" in r][:2]
+        if not good:
+            continue
+        ms = statistics.median(r["ms_per_step"] for r in good)
+        steps_per_s = 1000 * len(good) / ms
+        base = base or (steps_per_s if (mode, jobs) == plan[0] else None)
+        rows.append({"size": size, "mode": mode, "jobs": jobs, "ms_per_step": ms,
+                     "steps_per_s": steps_per_s,
+                     "vs_one_eager": steps_per_s / base if base else float("nan"),
+                     "first_step_s": max(r["first_step_s"] for r in good)})
+    notes.append("ms/step: the median over the k runs of each run's median timed step, the k "
+                 "runs' timed steps released together; steps/s: all k runs together "
+                 "(k × 1000 / ms). graphs: inductor with CUDA graphs (what "
+                 "torch.compile(mode=\"reduce-overhead\") sets), compiled during the warm-up "
+                 "(first step s)")
+    return {"title": "frontier runs sharing one GPU", "ok": bool(rows), "rows": rows,
+            "notes": notes,
+            "columns": [("size", "size", "{}"), ("mode", "mode", "{}"),
+                        ("jobs", "runs at once", "{}"),
+                        ("ms_per_step", "ms/step", "{:.1f}"),
+                        ("steps_per_s", "steps/s (all runs)", "{:.1f}"),
+                        ("vs_one_eager", "× one eager run", "{:.2f}"),
+                        ("first_step_s", "first step s", "{:.1f}")]}
+
+
+def model_configs_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The TokenFormer sizes of ``--frontier-preset`` (smallest first), as the probe builds
+    them."""
+    from frontier_probe import sizes as probe_sizes
+
+    return probe_sizes(args.frontier_preset, "tokenformer", args.smoke)
+
+
 def frontier_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, out: Path
                    ) -> dict[str, Any]:
     folder = Path(args.frontier_dir).resolve()
@@ -810,6 +911,7 @@ def pack(folder: Path, archive: Path) -> bool:
 
 # ------------------------------------------------------------------------------- results
 STAGE_FUNCTIONS = {"tests": tests_stage, "train": train_stage, "pattention": pattention_stage,
+                   "concurrency": concurrency_stage,
                    "decode": decode_stage, "frontier": frontier_stage}
 
 
@@ -896,6 +998,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--frontier-jobs", type=int, default=8,
                         help="tokenformer scale --jobs: small runs leave the GPU idle between "
                              "launches, so several share it (gpu-code's estimate assumes 8)")
+    parser.add_argument("--concurrency-minutes", type=float, default=4.0,
+                        help="concurrency: stop starting configurations after this long")
     parser.add_argument("--frontier-minutes", type=float, default=7.5,
                         help="stop the frontier (SIGINT) after this long")
     return parser.parse_args(argv)

@@ -62,3 +62,23 @@ def test_smoke_run_writes_finite_results(tmp_path):
     assert (out / "tests.log").read_text().strip()
     # the printed section is the file's (the reply of a device call shows stdout's end)
     assert "## GPU: decoding" in result.stdout
+
+
+@pytest.mark.slow
+def test_smoke_concurrency_stage_times_runs_released_together(tmp_path):
+    """The concurrency stage (issue 35: how many frontier runs one GPU should train at once) on
+    the CPU: one run, then two whose timed steps start together, each a real fit step."""
+    out = tmp_path / "gpu"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--device", "cpu",
+         "--stage", "concurrency", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((out / "results.json").read_text())["concurrency"]["rows"]
+    assert [(r["mode"], r["jobs"]) for r in rows] == [("eager", 1), ("eager", 2)]
+    for row in rows:
+        assert row["ms_per_step"] > 0 and math.isfinite(row["ms_per_step"])
+        # steps/s of all runs together is k runs over one run's step time
+        assert row["steps_per_s"] == pytest.approx(row["jobs"] * 1000 / row["ms_per_step"])
+    assert rows[0]["vs_one_eager"] == pytest.approx(1.0)
+    assert "## GPU: frontier runs sharing one GPU" in result.stdout

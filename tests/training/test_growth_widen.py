@@ -133,3 +133,25 @@ def test_cli_grow_widens_a_baselines_mlp(tmp_path, capsys):
         main(["grow", str(tmp_path / "base"), str(tmp_path / "bad"), "--ffn", "20",
               "--widen", "wide"])
     assert refused.value.code == 2 and not (tmp_path / "bad").exists()
+
+
+def test_a_new_widening_is_one_function_and_one_entry(monkeypatch):
+    """The widenings are a table (name → units function): a registered one is a widen= value of
+    grow and of --grow-at without any other edit."""
+    from tokenformer.ops.growth.widening import WIDENINGS, Widening
+
+    def silent(old, new, generator, init_std):  # new units: zero in and out, so they add nothing
+        units = old.up.out_features
+        for o, n in [(old.up, new.up)] + ([(old.gate, new.gate)] if old.gate is not None else []):
+            n.weight.zero_()
+            n.weight[:units] = o.weight
+        new.down.weight.zero_()
+        new.down.weight[:, :units] = old.down.weight
+
+    monkeypatch.setitem(WIDENINGS, "silent", Widening("silent", silent, "zero new units"))
+    assert parse_grow_at("4:ffn=20,widen=silent").kwargs == {"ffn": 20, "widen": "silent"}
+    model, _, ids = trained(baseline(12))
+    grown = grow(model, ffn=20, widen="silent")
+    with torch.no_grad():
+        assert torch.equal(grown(ids).logits, model(ids).logits)
+    assert not grown.layers[0].mlp.up.weight[12:].any()

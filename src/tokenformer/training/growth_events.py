@@ -31,13 +31,13 @@ from ..ops.growth import (
     OLD_TOKEN_KEYS,
     STRATEGY,
     TEXT_KEYS,
-    WIDEN,
     canonical_recipe,
     freeze_request,
     plan_growth,
     recipe_alias_note,
     resets_optimizer,
     strategy_names,
+    widen_names,
 )
 from .schedule import Stage
 
@@ -123,9 +123,9 @@ def _value(key: str, value: str, where: str) -> Any:
                               f"{', '.join(STRATEGY)}")
         return value
     if key == "widen":
-        if value not in WIDEN:
+        if value not in widen_names():
             raise ConfigError(f"{where}: unknown widen {value!r}; choose one of "
-                              f"{', '.join(WIDEN)}")
+                              f"{', '.join(widen_names())}")
         return value
     if key == "how":
         if not _WORD.match(value):

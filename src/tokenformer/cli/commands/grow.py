@@ -34,7 +34,6 @@ from ...models.memory import check_memory
 from ...ops.growth import (
     HOWS,
     PLAN_KEYS,
-    WIDEN,
     GrowthOptions,
     grow_with_optimizer,
     max_logit_change,
@@ -42,6 +41,7 @@ from ...ops.growth import (
     refuse_unsupported,
     resets_optimizer,
     strategy_names,
+    widen_names,
 )
 from ...ops.growth import grow as grow_model
 from ...training.optim import rebuild_optimizer
@@ -270,9 +270,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="zero-sum noise on the duplicated units, std relative to each tensor's "
                         "RMS (breaks their symmetry; the function stays exact; default 0, "
                         "HyperCloning used 0.32)")
-    p.add_argument("--widen", choices=tuple(WIDEN), default="duplicate",
+    p.add_argument("--widen", choices=tuple(widen_names()), default="duplicate",
                    help="a Transformer baseline's MLP growth with --ffn: "
-                        + "; ".join(f"{name}: {what}" for name, what in WIDEN.items()))
+                        + "; ".join(f"{name}: {what}" for name, what in widen_names().items()))
     p.add_argument("--layers", default=None, metavar="N|Kx",
                    help="new total number of blocks (see --how)")
     p.add_argument("--how", choices=HOWS, default="identity",

@@ -104,7 +104,6 @@ from .strategies import (
     RELEASED,
     STRATEGIES,
     STRATEGY,
-    WIDEN,
     Strategy,
     canonical_recipe,
     grown_tokens,
@@ -113,16 +112,17 @@ from .strategies import (
     resets_optimizer,
     strategy_names,
     unregister_strategy,
+    widen_names,
 )
 from .surgery import rebuild
 
 __all__ = [
     "BRANCH_OUTPUTS", "FOREVER", "HOWS", "NEW_ROW_MOMENTS", "OLD_TOKEN_KEYS", "OPTION_KEYS",
     "PLAN_KEYS", "RECIPES", "RECIPE_ALIASES", "RELEASED", "REQUEST_KEYS", "STRATEGIES",
-    "STRATEGY", "TEXT_KEYS", "TOKEN_TENSORS", "WIDEN", "GrowthOptions", "OldTokens", "Strategy",
+    "STRATEGY", "TEXT_KEYS", "TOKEN_TENSORS", "GrowthOptions", "OldTokens", "Strategy",
     "canonical_recipe", "default_positions", "freeze_request", "grow", "grow_with_optimizer",
     "grown_tokens", "max_logit_change", "old_tokens", "parse_growth_request", "plan_growth",
     "rebuild", "recipe_alias_note", "refuse_product_ffn", "refuse_unsupported",
     "register_strategy", "resets_optimizer", "resolve_size", "size_request", "strategy_names",
-    "unregister_strategy", "width_factor",
+    "unregister_strategy", "widen_names", "width_factor",
 ]

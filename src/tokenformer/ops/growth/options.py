@@ -32,7 +32,7 @@ class GrowthOptions:
     Sizes are absolute (``1536``) or multipliers (``"2x"``); ``strategy`` names an entry of
     :data:`tokenformer.ops.growth.strategies.STRATEGY`; ``how`` one of
     :data:`tokenformer.ops.growth.strategies.HOW`; ``widen`` one of
-    :data:`tokenformer.ops.growth.strategies.WIDEN` (how a Transformer baseline's MLP grows
+    :func:`tokenformer.ops.growth.strategies.widen_names` (how a Transformer baseline's MLP grows
     with ``ffn=``). Values are checked when the request is
     planned (:func:`~tokenformer.ops.growth.plan_growth`), not here, so that every refusal is
     the one line it has always been."""

@@ -16,7 +16,7 @@ from ...nn.theta import theta_variant
 from ..cloning import product_key_refusal, widened_config
 from .options import GrowthOptions, refuse_unsupported
 from .sizes import layer_plan, resolve_size, width_factor
-from .strategies import HOW, STRATEGY, WIDEN, canonical_recipe
+from .strategies import HOW, STRATEGY, canonical_recipe, widen_names
 
 
 def plan_growth(config: Any, options: GrowthOptions | None = None, /,
@@ -83,9 +83,10 @@ def plan_growth(config: Any, options: GrowthOptions | None = None, /,
 def _widened_mlp_config(config: Any, opts: GrowthOptions, baseline: bool) -> Any:
     """The config of a baseline's MLP widened by ``widen=`` (zero or net2net, any width):
     ffn= alone, the MLP's new unit count."""
-    if opts.widen not in WIDEN:
+    names = widen_names()
+    if opts.widen not in names:
         raise GrowthError(f"unknown MLP widening widen={opts.widen!r}; choose one of "
-                          + ", ".join(f"{name} ({what})" for name, what in WIDEN.items()))
+                          + ", ".join(f"{name} ({what})" for name, what in names.items()))
     if not baseline:
         raise GrowthError(f"widen={opts.widen} widens a Transformer baseline's MLP; a "
                           f"TokenFormer's FFN grows by its tokens (ffn=N, with a strategy)")

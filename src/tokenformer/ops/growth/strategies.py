@@ -77,7 +77,14 @@ HOWS = tuple(HOW)
 # number of times (HyperCloning, tokenformer.ops.cloning: the rule hidden= follows too); the
 # others are tokenformer.ops.growth.widening's function-preserving widenings to any width, the MLP
 # alone (the frontier's widening arms).
-WIDEN = {"duplicate": "copy every unit a whole number of times (HyperCloning)", **WIDENINGS}
+DUPLICATE = "duplicate"
+
+
+def widen_names() -> dict[str, str]:
+    """Every ``widen=`` name and what it does: ``duplicate``, then the table's widenings
+    (:data:`~tokenformer.ops.growth.widening.WIDENINGS`, registered ones included)."""
+    return {DUPLICATE: "copy every unit a whole number of times (HyperCloning)",
+            **{name: w.what for name, w in WIDENINGS.items()}}
 
 
 def _aliases() -> dict[str, str]:

@@ -12,6 +12,8 @@ carried, the new units' is zero (as growth does for new parameter tokens).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,24 +21,75 @@ from torch import nn
 from ...errors import GrowthError
 from .surgery import Growth
 
-# name → what it does (grow's widen=, beside its "duplicate")
-WIDENINGS = {"zero": "new units with zero outgoing weights (any width)",
-             "net2net": "new units copy random old ones, outgoing weights split (Net2Net; any "
-                        "width)"}
+# One MLP's new units: widen(old mlp, new mlp, generator, init_std) fills the new MLP's weights
+# (old units first in every widened dimension, the function kept); the rest is shared.
+UnitsFn = Callable[[nn.Module, nn.Module, "torch.Generator | None", float], None]
+
+
+@dataclass(frozen=True)
+class Widening:
+    """One way to widen a Transformer baseline's MLP to any width: ``units`` fills each MLP;
+    ``what`` says what it does (``grow --widen``'s help)."""
+
+    name: str
+    units: UnitsFn
+    what: str
+
+
+def _incoming(old: nn.Module, new: nn.Module) -> list[tuple[nn.Linear, nn.Linear]]:
+    """The (old, new) Linears that produce the units (up, and gate when gated)."""
+    pairs = [(old.up, new.up)]
+    if old.gate is not None:
+        pairs.append((old.gate, new.gate))
+    return pairs
+
+
+def zero_units(old: nn.Module, new: nn.Module, generator: torch.Generator | None,
+               init_std: float) -> None:
+    """New units with random incoming weights (the model's init) and zero outgoing weights."""
+    units, width = old.up.out_features, new.up.out_features
+    for o, n in _incoming(old, new):
+        fresh = torch.randn(width - units, o.in_features, generator=generator).to(o.weight)
+        n.weight.copy_(torch.cat([o.weight, fresh * init_std]))
+        if o.bias is not None:
+            n.bias.copy_(torch.cat([o.bias, o.bias.new_zeros(width - units)]))
+    down = old.down.weight
+    new.down.weight.copy_(torch.cat([down, down.new_zeros(down.shape[0], width - units)], dim=1))
+
+
+def net2net_units(old: nn.Module, new: nn.Module, generator: torch.Generator | None,
+                  init_std: float) -> None:
+    """Each new unit copies the incoming weights (and bias) of a random old unit; the outgoing
+    weights of a unit and its copies are split between them in random shares summing to one
+    (equal ±10 %), so the sum is unchanged while the copies see different gradients."""
+    units, width = old.up.out_features, new.up.out_features
+    src = torch.cat([torch.arange(units),
+                     torch.randint(0, units, (width - units,), generator=generator)])
+    for o, n in _incoming(old, new):
+        n.weight.copy_(o.weight[src])
+        if o.bias is not None:
+            n.bias.copy_(o.bias[src])
+    # float64, so that the shares of one unit sum to 1 to the model's precision
+    share = 1 + 0.1 * (2 * torch.rand(width, generator=generator, dtype=torch.float64) - 1)
+    share = share / share.new_zeros(units).index_add_(0, src, share)[src]
+    new.down.weight.copy_(old.down.weight[:, src] * share.to(old.down.weight))
+
+
+# The MLP widenings, name → Widening (grow's widen=, beside its "duplicate"): a new one is one
+# units function and one line here.
+WIDENINGS: dict[str, Widening] = {w.name: w for w in (
+    Widening("zero", zero_units, "new units with zero outgoing weights (any width)"),
+    Widening("net2net", net2net_units,
+             "new units copy random old ones, outgoing weights split (Net2Net; any width)"),
+)}
 
 
 def mlp_widening(model: nn.Module, width: int, how: str, generator: torch.Generator | None
-              ) -> Growth:
-    """Every MLP of a Transformer baseline widened to ``width`` units, preserving its function.
-
-    ``zero``: new units get random incoming weights (the model's init) and zero outgoing
-    weights. ``net2net``: each new unit copies the incoming weights (and bias) of a random old
-    unit; the outgoing weights of a unit and its copies are split between them in random
-    proportions summing to one (equal shares ±10 %), so the sum is unchanged while the copies see
-    different gradients and can diverge. Old units come first in every widened dimension, so an
-    optimizer state tensor carries over into the leading corner of a zero tensor of the new
-    shape (the :class:`Growth`'s ``carry``).
-    """
+                 ) -> Growth:
+    """Every MLP of a Transformer baseline widened to ``width`` units by the widening ``how``
+    (:data:`WIDENINGS`), preserving its function. Old units come first in every widened
+    dimension, so an optimizer state tensor carries over into the leading corner of a zero
+    tensor of the new shape (the :class:`Growth`'s ``carry``)."""
     config = model.config
     old = config.intermediate_size
     if width <= old:
@@ -47,38 +100,9 @@ def mlp_widening(model: nn.Module, width: int, how: str, generator: torch.Genera
     new = type(model)(dataclasses.replace(config, intermediate_size=width)).to(param)
     new.load_state_dict({k: v for k, v in model.state_dict().items()
                          if "mlp." not in k}, strict=False)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=generator).to(param)
-
     with torch.no_grad():
         for block, grown in zip(model.layers, new.layers, strict=True):
-            incoming = [(block.mlp.up, grown.mlp.up)]
-            if block.mlp.gate is not None:
-                incoming.append((block.mlp.gate, grown.mlp.gate))
-            if how == "zero":
-                src = torch.arange(old)
-                for o, n in incoming:
-                    n.weight.copy_(torch.cat([o.weight, randn(width - old, o.in_features)
-                                              * config.init_std]))
-                    if o.bias is not None:
-                        n.bias.copy_(torch.cat([o.bias, o.bias.new_zeros(width - old)]))
-                down = torch.cat([block.mlp.down.weight,
-                                  block.mlp.down.weight.new_zeros(config.hidden_size,
-                                                                  width - old)], dim=1)
-            else:
-                src = torch.cat([torch.arange(old),
-                                 torch.randint(0, old, (width - old,), generator=generator)])
-                for o, n in incoming:
-                    n.weight.copy_(o.weight[src])
-                    if o.bias is not None:
-                        n.bias.copy_(o.bias[src])
-                # float64, so that the shares of one unit sum to 1 to the model's precision
-                share = 1 + 0.1 * (2 * torch.rand(width, generator=generator,
-                                                  dtype=torch.float64) - 1)
-                share = share / share.new_zeros(old).index_add_(0, src, share)[src]
-                down = block.mlp.down.weight[:, src] * share.to(param)
-            grown.mlp.down.weight.copy_(down)
+            WIDENINGS[how].units(block.mlp, grown.mlp, generator, config.init_std)
             if block.mlp.down.bias is not None:
                 grown.mlp.down.bias.copy_(block.mlp.down.bias)
     params = dict(new.named_parameters())
