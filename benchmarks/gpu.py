@@ -126,6 +126,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's library
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import command_line, interleaved, log, machine, synchronized
+from frontier_probe import sizes as probe_sizes
 from pattention import TwoMatmulMLP
 from train_throughput import Trainer, matmul_ceiling
 
@@ -803,8 +804,6 @@ def concurrency_stage(device: torch.device, sizes: Sizes, args: argparse.Namespa
 def model_configs_of(args: argparse.Namespace) -> dict[str, Any]:
     """The TokenFormer sizes of ``--frontier-preset`` (smallest first), as the probe builds
     them."""
-    from frontier_probe import sizes as probe_sizes
-
     return probe_sizes(args.frontier_preset, "tokenformer", args.smoke)
 
 

@@ -18,7 +18,6 @@ adaptation corpus of ``tokenformer adapt --data code`` and the adaptation benchm
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -27,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, DataError
-from .corpus import cached_corpus, default_cache_dir, file_lock
-from .datasets import META_FILE, TokenDataset
-from .prepare import Document, prepare_documents
+from .corpus import cached_corpus
+from .datasets import TokenDataset
 from .synthetic import SPEC_PREFIX as SYNTHETIC_PREFIX
 from .synthetic import parse_spec, synthetic_dataset
 
@@ -150,16 +148,5 @@ def code_text() -> str:
 def code_dataset(cache_dir: str | Path | None = None, progress: bool | None = True) -> Any:
     """The code corpus byte-tokenized (the KJV base's tokenizer), last 10 % held out, cached
     beside the embedded corpus."""
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / f"code-{CODE_PACKAGE.lower()}-{CODE_VERSION}-bytes"
-    root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / ".code.lock"):
-        if (path / META_FILE).is_file():
-            with contextlib.suppress(DataError):
-                dataset = TokenDataset.open(path)
-                if dataset.meta.get("sources") == [CODE_SOURCE]:
-                    return dataset
-        text = code_text()
-        doc = Document(CODE_SOURCE, len(text.encode("utf-8")), lambda: text)
-        return prepare_documents([doc], "bytes", path, val_fraction=0.1, progress=progress,
-                                 overwrite=True, sources=[CODE_SOURCE])
+    return cached_corpus(f"code-{CODE_PACKAGE.lower()}-{CODE_VERSION}", CODE_SOURCE, code_text,
+                         "bytes", cache_dir, progress, val_fraction=0.1)

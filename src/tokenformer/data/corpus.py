@@ -61,11 +61,12 @@ def default_dataset(tokenizer: str = "bytes", cache_dir: str | Path | None = Non
 
 
 def cached_corpus(name: str, source: str, text: Callable[[], str], tokenizer: str | Path,
-                  cache_dir: str | Path | None = None, progress: bool | None = True
-                  ) -> TokenDataset:
+                  cache_dir: str | Path | None = None, progress: bool | None = True,
+                  val_fraction: float = 0.05) -> TokenDataset:
     """A corpus the package makes itself (``text()``: the embedded KJV, a generated one),
-    prepared with ``tokenizer`` into ``cache_dir/<name>-<tokenizer key>`` on first use, under a
-    lock (concurrent ranks prepare it once), and reused while its recorded ``source`` matches."""
+    prepared with ``tokenizer`` into ``cache_dir/<name>-<tokenizer key>`` on first use (the last
+    ``val_fraction`` held out), under a lock (concurrent ranks prepare it once), and reused while
+    its recorded ``source`` matches."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = root / f"{name}-{_cache_key(tokenizer)}"
     try:
@@ -81,8 +82,8 @@ def cached_corpus(name: str, source: str, text: Callable[[], str], tokenizer: st
                     return dataset
         content = text()
         doc = Document(source, len(content.encode("utf-8")), lambda: content)
-        return prepare_documents([doc], tokenizer, path, progress=progress, overwrite=True,
-                                 sources=[source])
+        return prepare_documents([doc], tokenizer, path, val_fraction=val_fraction,
+                                 progress=progress, overwrite=True, sources=[source])
 
 
 def _cache_key(tokenizer: str | Path) -> str:

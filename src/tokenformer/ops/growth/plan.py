@@ -16,7 +16,7 @@ from ...nn.theta import theta_variant
 from ..cloning import product_key_refusal, widened_config
 from .options import GrowthOptions, refuse_unsupported
 from .sizes import layer_plan, resolve_size, width_factor
-from .strategies import HOW, STRATEGY, canonical_recipe, widen_names
+from .strategies import DUPLICATE, HOW, STRATEGY, canonical_recipe, widen_names
 
 
 def plan_growth(config: Any, options: GrowthOptions | None = None, /,
@@ -40,7 +40,7 @@ def plan_growth(config: Any, options: GrowthOptions | None = None, /,
                           f"RMS), got {width_noise!r}")
     baseline = isinstance(config, TransformerConfig)
     product = getattr(config, "ffn_keys", "dense") == "product"
-    if opts.widen != "duplicate":
+    if opts.widen != DUPLICATE:
         return _widened_mlp_config(config, opts, baseline)
     if baseline and (qkv is not None or proj is not None):
         raise GrowthError("a Transformer baseline has no parameter tokens: its attention width "

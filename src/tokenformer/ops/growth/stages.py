@@ -24,7 +24,7 @@ from .optimizer import NEW_ROW_MOMENTS, carry_optimizer
 from .options import GrowthOptions, freeze_request, noise_level, refuse_unsupported
 from .plan import plan_growth
 from .sizes import layer_plan, resolve_size, width_factor
-from .strategies import resets_optimizer, strategy_named
+from .strategies import DUPLICATE, resets_optimizer, strategy_named
 from .surgery import Growth, layers_prefix, rebuild
 from .tokens import init_linear_block, new_block_tokens
 from .widening import mlp_widening
@@ -104,7 +104,7 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer | Non
     copy = bool(copy)
     reset = reset_optimizer or resets_optimizer(str(opts.strategy))
     refuse_unsupported(unsupported)
-    if opts.widen != "duplicate" and new_row_moments != "zero" and optimizer is not None \
+    if opts.widen != DUPLICATE and new_row_moments != "zero" and optimizer is not None \
             and not reset:
         raise GrowthError(f"widen={opts.widen} starts the new units' AdamW moments at zero; "
                           f"new_row_moments {new_row_moments!r} (growth_optimizer carry-mean) is "
@@ -140,7 +140,7 @@ def _stages(model: nn.Module, opts: GrowthOptions, generator: torch.Generator | 
     checked (:func:`plan_growth`) before the first stage runs."""
     config = model.config
     planned = plan_growth(config, opts)
-    if opts.widen != "duplicate":  # a baseline's MLP alone, to any width (ops.growth.widening)
+    if opts.widen != DUPLICATE:  # a baseline's MLP alone, to any width (ops.growth.widening)
         yield model, mlp_widening(model, planned.intermediate_size, opts.widen, generator)
         return
     baseline = isinstance(config, TransformerConfig)

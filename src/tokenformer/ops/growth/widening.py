@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ...errors import GrowthError
 from .surgery import Growth
 
 # One MLP's new units: widen(old mlp, new mlp, generator, init_std) fills the new MLP's weights
@@ -87,15 +86,11 @@ WIDENINGS: dict[str, Widening] = {w.name: w for w in (
 def mlp_widening(model: nn.Module, width: int, how: str, generator: torch.Generator | None
                  ) -> Growth:
     """Every MLP of a Transformer baseline widened to ``width`` units by the widening ``how``
-    (:data:`WIDENINGS`), preserving its function. Old units come first in every widened
+    (:data:`WIDENINGS`), preserving its function; ``width`` and ``how`` were checked by
+    :func:`~tokenformer.ops.growth.plan.plan_growth`. Old units come first in every widened
     dimension, so an optimizer state tensor carries over into the leading corner of a zero
     tensor of the new shape (the :class:`Growth`'s ``carry``)."""
     config = model.config
-    old = config.intermediate_size
-    if width <= old:
-        raise GrowthError(f"cannot widen an MLP of {old} units to {width}")
-    if how not in WIDENINGS:
-        raise GrowthError(f"unknown MLP widening {how!r}; choose one of {', '.join(WIDENINGS)}")
     param = next(model.parameters())
     new = type(model)(dataclasses.replace(config, intermediate_size=width)).to(param)
     new.load_state_dict({k: v for k, v in model.state_dict().items()
