@@ -1,9 +1,9 @@
 """Milliseconds per training step of one run of a ``tokenformer scale`` preset at one (family,
 size), trained the way the frontier trains it (``fit``, the preset's batch shape, precision and
 Pattention implementation), in one of three modes: ``eager``; ``compiled`` (``TrainConfig.compile``:
-inductor); ``graphs`` (the same with inductor's CUDA graphs, what ``mode="reduce-overhead"``
-turns on: one graph launch per step instead of hundreds of small kernels). One JSON line on
-stdout.
+inductor, ``scale --compile default``); ``graphs`` (``compile_mode="reduce-overhead"``, inductor
+with CUDA graphs: one graph launch per step instead of hundreds of small kernels; ``scale
+--compile reduce-overhead``). One JSON line on stdout.
 
     python benchmarks/frontier_probe.py --preset gpu-code --family tokenformer --mode graphs
 
@@ -76,17 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.family} has no size {size!r} in {args.preset} "
               f"({', '.join(configs)})", file=sys.stderr)
         return 2
-    if args.mode == "graphs":  # what torch.compile(mode="reduce-overhead") sets
-        import torch._inductor.config as inductor_config
-
-        inductor_config.triton.cudagraphs = True
     precision = "bf16" if device.type == "cuda" and str(p.dtype).startswith("bf") else "fp32"
     torch.manual_seed(0)
     model = model_class(arch(args.family))(configs[size]).to(device)
     cfg = TrainConfig(arch=arch(args.family), seq_len=p.seq_len, batch_size=p.batch_size,
                       steps=args.warmup + args.steps, lr=1e-3, warmup_steps=0,
                       precision=precision, device=str(device), eval_interval=0, samples=0,
-                      compile=args.mode != "eager", pattention_impl=p.pattention_impl)
+                      compile=args.mode != "eager", pattention_impl=p.pattention_impl,
+                      # graphs: what `tokenformer scale --compile reduce-overhead` trains with
+                      compile_mode="reduce-overhead" if args.mode == "graphs" else "default")
     ids = torch.randint(0, VOCAB, (p.batch_size, p.seq_len), device=device)
     released = [args.barrier is None]
 

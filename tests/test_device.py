@@ -385,21 +385,38 @@ def test_bf16_autocast_is_finite_and_close_to_fp32(device, norm):
         assert error <= bound, (name, error.item(), bound.item())
 
 
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_compiled_training_step_matches_eager(device, precision):
-    """``fit`` with ``compile=True`` (the model under torch.compile, inductor) gives the eager
-    losses over three steps. CUDA only: on a CPU this takes tens of seconds (module docstring)."""
+def test_compiled_training_step_matches_eager(device, precision, mode):
+    """``fit`` with ``compile=True`` (the model under torch.compile: inductor, and with
+    ``mode="reduce-overhead"`` its CUDA graphs, what ``tokenformer scale --compile`` trains the
+    frontier's runs with) gives the eager losses over five steps with a growth after step 2
+    (a recompile) and evaluations between steps, as a frontier run has. CUDA only: on a CPU this
+    takes tens of seconds (module docstring)."""
     if device.type != "cuda":
         pytest.skip("torch.compile of a training step runs with --device cuda only (slow on a "
                     "CPU; CPU compilation: test_kernels.py, benchmarks/compile.py)")
     batch_fn = lm_batches(257, 4, 32, device)
-    losses = {}
+    held_out = batch_fn(99)
+
+    def eval_fn(model):
+        with torch.no_grad(), autocast(device, precision):
+            return {"val_loss": model(**held_out).loss.item()}
+
+    runs = {}
     for compiled in (False, True):
         torch.manual_seed(0)
-        cfg = train_config(steps=3, precision=precision, compile=compiled)
-        losses[compiled] = fit(TokenFormerLM(tiny()), batch_fn, cfg, device=device,
-                               progress=False).losses
-    assert losses[True] == pytest.approx(losses[False], rel=1e-3 if precision == "bf16" else 1e-5)
+        cfg = train_config(steps=5, precision=precision, compile=compiled, compile_mode=mode,
+                           grow_at=["2:ffn=192,strategy=paper"], eval_interval=2)
+        runs[compiled] = fit(TokenFormerLM(tiny()), batch_fn, cfg, eval_fn=eval_fn,
+                             device=device, progress=False)
+    rel = 1e-3 if precision == "bf16" else 1e-5
+    assert runs[True].model.config.ffn_tokens == 192
+    assert runs[True].losses == pytest.approx(runs[False].losses, rel=rel)
+    evals = {c: [r["val_loss"] for r in run.records if r["type"] == "eval"]
+             for c, run in runs.items()}
+    assert len(evals[True]) >= 2
+    assert evals[True] == pytest.approx(evals[False], rel=rel)
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])

@@ -32,6 +32,7 @@ from .schedule import SCHEDULES
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 RUN_CONFIG = "config.json"  # the run folder's copy of its TrainConfig
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile's
 # Ranges TrainConfig.validate checks with config.check_fields, beside every field's type. AdamW
 # would refuse betas outside [0, 1) and a negative eps itself, but only once the run folder exists.
 TRAIN_RULES = {**dict.fromkeys(("beta1", "beta2"), FieldRule("{a} in [0, 1)",
@@ -110,6 +111,10 @@ class TrainConfig:
     """fp32, or bf16 (autocast)"""
     compile: bool = False
     """torch.compile the model"""
+    compile_mode: str = "default"
+    """torch.compile's mode with compile: default (inductor), reduce-overhead (inductor and CUDA
+    graphs of the step: one launch instead of hundreds, for small models on a GPU) or
+    max-autotune-no-cudagraphs"""
     pattention_impl: str = "auto"
     """Pattention implementation set on every Pattention (pattention.PATTENTION_IMPLS):
     reference, fused, kernel (the C++ Θ kernel, built on first use, docs/performance.md), or auto
@@ -169,6 +174,7 @@ class TrainConfig:
         choice("growth_optimizer", ("carry", "carry-mean", "reset"))
         choice("precision", ("fp32", "bf16"))
         choice("pattention_impl", PATTENTION_IMPLS)
+        choice("compile_mode", COMPILE_MODES)
         choice("strategy", STRATEGIES)
         for key in ("seq_len", "batch_size", "grad_accum", "steps", "eval_batches",
                     "sample_tokens", "keep_last"):

@@ -77,4 +77,6 @@ def prepare_module(model: nn.Module, cfg: TrainConfig, world: World,
     module = wrap_model(model, world, device)
     if cfg.compile and cfg.pattention_impl in ("auto", "kernel"):
         cpu_theta.available()  # build/load before tracing: a decision made mid-trace breaks graphs
-    return torch.compile(module) if cfg.compile else module
+    if not cfg.compile:
+        return module
+    return torch.compile(module, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)

@@ -11,7 +11,7 @@ import torch
 
 from ...data.datasets import TokenDataset
 from ...errors import ConfigError
-from ...experiments.frontier import PRESETS, describe, get_preset, run_frontier
+from ...experiments.frontier import COMPILE, PRESETS, describe, get_preset, run_frontier
 from ...io.outputs import check_run_folder, hold_run_folder
 from ...training.signals import interrupt_on_signal
 from ..options import device, positive
@@ -41,7 +41,7 @@ def scale(args: argparse.Namespace) -> int:
                      progress=False if args.no_progress else None,
                      command=command_line("scale") or "tokenformer scale",
                      hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"),
-                     jobs=args.jobs)
+                     jobs=args.jobs, compile=args.compile)
     return 0
 
 
@@ -91,6 +91,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="runs trained at once, each in its own process with one thread (2 on 2 "
                         "idle cores roughly halves a long preset; the numbers equal a "
                         "sequential --threads 1 run's)")
+    p.add_argument("--compile", choices=COMPILE, default="off",
+                   help="every training step under torch.compile in this mode: default "
+                        "(inductor), reduce-overhead (inductor and CUDA graphs of the step: one "
+                        "launch instead of hundreds, for a GPU's small runs), "
+                        "max-autotune-no-cudagraphs; off: eager. Part of the experiment's "
+                        "fingerprint: a folder is resumed in the mode it was started in")
     p.add_argument("--plan", action="store_true",
                    help="print every arm's sizes, growth steps, budgets and FLOPs; train nothing")
     p.add_argument("--no-progress", action="store_true", help="no progress output")

@@ -10,8 +10,8 @@ prose, ``report.md`` (:mod:`.report_markdown`) + plots).
 
 from .plan_text import describe
 from .presets import PRESETS, Preset, get_preset
-from .run import run_frontier
+from .run import COMPILE, run_frontier
 
 # What the CLI (and a user's script) calls; the modules behind it are internal (pyproject.toml's
 # contract "the CLI imports each experiment through its package").
-__all__ = ["PRESETS", "Preset", "describe", "get_preset", "run_frontier"]
+__all__ = ["COMPILE", "PRESETS", "Preset", "describe", "get_preset", "run_frontier"]

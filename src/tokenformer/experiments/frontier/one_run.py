@@ -243,7 +243,9 @@ def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run,
     key = (preset, source, out)
     if key not in _WORKER:
         _WORKER.clear()
-        _WORKER[key] = context(preset, *source, progress=False, out=Path(out), print_fn=None)
+        data, device, dtype, compile_mode = source
+        _WORKER[key] = context(preset, data, device, dtype, progress=False, out=Path(out),
+                               print_fn=None, compile=compile_mode)
     return execute(_WORKER[key], run, lr)
 
 

@@ -21,6 +21,7 @@ from ...data.corpora import corpus_info
 from ...errors import ConfigError
 from ...io.files import atomic_write_text
 from ...nn.kernels import cpu_theta as kernels
+from ...training.config import COMPILE_MODES
 from ..common.arms import fingerprint
 from ..common.machine import machine_summary
 from ..common.report import to_json
@@ -37,6 +38,7 @@ from .schedule import Run
 from .state import Context, context
 
 SCHEMA = "tokenformer-frontier/1"
+COMPILE = ("off", *COMPILE_MODES)  # scale --compile: eager, or torch.compile in one of its modes
 
 
 def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
@@ -184,21 +186,26 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
                  progress: bool | None = None, command: str | None = None,
                  print_fn: Any = None, plots: bool = True,
                  hold: Callable[[Path, list[Any]], contextlib.AbstractContextManager[Any]]
-                 | None = None, jobs: int = 1) -> dict[str, Any]:
+                 | None = None, jobs: int = 1, compile: str = "off") -> dict[str, Any]:
     """Run (or resume) the whole experiment into ``out``: ``results.json``, ``report.md`` and
     the plots. Rerunning the same command resumes; another experiment in ``out`` is refused.
     ``hold(out, inputs)``: entered once the plan is checked, before anything is written (the
     command line's output check and run-folder lock). ``jobs`` > 1 trains that many runs at
     once, each in a worker process with one torch thread (:func:`prefetch`); this process is
-    set to one thread too, so the results equal a sequential one-thread run's."""
+    set to one thread too, so the results equal a sequential one-thread run's. ``compile``
+    (:data:`COMPILE`): every training step under torch.compile in that mode ("reduce-overhead":
+    inductor's CUDA graphs, for a GPU), or "off"; compiled numbers differ from eager ones in
+    rounding, so an experiment never mixes them (the fingerprint holds it)."""
     print_fn = print_fn or (lambda line: print(line, file=sys.stderr, flush=True))
     preset.validate()
     out = Path(out)
     if jobs > 1 and torch.get_num_threads() != 1:
         # a worker trains with one thread; so must the fingerprint say (numbers depend on it)
         torch.set_num_threads(1)
-    ctx = context(preset, data, device, dtype, progress, out, print_fn)
-    ctx.jobs, ctx.source = jobs, (data, device, dtype)
+    if compile not in COMPILE:
+        raise ConfigError(f"unknown compile mode {compile!r}; choose one of {', '.join(COMPILE)}")
+    ctx = context(preset, data, device, dtype, progress, out, print_fn, compile=compile)
+    ctx.jobs, ctx.source = jobs, (data, device, dtype, compile)
     ds = ctx.dataset
     data_info = {"name": str(data) if data is not None else
                  f"generated corpus ({preset.corpus}: tokenformer.data.synthetic, seed 0), bytes"
@@ -217,7 +224,9 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
     # the thread count changes reduction orders, and so the numbers: never mix runs across it
     settings = {"schema": SCHEMA, "preset": dataclasses.asdict(preset), "data": data_info,
                 "device": ctx.device.type, "precision": ctx.precision,
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(),
+                # only when on: the fingerprints of the eager experiments stay as they were
+                **({"compile": compile} if compile != "off" else {})}
     key = fingerprint(settings)
     with hold(out, [data]) if hold is not None else contextlib.nullcontext(), _workers(ctx):
         return _run(ctx, preset, runs, settings, key, data_info, out, print_fn=print_fn,
@@ -234,8 +243,8 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     if resumed and read_saved_json(marker, lambda d: isinstance(d, dict), f"choose another "
                                    f"--out, or delete {out} to start over"
                                    ).get("fingerprint") != key:
-        raise ConfigError(f"{out} holds another experiment (other preset, data or threads); "
-                          f"choose another --out or delete it")
+        raise ConfigError(f"{out} holds another experiment (other preset, data, threads or "
+                          f"compile mode); choose another --out or delete it")
     atomic_write_text(marker, json.dumps({"fingerprint": key, "settings": settings}, indent=1))
     sweep_runs = plan_.sweep_plan(preset, ds.vocab_size)
     ctx.total = len(sweep_runs) + len(runs)
@@ -301,7 +310,7 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     results = {
         "schema": SCHEMA, "command": command or f"run_frontier({preset.name!r})",
         "version": __version__, "preset": dataclasses.asdict(preset), "data": data_info,
-        "device": ctx.device.type, "dtype": ctx.precision,
+        "device": ctx.device.type, "dtype": ctx.precision, "compile": ctx.compile,
         "machine": machine_summary(), "pattention_impl": pattention_impl(preset),
         "budgets": preset.budgets, "sizes": list(preset.sizes),
         "protocol": "v4" if horizon else "v3",

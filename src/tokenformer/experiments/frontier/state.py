@@ -58,15 +58,16 @@ class Context:
     done: int = 0
     total: int = 0
     jobs: int = 1  # runs trained at once, each in its own process with one torch thread
-    source: tuple[Any, ...] = ()  # (data, device, dtype) as given: what a worker reopens
+    source: tuple[Any, ...] = ()  # (data, device, dtype, compile) as given: what a worker reopens
+    compile: str = "off"  # torch.compile's mode for every training step, or off (run.COMPILE)
     counted: set[str] = dataclasses.field(default_factory=set)  # run ids counted in ``done``
     pool: Any = None  # the worker processes of ``jobs`` > 1, started once, at the first need
 
 
 def context(preset: Preset, data: str | Path | None, device: str, dtype: str | None,
-            progress: bool | None, out: Path, print_fn: Any) -> Context:
+            progress: bool | None, out: Path, print_fn: Any, compile: str = "off") -> Context:
     """The experiment's context: the dataset (``data``, else the preset's corpus, else the
-    embedded one), the device, the precision and the evaluation function."""
+    embedded one), the device, the precision, the evaluation function and ``compile``."""
     precision = PRECISIONS.get(str(dtype or preset.dtype).lower())
     if precision is None:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(PRECISIONS)}")
@@ -79,7 +80,8 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
         dataset = default_dataset(progress=progress is not False)
     dataset.check_model(dataset.vocab_size, preset.seq_len)
     eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
-    return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn)
+    return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn,
+                   compile=compile)
 
 
 def _config_class(family: str) -> type:
@@ -103,6 +105,8 @@ def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str,
                        precision=ctx.precision, seed=run.seed, eval_interval=0,
                        eval_batches=p.eval_batches, samples=0, device=str(ctx.device),
                        pattention_impl=p.pattention_impl, grow_at=[growth] if growth else [],
+                       compile=ctx.compile != "off",
+                       compile_mode="default" if ctx.compile == "off" else ctx.compile,
                        **growth_settings(p, run, growth is not None))
 
 
