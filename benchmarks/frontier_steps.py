@@ -4,6 +4,8 @@ preset's estimated wall time from them (experiments/frontier/estimates.estimate_
     python benchmarks/frontier_steps.py --preset full [--cpu-time]
     python benchmarks/frontier_steps.py --preset gpu-code --gpu-ms-per-step 32 --jobs 8
         --contention 1.5   (one command)
+    python benchmarks/frontier_steps.py --preset gpu-code --jobs 8
+        --measured docs/results/frontier-gpu   (one command)
 
 The LR sweeps' extensions are not known in advance: the estimate adds one extra sweep point per
 (family, size) as a margin (with every tuning seed). The chains and the held-out runs are those
@@ -12,12 +14,19 @@ may end one size up or down; a size whose LR differs between budgets runs one mo
 per LR). The stages run one after another (plan.stage_plans), each spread over --jobs workers.
 ``--gpu-ms-per-step`` measures nothing: every step of every size costs that many milliseconds
 (small GPU runs are launch-bound), times ``--contention`` when --jobs > 1 runs share the GPU.
+``--measured DIR`` measures nothing either: each (family, size) costs what the runs of a
+``scale`` folder DIR (of any preset with the same sizes) measured, the median over its runs of
+each run's mean step time at that size (``timing.step_time``); those were measured under the
+folder's own ``--jobs``, so give the same --jobs (its contention is in the numbers).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
+from pathlib import Path
 
 import torch
 from common import (
@@ -33,7 +42,30 @@ from tokenformer.experiments.frontier.configs import arch, model_configs
 from tokenformer.experiments.frontier.estimates import estimate_seconds, parallel_seconds
 from tokenformer.experiments.frontier.plan import stage_plans, sweep_run, swept_sizes, tuning_seeds
 from tokenformer.experiments.frontier.presets import get_preset, size_key
+from tokenformer.experiments.frontier.recipes import RECIPES
 from tokenformer.models.baselines import model_class
+
+
+def measured_seconds(folder: Path) -> dict[str, float]:
+    """Seconds per step of each ``"<family>-<size>"`` the runs of a ``scale`` folder trained:
+    the median over runs of each run's mean at that size. A run's family is in its id (``sweep__
+    tokenformer-S0__…``, ``tokenformer-S1__seed3``) or is its recipe's (``chain-paper__seed0``)."""
+    per_key: dict[str, list[float]] = {}
+    for path in sorted((folder / "runs").glob("*.json")):
+        result = json.loads(path.read_text())
+        parts = path.stem.split("__")
+        recipe = next((RECIPES[p] for p in parts if p in RECIPES), None)
+        scratch = next((p for p in parts if "-S" in p), None)
+        family = recipe.family if recipe is not None else (
+            scratch.rsplit("-S", 1)[0] if scratch else None)
+        if family is None:
+            continue
+        for size, (steps, seconds) in result["timing"]["step_time"].items():
+            if steps:
+                per_key.setdefault(size_key(family, size), []).append(seconds / steps)
+    if not per_key:
+        raise SystemExit(f"error: no run with step times in {folder / 'runs'}")
+    return {key: statistics.median(values) for key, values in per_key.items()}
 
 
 def main() -> int:
@@ -49,6 +81,9 @@ def main() -> int:
     parser.add_argument("--contention", type=float, default=1.25,
                         help="with --gpu-ms-per-step and --jobs > 1: each run's slowdown from "
                              "sharing the GPU (an assumption)")
+    parser.add_argument("--measured", type=Path, default=None, metavar="DIR",
+                        help="each size's step time as the runs of this scale folder measured "
+                             "it (under its own --jobs: pass the same --jobs)")
     add_clock_args(parser)
     args = parser.parse_args()
     clock = apply_clock_args(args)
@@ -56,8 +91,16 @@ def main() -> int:
     machine_before = machine()  # with the load average at the start
     seconds: dict[str, float] = {}
     ids = torch.randint(0, 256, (preset.batch_size, preset.seq_len))
+    measured = measured_seconds(args.measured) if args.measured is not None else None
     for family in preset.families:
         for size, config in model_configs(preset, family, 256).items():
+            if measured is not None:
+                key = size_key(family, size)
+                if key not in measured:
+                    print(f"error: {args.measured} has no run of {key}", file=sys.stderr)
+                    return 2
+                seconds[key] = measured[key]
+                continue
             if args.gpu_ms_per_step is not None:
                 seconds[size_key(family, size)] = args.gpu_ms_per_step / 1000 * (
                     args.contention if args.jobs > 1 else 1.0)
@@ -82,7 +125,9 @@ def main() -> int:
     times = {name: estimate_seconds(preset, runs, seconds) for name, runs in stages.items()}
     print(f"Command: `{command_line()}`  ")
     print(f"Machine: {machine_before} (at the end: {load_average()}); timing: "
-          + (f"{args.gpu_ms_per_step:g} ms/step ASSUMED for every size (× {args.contention:g} "
+          + (f"MEASURED by the runs in {args.measured} (their --jobs)"
+             if measured is not None else
+             f"{args.gpu_ms_per_step:g} ms/step ASSUMED for every size (× {args.contention:g} "
              f"with --jobs {args.jobs})" if args.gpu_ms_per_step is not None else
              f"{clock}, min over {args.rounds} rounds of {args.steps} steps") + "  ")
     print(f"Preset `{preset.name}`: batch {preset.batch_size} × {preset.seq_len}, "

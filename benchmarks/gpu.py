@@ -57,16 +57,21 @@ transformers, the GPU and its driver, the measured bf16 matmul rate and device c
     How to fill one GPU with the frontier's small runs (issue 35: processes or CUDA graphs of the
     training step, "measure which"): the ``--frontier-preset``'s largest TokenFormer run
     (benchmarks/frontier_probe.py: ``fit`` at the preset's batch and precision) k times at once,
-    eager for k = 1, 2, 4, 8, and with CUDA graphs of the step (inductor with cudagraphs, what
-    ``torch.compile(mode="reduce-overhead")`` sets) for k = 1 and 8; the k runs' timed steps
-    are released together (a barrier). Reports ms per step and the steps/s of all k runs.
+    eager for k = 1, 8, 4, 2, and with CUDA graphs of the step (``torch.compile(mode=
+    "reduce-overhead")``, what ``scale --compile reduce-overhead`` trains with) for k = 8, 1, 4,
+    in that order (the deciding ones first); the k runs' timed steps are released together (a
+    barrier). Reports ms per step, the steps/s of all k runs and, for gpu-code, the whole
+    preset's time each configuration predicts (its measured eager ``--jobs 8`` time scaled by
+    the throughputs).
     Estimate: eager ≈ 10–15 s a configuration (start-up, 35 steps of ≤ 0.14 s); graphs ≈ 1–2 min
     each (inductor compiles in every process): ≈ 3–4 min; ``--concurrency-minutes`` (default 4)
     stops starting configurations.
 ``frontier``
     ``tokenformer scale --preset PRESET --device cuda --jobs N --out --frontier-dir`` for at most
     ``--frontier-minutes`` (default 7.5), then SIGINT: every finished run is on disk and a second
-    call continues (the frontier resumes from its folder). The folder is packed into
+    call continues (the frontier resumes from its folder). ``--frontier-compile MODE`` adds
+    ``--compile MODE`` (reduce-overhead: every step as CUDA graphs), a different experiment
+    than the eager one: give it a fresh ``--frontier-dir``. The folder is packed into
     ``frontier.tar.gz`` under ``--out`` (without the in-progress state when that would not fit a
     device call's 16 MiB per file). The default preset is ``gpu-code`` (issue 35: the v4 protocol on
     the Python sources of the machine's own torch, transformers and sympy, so no data to carry;
@@ -131,6 +136,7 @@ from pattention import TwoMatmulMLP
 from train_throughput import Trainer, matmul_ceiling
 
 from tokenformer import Pattention, TokenFormerConfig, TokenFormerLM, __version__, flops_per_token
+from tokenformer.experiments.frontier import COMPILE
 from tokenformer.models.baselines import TransformerConfig, TransformerLM, matched_config
 from tokenformer.nn.grouped import grouped_attend, set_grouped_qkv
 from tokenformer.nn.pattention import set_pattention_impl
@@ -358,10 +364,11 @@ def tests_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, ou
                 ) -> dict[str, Any]:
     log_file = out / TESTS_LOG
     log_file.unlink(missing_ok=True)
-    runs = [run_pytest(device.type, ["tests/test_device.py"], sizes.tests_filter, log_file)]
+    keyword = args.tests_keyword or sizes.tests_filter
+    runs = [run_pytest(device.type, ["tests/test_device.py"], keyword, log_file)]
     if device.type == "cuda":  # the CPU paths too, under the GPU machine's torch
-        runs.append(run_pytest("cpu", ["tests/test_device.py", *args.extra_tests], None,
-                               log_file))
+        runs.append(run_pytest("cpu", ["tests/test_device.py", *args.extra_tests],
+                               args.tests_keyword, log_file))
     elif args.extra_tests:
         runs.append(run_pytest("cpu", args.extra_tests, None, log_file))
     rows = [{"run": f"pytest {' '.join(r['files'])} --device {r['device']}"
@@ -722,8 +729,12 @@ def decode_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, o
 # --------------------------------------------------------------------------- concurrency
 PROBE = ROOT / "benchmarks" / "frontier_probe.py"
 # (mode, runs at once): eager at 1, 2, 4, 8 processes; the step as CUDA graphs alone and at 8
-CONCURRENCY_PLAN = (("eager", 1), ("eager", 2), ("eager", 4), ("eager", 8), ("graphs", 1),
-                    ("graphs", 8))
+# (the deciding ones first: the stage stops starting configurations when its minutes are spent)
+CONCURRENCY_PLAN = (("eager", 1), ("eager", 8), ("graphs", 8), ("graphs", 1), ("eager", 4),
+                    ("eager", 2), ("graphs", 4))
+# gpu-code's whole run with --jobs 8 eager, measured on an H200 (docs/results/frontier-gpu.md:
+# benchmarks/frontier_steps.py --preset gpu-code --jobs 8 --measured docs/results/frontier-gpu)
+GPU_CODE_EAGER8_MIN = 20.8
 CONCURRENCY_SMOKE = (("eager", 1), ("eager", 2))
 
 
@@ -757,6 +768,19 @@ def probe_runs(mode: str, jobs: int, size: str, device: torch.device, args: argp
     return rows
 
 
+def predict_gpu_code(rows: list[dict[str, Any]]) -> bool:
+    """Add to each row the whole gpu-code preset's minutes at its throughput: the measured eager
+    ``--jobs 8`` time × (eager × 8 steps/s) / (the row's steps/s). False without an eager × 8
+    row to scale from."""
+    eager8 = next((r["steps_per_s"] for r in rows if (r["mode"], r["jobs"]) == ("eager", 8)),
+                  None)
+    if not eager8:
+        return False
+    for r in rows:
+        r["gpu_code_min"] = GPU_CODE_EAGER8_MIN * eager8 / r["steps_per_s"]
+    return True
+
+
 def concurrency_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, out: Path
                       ) -> dict[str, Any]:
     """The frontier preset's largest TokenFormer run, k at once: which of more processes and CUDA
@@ -786,6 +810,13 @@ def concurrency_stage(device: torch.device, sizes: Sizes, args: argparse.Namespa
                      "steps_per_s": steps_per_s,
                      "vs_one_eager": steps_per_s / base if base else float("nan"),
                      "first_step_s": max(r["first_step_s"] for r in good)})
+    if args.frontier_preset == "gpu-code" and predict_gpu_code(rows):
+        notes.append(f"gpu-code min: the whole gpu-code preset at that mode and --jobs, "
+                     f"predicted as its {GPU_CODE_EAGER8_MIN:g} min measured eager with --jobs 8 "
+                     f"× (eager × 8 steps/s here) / (this row's steps/s), plus each worker's "
+                     f"compiles (first step s, once per size a worker trains) for graphs; "
+                     f"≤ 9 min: run it with --frontier-compile reduce-overhead into a fresh "
+                     f"--frontier-dir (docs/results/frontier-gpu.md)")
     notes.append("ms/step: the median over the k runs of each run's median timed step, the k "
                  "runs' timed steps released together; steps/s: all k runs together "
                  "(k × 1000 / ms). graphs: inductor with CUDA graphs (what "
@@ -798,7 +829,8 @@ def concurrency_stage(device: torch.device, sizes: Sizes, args: argparse.Namespa
                         ("ms_per_step", "ms/step", "{:.1f}"),
                         ("steps_per_s", "steps/s (all runs)", "{:.1f}"),
                         ("vs_one_eager", "× one eager run", "{:.2f}"),
-                        ("first_step_s", "first step s", "{:.1f}")]}
+                        ("first_step_s", "first step s", "{:.1f}"),
+                        ("gpu_code_min", "gpu-code min", "{:.1f}")]}
 
 
 def model_configs_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -816,6 +848,8 @@ def frontier_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace,
     else:
         command += ["--device", device.type, "--out", str(folder), "--no-progress",
                     "--jobs", str(args.frontier_jobs)]
+        if args.frontier_compile != "off":
+            command += ["--compile", args.frontier_compile]
     if args.frontier_data:
         command += ["--data", str(Path(args.frontier_data).resolve())]
     log_path = out / FRONTIER_LOG  # not inside the folder: scale refuses files it did not write
@@ -985,6 +1019,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "at the first one's d")
     parser.add_argument("--no-profile", dest="profile", action="store_false",
                         help="train: skip the profile of the eager models")
+    parser.add_argument("--tests-keyword", default=None, metavar="EXPR",
+                        help="tests: only the tests pytest -k EXPR selects (e.g. "
+                             "compiled_training: the compiled fit against eager, both modes)")
     parser.add_argument("--extra-tests", nargs="*", default=[],
                         help="tests: more test files, run on the CPU (e.g. tests/test_fused.py)")
     parser.add_argument("--frontier-preset", default="gpu-code",
@@ -997,6 +1034,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--frontier-jobs", type=int, default=8,
                         help="tokenformer scale --jobs: small runs leave the GPU idle between "
                              "launches, so several share it (gpu-code's estimate assumes 8)")
+    parser.add_argument("--frontier-compile", choices=COMPILE, default="off",
+                        help="tokenformer scale --compile: reduce-overhead trains every step as "
+                             "CUDA graphs (a new experiment: a fresh --frontier-dir)")
     parser.add_argument("--concurrency-minutes", type=float, default=4.0,
                         help="concurrency: stop starting configurations after this long")
     parser.add_argument("--frontier-minutes", type=float, default=7.5,

@@ -82,3 +82,49 @@ def test_smoke_concurrency_stage_times_runs_released_together(tmp_path):
         assert row["steps_per_s"] == pytest.approx(row["jobs"] * 1000 / row["ms_per_step"])
     assert rows[0]["vs_one_eager"] == pytest.approx(1.0)
     assert "## GPU: frontier runs sharing one GPU" in result.stdout
+
+
+def test_frontier_steps_estimates_from_a_folders_measured_step_times(tmp_path):
+    """benchmarks/frontier_steps.py --measured: each (family, size) costs the median over a
+    scale folder's runs of their mean step time there (a chain's family is its recipe's), and
+    the estimate is steps × those seconds."""
+    runs = tmp_path / "measured" / "runs"
+    runs.mkdir(parents=True)
+    timings = {  # run id → {size: (steps, seconds)}
+        "sweep__tokenformer-S-1__lr0.001__seed1000": {"S-1": (10, 1.0)},  # 0.1 s a step
+        "horizon__tokenformer-S-1__x1__seed1000": {"S-1": (10, 3.0)},  # 0.3
+        "tokenformer-S-1__seed0": {"S-1": (20, 4.0)},  # 0.2
+        "chain-paper__seed0": {"S-1": (10, 9.0), "S0": (5, 2.0)},  # tokenformer: 0.9; 0.4
+        # S-1: the median of 0.1, 0.3, 0.2 and 0.9 is 0.25
+        "transformer++-S0__seed0": {"S0": (4, 2.0)},  # 0.5
+    }
+    for run_id, step_time in timings.items():
+        (runs / f"{run_id}.json").write_text(json.dumps(
+            {"timing": {"step_time": {k: list(v) for k, v in step_time.items()}}}))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import frontier_steps
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    seconds = frontier_steps.measured_seconds(tmp_path / "measured")
+    assert seconds == pytest.approx({"tokenformer-S-1": 0.25, "tokenformer-S0": 0.4,
+                                     "transformer++-S0": 0.5})
+    with pytest.raises(SystemExit, match="no run with step times"):
+        frontier_steps.measured_seconds(tmp_path)
+
+
+def test_concurrency_predicts_gpu_code_from_the_eager_8_row():
+    """The concurrency stage scales gpu-code's measured eager --jobs 8 time by each
+    configuration's throughput relative to eager × 8 (twice the steps/s: half the minutes)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    rows = [{"mode": "eager", "jobs": 1, "steps_per_s": 30.0},
+            {"mode": "eager", "jobs": 8, "steps_per_s": 50.0},
+            {"mode": "graphs", "jobs": 8, "steps_per_s": 125.0}]
+    assert gpu.predict_gpu_code(rows)
+    assert [r["gpu_code_min"] for r in rows] == pytest.approx(
+        [gpu.GPU_CODE_EAGER8_MIN * 50 / 30, gpu.GPU_CODE_EAGER8_MIN, gpu.GPU_CODE_EAGER8_MIN * 0.4])
+    assert not gpu.predict_gpu_code([{"mode": "graphs", "jobs": 8, "steps_per_s": 1.0}])
