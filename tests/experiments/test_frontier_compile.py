@@ -1,7 +1,8 @@
 """``tokenformer scale --compile MODE``: every training step of every run (sweeps, from-scratch
 runs, chains across their growths) goes through ``torch.compile`` in that mode, the mode is part
 of the experiment's fingerprint (a folder started eager is not resumed compiled), and worker
-processes (``--jobs``) train in it too.
+processes (``--jobs``) train in it too; dynamo may compile one graph per (family, size) of the
+whole experiment in one process.
 
 ``torch.compile`` is replaced by a recording identity here: a real compile of every run takes
 minutes on a CPU, and the compiled training step itself is checked against eager on CUDA
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch._dynamo.config as dynamo
 from test_frontier import TINY  # rootdir-relative, as the other test folders import helpers
 
 from tokenformer.errors import ConfigError
@@ -26,6 +28,14 @@ from tokenformer.training.config import COMPILE_MODES, TrainConfig
 # one family, two sizes, one chain growing S0 → S1: a few seconds on a CPU
 SMALL = dataclasses.replace(TINY, families=("tokenformer",), num_sizes=2, seeds=1,
                             recipes=("chain-exact",), questions=())
+
+
+@pytest.fixture(autouse=True)
+def dynamo_defaults():
+    """dynamo's defaults during each test, set back after it (a compiled experiment raises its
+    recompile limit for the whole process)."""
+    with dynamo.patch(recompile_limit=8, fail_on_recompile_limit_hit=False):
+        yield
 
 
 @pytest.fixture()
@@ -54,6 +64,10 @@ def test_every_training_step_is_compiled_in_the_mode_and_it_is_recorded(
     monkeypatch.setattr(one_run_, "fit", counting_fit)
     results = run_.run_frontier(SMALL, data=dataset_dir, out=out, print_fn=lambda line: None,
                                 plots=False, compile="reduce-overhead")
+    # a worker trains every (family, size) of the experiment: one graph each, more than 8 in
+    # all, and never a quiet fall back to eager
+    assert dynamo.recompile_limit == dynamo.accumulated_recompile_limit > 8
+    assert dynamo.fail_on_recompile_limit_hit is True
     assert fits and all(f[:2] == (True, "reduce-overhead") for f in fits)
     assert any(grows for *_, grows in fits)  # the chain's growth segment is compiled too
     # one compile per fit call (a growth inside fit recompiles: it wraps the grown model anew)

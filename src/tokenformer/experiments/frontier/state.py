@@ -72,6 +72,8 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
     if precision is None:
         raise ConfigError(f"unknown dtype {dtype!r}; choose one of {', '.join(PRECISIONS)}")
     dev = resolve_device(device)
+    if compile != "off":
+        allow_recompiles()
     if data is not None:
         dataset = TokenDataset.open(data)
     elif preset.corpus is not None:  # built here, never downloaded (data/corpora.py)
@@ -82,6 +84,18 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
     eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
     return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn,
                    compile=compile)
+
+
+def allow_recompiles() -> None:
+    """Every (family, size, Θ factor) an experiment trains in one process is one more graph of
+    the same ``forward`` (static shapes: what CUDA graphs need), and a worker trains them all:
+    more than dynamo's default 8 per function, past which it would quietly train eagerly. So
+    allow its whole accumulated budget, and make hitting it an error rather than a slow run."""
+    import torch._dynamo.config as dynamo
+
+    dynamo.recompile_limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
+    if hasattr(dynamo, "fail_on_recompile_limit_hit"):  # where this torch has it
+        dynamo.fail_on_recompile_limit_hit = True
 
 
 def _config_class(family: str) -> type:
