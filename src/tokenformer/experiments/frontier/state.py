@@ -91,8 +91,7 @@ def allow_recompiles() -> None:
     the same ``forward`` (static shapes: what CUDA graphs need), and a worker trains them all:
     more than dynamo's default 8 per function, past which it would quietly train eagerly. So
     allow its whole accumulated budget, and make hitting it an error rather than a slow run."""
-    import torch._dynamo.config as dynamo
-
+    dynamo = torch._dynamo.config  # torch imports it on first use
     dynamo.recompile_limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):  # where this torch has it
         dynamo.fail_on_recompile_limit_hit = True
