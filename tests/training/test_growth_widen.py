@@ -16,8 +16,8 @@ from tokenformer.training.growth_events import parse_grow_at
 from tokenformer.training.loop import fit
 
 
-def baseline(width: int = 12) -> TransformerConfig:
-    return TransformerConfig(arch="transformer++", vocab_size=64, hidden_size=16, num_layers=2,
+def baseline(width: int = 12, arch: str = "transformer++") -> TransformerConfig:
+    return TransformerConfig(arch=arch, vocab_size=64, hidden_size=16, num_layers=2,
                              num_heads=2, intermediate_size=width, max_seq_len=16)
 
 
@@ -51,6 +51,33 @@ def test_grow_widens_the_mlp_keeping_the_function_and_old_units(how):
     moment = grown_opt.state[new_mlp.down.weight]["exp_avg"]
     assert torch.equal(moment[:, :12], opt.state[old_mlp.down.weight]["exp_avg"])
     assert not moment[:, 12:].any()
+
+
+@pytest.mark.parametrize("arch,how", [("transformer", "zero"), ("transformer", "net2net"),
+                                      ("transformer++", "net2net")])
+def test_widen_mlp_preserves_function_and_carries_adam(arch, how):
+    model, opt, ids = trained(baseline(12, arch))
+    gen = torch.Generator().manual_seed(1)
+    big, big_opt = grow_with_optimizer(model, opt, ffn=30, widen=how, generator=gen)
+    assert big.config.intermediate_size == 30 and model.config.intermediate_size == 12
+    with torch.no_grad():
+        torch.testing.assert_close(big(ids).logits, model(ids).logits, rtol=0, atol=1e-10)
+    up_old, up_new = model.layers[0].mlp.up.weight, big.layers[0].mlp.up.weight
+    state = big_opt.state[up_new]
+    torch.testing.assert_close(state["exp_avg"][:12], opt.state[up_old]["exp_avg"])
+    assert state["exp_avg"][12:].abs().sum() == 0 and state["step"] == opt.state[up_old]["step"]
+    mlp = big.layers[0].mlp
+    before_up, before_down = mlp.up.weight.detach().clone(), mlp.down.weight.detach().clone()
+    copies = {j: next(i for i in range(12) if torch.equal(before_up[j], before_up[i]))
+              for j in range(12, 30)} if how == "net2net" else {}
+    for _ in range(2):  # new units train (with zero outgoing weights, those move first)
+        big(ids, labels=ids).loss.backward()
+        big_opt.step()
+        big_opt.zero_grad()
+    assert (mlp.up.weight[12:] != before_up[12:]).any(dim=1).all()
+    assert (mlp.down.weight[:, 12:] != before_down[:, 12:]).any(dim=0).all()
+    for j, i in copies.items():  # a copy and its source diverge: their outgoing shares differ
+        assert not torch.equal(mlp.up.weight[j], mlp.up.weight[i])
 
 
 def test_widen_plans_any_width():
