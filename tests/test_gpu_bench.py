@@ -4,16 +4,28 @@ few 10-minute calls cannot rot unnoticed before then."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ["tests", "train", "pattention", "decode"]
+
+
+def benchmark(name: str) -> types.ModuleType:
+    """A script of benchmarks/ imported as a module (they import their neighbours, e.g.
+    ``common``, by name)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 def numbers(value: object) -> list[float]:
@@ -86,8 +98,7 @@ def test_smoke_concurrency_stage_times_runs_released_together(tmp_path):
 
 def test_frontier_steps_estimates_from_a_folders_measured_step_times(tmp_path):
     """benchmarks/frontier_steps.py --measured: each (family, size) costs the median over a
-    scale folder's runs of their mean step time there (a chain's family is its recipe's), and
-    the estimate is steps × those seconds."""
+    scale folder's runs of their mean step time there (a chain's family is its recipe's)."""
     runs = tmp_path / "measured" / "runs"
     runs.mkdir(parents=True)
     timings = {  # run id → {size: (steps, seconds)}
@@ -101,11 +112,7 @@ def test_frontier_steps_estimates_from_a_folders_measured_step_times(tmp_path):
     for run_id, step_time in timings.items():
         (runs / f"{run_id}.json").write_text(json.dumps(
             {"timing": {"step_time": {k: list(v) for k, v in step_time.items()}}}))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import frontier_steps
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    frontier_steps = benchmark("frontier_steps")
     seconds = frontier_steps.measured_seconds(tmp_path / "measured")
     assert seconds == pytest.approx({"tokenformer-S-1": 0.25, "tokenformer-S0": 0.4,
                                      "transformer++-S0": 0.5})
@@ -116,11 +123,7 @@ def test_frontier_steps_estimates_from_a_folders_measured_step_times(tmp_path):
 def test_concurrency_predicts_gpu_code_from_the_eager_8_row():
     """The concurrency stage scales gpu-code's measured eager --jobs 8 time by each
     configuration's throughput relative to eager × 8 (twice the steps/s: half the minutes)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    gpu = benchmark("gpu")
     rows = [{"mode": "eager", "jobs": 1, "steps_per_s": 30.0},
             {"mode": "eager", "jobs": 8, "steps_per_s": 50.0},
             {"mode": "graphs", "jobs": 8, "steps_per_s": 125.0}]

@@ -21,7 +21,7 @@ from tokenformer.models.baselines import TransformerConfig
 from tokenformer.models.config import TokenFormerConfig
 from tokenformer.ops.growth import grow_with_optimizer
 from tokenformer.training.growth_events import parse_grow_at
-from tokenformer.training.optim import rebuild_optimizer
+from tokenformer.training.optim import group_names, rebuild_optimizer
 
 TF = TokenFormerConfig(vocab_size=64, hidden_size=16, num_layers=2, num_heads=2, qkv_tokens=8,
                        proj_tokens=8, ffn_tokens=32, max_seq_len=16)
@@ -102,10 +102,8 @@ def test_a_state_of_an_earlier_version_resumes_without_growing_twice(dataset_dir
         generator=torch.Generator().manual_seed(run["seed"] * 1_000_003 + growth_step),
         qkv=stage["qkv_tokens"], proj=stage["proj_tokens"], ffn=stage["ffn_tokens"],
         strategy="exact")
-    names = {id(p): n for n, p in grown.named_parameters()}
     state.update(model=grown.state_dict(), optimizer=optimizer.state_dict(),
-                 param_groups=[[names[id(p)] for p in g["params"]]
-                               for g in optimizer.param_groups],
+                 param_groups=group_names(grown, optimizer),
                  config=dataclasses.asdict(grown.config))
     torch.save(state, path)
     monkeypatch.setattr(one_run_, "_checkpoint", real)
