@@ -725,11 +725,10 @@ def decode_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, o
                         ("first_call_s", "first call s", "{:.1f}")]}
 
 
-# ------------------------------------------------------------------------------ frontier
 # --------------------------------------------------------------------------- concurrency
 PROBE = ROOT / "benchmarks" / "frontier_probe.py"
-# (mode, runs at once): eager at 1, 2, 4, 8 processes; the step as CUDA graphs alone and at 8
-# (the deciding ones first: the stage stops starting configurations when its minutes are spent)
+# (mode, runs at once): eager at 1, 8, 4, 2 processes, the step as CUDA graphs at 8, 1, 4; the
+# deciding ones first (the stage stops starting configurations when its minutes are spent)
 CONCURRENCY_PLAN = (("eager", 1), ("eager", 8), ("graphs", 8), ("graphs", 1), ("eager", 4),
                     ("eager", 2), ("graphs", 4))
 # gpu-code's whole run with --jobs 8 eager, measured on an H200 (docs/results/frontier-gpu.md:
@@ -785,7 +784,8 @@ def concurrency_stage(device: torch.device, sizes: Sizes, args: argparse.Namespa
                       ) -> dict[str, Any]:
     """The frontier preset's largest TokenFormer run, k at once: which of more processes and CUDA
     graphs of the step gets the most steps out of one GPU (issue 35)."""
-    configs = list(model_configs_of(args))
+    # the TokenFormer sizes of --frontier-preset, smallest first, as the probe builds them
+    configs = list(probe_sizes(args.frontier_preset, "tokenformer", args.smoke))
     size = configs[0] if args.smoke else configs[-1]  # smoke: the smallest, for a CPU
     plan = CONCURRENCY_SMOKE if args.smoke else CONCURRENCY_PLAN
     stop = time.monotonic() + 60 * args.concurrency_minutes
@@ -815,7 +815,7 @@ def concurrency_stage(device: torch.device, sizes: Sizes, args: argparse.Namespa
                      f"predicted as its {GPU_CODE_EAGER8_MIN:g} min measured eager with --jobs 8 "
                      f"× (eager × 8 steps/s here) / (this row's steps/s), plus each worker's "
                      f"compiles (first step s, once per size a worker trains) for graphs; "
-                     f"≤ 9 min: run it with --frontier-compile reduce-overhead into a fresh "
+                     f"≤ 8 min: run it with --frontier-compile reduce-overhead into a fresh "
                      f"--frontier-dir (docs/results/frontier-gpu.md)")
     notes.append("ms/step: the median over the k runs of each run's median timed step, the k "
                  "runs' timed steps released together; steps/s: all k runs together "
@@ -833,12 +833,7 @@ def concurrency_stage(device: torch.device, sizes: Sizes, args: argparse.Namespa
                         ("gpu_code_min", "gpu-code min", "{:.1f}")]}
 
 
-def model_configs_of(args: argparse.Namespace) -> dict[str, Any]:
-    """The TokenFormer sizes of ``--frontier-preset`` (smallest first), as the probe builds
-    them."""
-    return probe_sizes(args.frontier_preset, "tokenformer", args.smoke)
-
-
+# ------------------------------------------------------------------------------ frontier
 def frontier_stage(device: torch.device, sizes: Sizes, args: argparse.Namespace, out: Path
                    ) -> dict[str, Any]:
     folder = Path(args.frontier_dir).resolve()
