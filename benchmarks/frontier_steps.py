@@ -130,8 +130,9 @@ def main() -> int:
              f"{args.gpu_ms_per_step:g} ms/step ASSUMED for every size (× {args.contention:g} "
              f"with --jobs {args.jobs})" if args.gpu_ms_per_step is not None else
              f"{clock}, min over {args.rounds} rounds of {args.steps} steps") + "  ")
+    measures_here = measured is None and args.gpu_ms_per_step is None
     print(f"Preset `{preset.name}`: batch {preset.batch_size} × {preset.seq_len}, "
-          f"{preset.dtype} (this script runs fp32)\n")
+          f"{preset.dtype}" + (" (this script runs fp32)" if measures_here else "") + "\n")
     print("| family-size | ms/step |\n|---|---|")
     for key, s in seconds.items():
         print(f"| {key} | {1000 * s:.1f} |")
