@@ -1,9 +1,10 @@
 """Milliseconds per training step of one run of a ``tokenformer scale`` preset at one (family,
 size), trained the way the frontier trains it (``fit``, the preset's batch shape, precision and
-Pattention implementation), in one of three modes: ``eager``; ``compiled`` (``TrainConfig.compile``:
-inductor, ``scale --compile default``); ``graphs`` (``compile_mode="reduce-overhead"``, inductor
-with CUDA graphs: one graph launch per step instead of hundreds of small kernels; ``scale
---compile reduce-overhead``). One JSON line on stdout.
+Pattention implementation), in one of three modes: ``eager``; ``compiled``
+(``TrainConfig.compile``: inductor, ``scale --compile default``); ``graphs``
+(``compile_mode="reduce-overhead"``: inductor, the forward and backward replayed as CUDA graphs
+instead of hundreds of small kernels; ``scale --compile reduce-overhead``). One JSON line on
+stdout.
 
     python benchmarks/frontier_probe.py --preset gpu-code --family tokenformer --mode graphs
 

@@ -112,9 +112,9 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the model"""
     compile_mode: str = "default"
-    """torch.compile's mode with compile: default (inductor), reduce-overhead (inductor and CUDA
-    graphs of the step: one launch instead of hundreds, for small models on a GPU) or
-    max-autotune-no-cudagraphs"""
+    """torch.compile's mode with compile: default (inductor), reduce-overhead (inductor, the
+    forward and backward replayed as CUDA graphs: a few launches instead of hundreds, for small
+    models on a GPU) or max-autotune-no-cudagraphs"""
     pattention_impl: str = "auto"
     """Pattention implementation set on every Pattention (pattention.PATTENTION_IMPLS):
     reference, fused, kernel (the C++ Θ kernel, built on first use, docs/performance.md), or auto

@@ -93,8 +93,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "sequential --threads 1 run's)")
     p.add_argument("--compile", choices=COMPILE, default="off",
                    help="every training step under torch.compile in this mode: default "
-                        "(inductor), reduce-overhead (inductor and CUDA graphs of the step: one "
-                        "launch instead of hundreds, for a GPU's small runs), "
+                        "(inductor), reduce-overhead (inductor, forward and backward replayed as "
+                        "CUDA graphs: a few launches instead of hundreds, for a GPU's small "
+                        "runs), "
                         "max-autotune-no-cudagraphs; off: eager. Part of the experiment's "
                         "fingerprint: a folder is resumed in the mode it was started in")
     p.add_argument("--plan", action="store_true",
