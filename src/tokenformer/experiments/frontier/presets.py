@@ -299,10 +299,8 @@ _CPU = dataclasses.replace(
 # corpus is not v3's): every size is that optimum at a budget or the one size each side of it
 # the edge rule asks for. Two growing arms (the paper chain at its final size's LR, and
 # per-stage), 8 held-out and 2 tuning seeds; stacking, HyperCloning and the plain-GELU control
-# are left out (their reasons: docs/frontier-v4.md). Every field, the prose of expected_hours
-# included, is part of the fingerprint of the partial run committed in docs/results/frontier-gpu:
-# a change orphans it (tests/experiments/test_frontier_gpu_partial.py). Its 7-min estimate was
-# measured at ≈ 22 min (docs/results/frontier-gpu.md).
+# are left out (their reasons: docs/frontier-v4.md). Its 7-min estimate was measured at ≈ 22 min
+# on one H200, whose run records were lost (docs/results/frontier-gpu.md).
 GPU_CODE = dataclasses.replace(
     _CPU, name="gpu-code", hidden_size=256, num_layers=4, num_heads=4, num_sizes=4,
     base_tokens=(64, 64, 256), seq_len=512, batch_size=128, max_budget=4e14,
