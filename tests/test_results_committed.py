@@ -4,7 +4,8 @@ matched ``docs/results/frontier-gpu/runs/``. Two checks on this checkout:
 * no path a results folder may hold (run records, states, plots, logs, archives) under
   ``docs/results/`` or ``benchmarks/results/`` is matched by ``.gitignore``;
 * every results folder or file the docs cite in prose (README, docs/, benchmarks/RESULTS.md;
-  not in fenced commands, which may name outputs to come) exists, and a cited folder holds at least one result file besides a ``scale`` folder's own markers.
+  not in fenced commands, which may name outputs to come) exists, and a cited folder holds at
+  least one result file besides a ``scale`` folder's own markers.
 
 Skipped outside a git checkout (an installed sdist has neither the docs nor ``.gitignore``)."""
 
