@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer import TokenFormerConfig, TokenFormerLM, load_model
 from tokenformer.cli import main as cli
 from tokenformer.errors import CheckpointError, ConfigError
 from tokenformer.io.run_folders import step_dir
@@ -30,7 +30,7 @@ def small_config(**overrides) -> TokenFormerConfig:
 
 
 # --------------------------------------------------------------------------- the factor
-def test_theta_anneal_moves_linearly_to_sqrt_n_then_releases_the_config():
+def test_theta_anneal_moves_linearly_to_sqrt_n_and_the_config_with_it():
     model = model_class("tokenformer")(small_config(qkv_scale=2.0, proj_scale=2.0,
                                                     ffn_scale=4.0))
     anneal = Anneal(100, {"qkv": 2.0, "proj": 2.0, "ffn": 4.0},
@@ -39,7 +39,7 @@ def test_theta_anneal_moves_linearly_to_sqrt_n_then_releases_the_config():
     p = model.pattentions()
     assert p["layers.0.attention.query"].scale == pytest.approx(2 + 0.25 * (math.sqrt(8) - 2))
     assert p["layers.0.mlp"].scale == pytest.approx(4 + 0.25 * (math.sqrt(32) - 4))
-    assert model.config.ffn_scale == 4.0  # still held in the config during the anneal
+    assert model.config.ffn_scale == pytest.approx(4 + 0.25 * (math.sqrt(32) - 4))  # in force
     anneal.apply(model, 250)
     assert p["layers.0.mlp"].scale == pytest.approx(math.sqrt(32))
     assert model.config.ffn_scale is None and model.config.theta_scale("ffn") == pytest.approx(
@@ -58,6 +58,18 @@ def test_the_factor_of_a_step_is_held_plus_its_fraction_of_the_way(step, expecte
     anneal = Anneal(10, {"qkv": 2.0, "proj": 3.0, "ffn": 4.0},
                     {"qkv": 4.0, "proj": 1.0, "ffn": 8.0}, 8)
     assert {k: anneal.factor(k, step) for k in expected} == expected
+
+
+def test_at_the_end_the_factor_is_sqrt_n_itself_which_the_null_config_stands_for():
+    """0.7 + (√8 − 0.7) rounds to √8 + 4e-16: the factor at the end is the target itself, so
+    the Pattentions compute what a model built from the released config (``qkv_scale`` None,
+    √8) does, and a folder saved as the anneal ends loads as the same function."""
+    model = model_class("tokenformer")(small_config(qkv_scale=0.7))
+    anneal = Anneal(0, {"qkv": 0.7, "proj": math.sqrt(8), "ffn": math.sqrt(32)},
+                    {"qkv": math.sqrt(8), "proj": math.sqrt(8), "ffn": math.sqrt(32)}, 4)
+    anneal.apply(model, 4)
+    assert model.pattentions()["layers.0.attention.query"].scale == math.sqrt(8)
+    assert model.config.qkv_scale is None and model.config.theta_scale("qkv") == math.sqrt(8)
 
 
 def test_after_an_exact_growth_it_runs_from_the_held_factor_to_sqrt_n():
@@ -102,6 +114,48 @@ def test_fit_sets_each_steps_factor_after_an_exact_growth():
     assert seen[:2] == [held, held]  # before the growth: √n of 8 tokens
     assert seen[2:] == [held + f * (target - held) for f in (0.0, 0.25, 0.5, 0.75, 1.0, 1.0)]
     assert result.model.config.qkv_scale is None  # the config follows n again
+
+
+@pytest.mark.parametrize("steps", [7, 10])  # final/ inside the anneal; the anneal ends with it
+def test_a_model_folder_saved_inside_the_anneal_is_the_function_that_trained(tmp_path, steps):
+    """An exact growth at step 2 (8 → 16 qkv tokens) annealed over 8 steps, a checkpoint every
+    2: each model folder (checkpoints 4, 6, 8, ``final/``, and the returned model saved)
+    loads with ``load_model`` as the live model was when it was saved (the logits its
+    evaluation then computed), its config holding the factor of the anneal at that step,
+    √8 + (step − 2)/8·(4 − √8), and None (√16 = 4) from step 10 on."""
+    torch.manual_seed(0)
+    cfg = TrainConfig(model={"preset": "tiny"}, seq_len=8, batch_size=2, steps=steps,
+                      warmup_steps=1, eval_interval=2, checkpoint_interval=2, keep_last=10,
+                      samples=0, device="cpu", grow_at=["2:qkv=2x,strategy=exact"],
+                      anneal_steps=8)
+    probe = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(99))
+    evaluated: list[torch.Tensor] = []
+    live: dict[int, torch.Tensor] = {}
+
+    def batch_fn(step: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(step))
+        return {"input_ids": ids, "labels": ids}
+
+    def eval_fn(model) -> dict[str, float]:
+        evaluated.append(model(input_ids=probe).logits)
+        return {"val_loss": 0.0}
+
+    def watch(record, current) -> None:
+        if record["type"] == "eval":
+            live[record["step"]] = evaluated[-1]
+
+    result = fit(TokenFormerLM(small_config()), batch_fn, cfg, eval_fn=eval_fn,
+                 callbacks=[watch], out_dir=tmp_path / "R", progress=False)
+    result.model.save(tmp_path / "returned")
+    folders = {**{s: step_dir(tmp_path / "R", s) for s in range(4, steps, 2)},
+               steps: tmp_path / "R" / "final"}
+    for step, folder in [*folders.items(), (steps, tmp_path / "returned")]:
+        factor = math.sqrt(8) + (step - 2) / 8 * (4 - math.sqrt(8)) if step < 10 else None
+        assert json.loads((folder / "config.json").read_text())["qkv_scale"] == (
+            pytest.approx(factor) if factor is not None else None), folder
+        with torch.no_grad():
+            logits = load_model(folder).eval()(input_ids=probe).logits
+        torch.testing.assert_close(logits, live[step], msg=f"{folder}")
 
 
 # ------------------------------------------------------------------------ config and CLI
@@ -187,12 +241,13 @@ def test_a_resume_inside_the_anneal_equals_the_uninterrupted_run(annealed_run, t
 
 
 def test_the_anneal_is_saved_and_changes_the_training(annealed_run, tmp_path, dataset_dir):
-    """Inside the anneal the checkpoint holds it and its config the held factor (√32); after it
-    the config follows n (None); and the run differs from the same run held (no anneal)."""
+    """Inside the anneal the checkpoint holds it and its config the factor in force (a third
+    of the way from √32 to 8 at step 6); after it the config follows n (None); and the run
+    differs from the same run held (no anneal)."""
     mid = read_state(step_dir(annealed_run, 6))["anneal"]
     assert mid["step"] == 4 and mid["held"]["qkv"] == math.sqrt(32) and mid["target"]["qkv"] == 8
     assert json.loads((step_dir(annealed_run, 6) / "config.json").read_text())["qkv_scale"] == \
-        math.sqrt(32)
+        pytest.approx(math.sqrt(32) + (8 - math.sqrt(32)) / 3)
     assert TokenFormerLM.load(annealed_run / "final").config.qkv_scale is None
     held = tmp_path / "held"
     assert cli(["train", "--config", "tiny", "--out", str(held), *run_args(dataset_dir)]) == 0

@@ -10,7 +10,10 @@ factor of the size it grows from.
 
 The factor of a step is a pure function of the step and the anneal (its growth step, held and
 target factors), so ``fit`` sets it before each step as a training event, and a checkpoint that
-carries the anneal (:meth:`Anneal.to_state`) resumes it bit for bit.
+carries the anneal (:meth:`Anneal.to_state`) resumes it bit for bit. The config follows the
+factor too (``{kind}_scale`` is the factor in force), so a model folder saved inside the anneal
+(a checkpoint, ``final/``, :meth:`~tokenformer.TokenFormerLM.save`) loads as the function the
+model computes, not the held one.
 """
 
 from __future__ import annotations
@@ -51,18 +54,20 @@ class Anneal:
         return min(1.0, max(0.0, (step - self.step) / self.steps))
 
     def factor(self, kind: str, step: int) -> float:
-        """Θ's factor of ``kind``'s Pattentions at ``step``."""
-        held, target = self.held[kind], self.target[kind]
-        return held + self.fraction(step) * (target - held)
+        """Θ's factor of ``kind``'s Pattentions at ``step``: the target itself once there (n's
+        default, bit for bit, which the config then stands for)."""
+        held, target, fraction = self.held[kind], self.target[kind], self.fraction(step)
+        return held + fraction * (target - held) if fraction < 1.0 else target
 
     def apply(self, model: nn.Module, step: int) -> None:
-        """Set every Pattention's ``scale`` of ``model`` to its factor at ``step``; at the end
-        the config follows n again."""
+        """Set every Pattention's ``scale`` of ``model`` to its factor at ``step``, and the
+        config's ``{kind}_scale`` to the same factor, so that saving the model now writes the
+        function it computes; at the end the config follows n again (None)."""
         for name, module in model.pattentions().items():
             module.scale = self.factor(pattention_kind(name), step)
-        if self.fraction(step) >= 1.0:
-            for kind in self.target:
-                setattr(model.config, f"{kind}_scale", None)
+        done = self.fraction(step) >= 1.0
+        for kind in self.target:
+            setattr(model.config, f"{kind}_scale", None if done else self.factor(kind, step))
 
     def to_state(self) -> dict[str, Any]:
         """What a checkpoint saves (JSON, and the frontier's state file): the growth step and

@@ -183,7 +183,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
     names = group_names(model, optimizer)
     if freeze is not None:
         freeze.attach(model, optimizer)
-    if anneal is not None:  # a model rebuilt from its config holds the factor of the growth
+    if anneal is not None:  # start_step's (an earlier version's checkpoint saved the held one)
         anneal.apply(model, start_step)
     recorder = Recorder(cfg, world, run_dir=run_dir, start_step=start_step,
                         resumed=resume_from is not None, counters=counters, callbacks=callbacks,
