@@ -508,6 +508,35 @@ def test_sigterm_during_scale_says_what_was_kept(capsys, tmp_path, dataset_dir, 
         f"command to resume")
 
 
+def test_another_experiment_names_the_setting_that_differs(capsys, tmp_path, dataset_dir,
+                                                          monkeypatch):
+    """Issue 42: a folder started with ``--jobs 2`` (one thread per run) and rerun without it
+    was "another experiment (other preset, data, threads or compile mode)", not saying which."""
+    import tokenformer.cli.commands.scale as scale_command
+    from tokenformer.data.datasets import TokenDataset
+    from tokenformer.experiments.frontier import run as run_
+
+    preset, _ = _tiny_frontier(TokenDataset.open(dataset_dir).vocab_size)
+    monkeypatch.setattr(scale_command, "get_preset", lambda name, **kw: preset)
+
+    def stop(*args, **kwargs):  # experiment.json is written: the folder is this experiment's
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_, "run_sweeps", stop)
+    out, threads = tmp_path / "s", torch.get_num_threads()
+    argv = ("scale", "--data", dataset_dir, "--out", out, "--no-progress")
+    try:
+        assert run(capsys, *argv, "--jobs", "2")[0] == 130
+        code, _, err = run(capsys, *argv, "--threads", "2")
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 2
+    assert one_error_line(err) == (
+        f"error: {out} holds another experiment: threads is 1 there, 2 in this call (--threads; "
+        f"--jobs N runs one thread); rerun it as it was started, choose another --out or "
+        f"delete it")
+
+
 # ------------------------------------------------------------------ disk full in safetensors
 @pytest.fixture
 def disk_full(monkeypatch):
