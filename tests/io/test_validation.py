@@ -537,6 +537,67 @@ def test_another_experiment_names_the_setting_that_differs(capsys, tmp_path, dat
         f"delete it")
 
 
+# ------------------------------------------------------------------ disk full: scale, convert
+UNEXPECTED_POS = "[enforce fail at inline_container.cc:672] . unexpected pos 191872 vs 191760"
+
+
+@pytest.mark.parametrize("where", ["state", "runs"])
+def test_disk_full_during_scale_names_the_file_and_how_to_resume(capsys, tmp_path, dataset_dir,
+                                                                 monkeypatch, where):
+    """Issue 42: before, a bare "no space left on device". A state file (torch's zip writer
+    reports a full disk as "unexpected pos") or a finished run's record (an OSError without a
+    file name, as a failed write has) cannot be written."""
+    import errno
+
+    import tokenformer.cli.commands.scale as scale_command
+    from tokenformer.data.datasets import TokenDataset
+
+    preset, sweeps = _tiny_frontier(TokenDataset.open(dataset_dir).vocab_size)
+    monkeypatch.setattr(scale_command, "get_preset", lambda name, **kw: preset)
+    if where == "state":
+        def save(*args, **kwargs):
+            raise RuntimeError(UNEXPECTED_POS)
+
+        monkeypatch.setattr(torch, "save", save)
+    else:
+        write_text = Path.write_text
+
+        def full(self, *args, **kwargs):
+            if self.parent.name == "runs":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return write_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "s"
+    code, _, err = run(capsys, "scale", "--data", dataset_dir, "--out", out, "--no-progress")
+    assert code == 2
+    first = sweeps[0].id.replace("/", "__") + (".pt" if where == "state" else ".json")
+    assert one_error_line(err) == (
+        f"error: no space left on device writing {out / where / first}; finished runs are kept "
+        f"in {out / 'runs'} and the run in progress at its last branch or growth point in "
+        f"{out / 'state'}; free space and rerun the same command to resume")
+    assert not [p for p in out.rglob("*.tmp")]  # no temporary file left behind
+
+
+def test_disk_full_during_convert_to_hf_names_the_output(capsys, tmp_path, model_dir):
+    """Issue 42: before, transformers' "Writing model shards" bar, half drawn, then a bare "no
+    space left on device". transformers writes the weights with safetensors itself."""
+    pytest.importorskip("transformers")
+    from safetensors import SafetensorError
+    from transformers import modeling_utils
+
+    def save_file(*args, **kwargs):
+        raise SafetensorError(ENOSPC_MESSAGE)
+
+    out = tmp_path / "hf"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(modeling_utils, "safe_save_file", save_file)
+        line = refused(capsys, "convert", "to-hf", model_dir, out, match="error: no space")
+    assert line == (f"error: no space left on device writing {out}; nothing was written; free "
+                    f"space and rerun the same command")
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------ disk full in safetensors
 @pytest.fixture
 def disk_full(monkeypatch):
@@ -588,3 +649,6 @@ def test_disk_full_through_transformers_is_said_too():
 
     assert describe_failure(SafetensorError(ENOSPC_MESSAGE)) == "no space left on device"
     assert not is_disk_full(SafetensorError("Error while deserializing header: (os error 2)"))
+    # tokenizers (tokenizer.json of a conversion) raises a plain Exception in the same words
+    assert is_disk_full(Exception("No space left on device (os error 28)"))
+    assert not is_disk_full(Exception("No such file or directory (os error 2)"))
