@@ -39,6 +39,11 @@ class OutputError(DataError, ConfigError):
     and a ConfigError: what callers caught for an existing output before.)"""
 
 
+class DiskFullError(TokenFormerError):
+    """A write failed for lack of space (:func:`is_disk_full`); the message names the file, what
+    was kept, and to free space and rerun (:func:`tokenformer.io.files.stop_on_disk_full`)."""
+
+
 class DivergedError(TokenFormerError):
     """The training loss became non-finite. Experiments that probe learning rates catch it and
     record the run as diverged; everywhere else it is one error line."""
@@ -47,12 +52,14 @@ class DivergedError(TokenFormerError):
 def is_disk_full(exc: BaseException) -> bool:
     """True for a write that failed for lack of space: ``OSError(ENOSPC)`` (or EDQUOT), torch's
     zip writer, which reports it as ``RuntimeError: ... unexpected pos ...`` / ``file write
-    failed``, or safetensors' ``SafetensorError: ... (os error 28)``."""
+    failed``, safetensors' ``SafetensorError: ... (os error 28)``, or tokenizers' plain
+    ``Exception: No space left on device (os error 28)`` (``tokenizer.json`` of a conversion)."""
     codes = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
     if isinstance(exc, OSError):
         return exc.errno in codes
     text = str(exc)
-    if type(exc).__name__ == "SafetensorError":  # safetensors gives the OS error in words only
+    # the Rust libraries (safetensors, tokenizers) give the OS error in words only
+    if type(exc).__name__ in ("SafetensorError", "Exception"):
         return any(f"(os error {code})" in text for code in codes)
     return isinstance(exc, RuntimeError) and ("unexpected pos" in text
                                               or "file write failed" in text)

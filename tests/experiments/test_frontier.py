@@ -455,7 +455,9 @@ def test_two_jobs_write_the_results_of_one(tiny_run, dataset_dir, tmp_path):
 
 def test_another_experiment_in_the_same_out_is_refused(tiny_run, dataset_dir):
     other = dataclasses.replace(TINY, seeds=1)
-    with pytest.raises(ConfigError, match="another experiment"):
+    with pytest.raises(ConfigError, match=r"another experiment: preset\.seeds is 2 there, 1 in "
+                                          r"this call \(--preset, --seeds\); rerun it as it "
+                                          r"was started"):
         run_.run_frontier(other, data=dataset_dir, out=tiny_run[0], print_fn=lambda line: None)
 
 

@@ -85,7 +85,8 @@ def test_eager_fingerprint_is_unchanged_and_modes_never_mix(dataset_dir, tmp_pat
     assert not compiled_modules  # off: nothing compiled
     settings = json.loads((tmp_path / "eager" / "experiment.json").read_text())["settings"]
     assert "compile" not in settings  # so the committed eager experiments still resume
-    with pytest.raises(ConfigError, match=r"another experiment.*compile mode"):
+    with pytest.raises(ConfigError, match=r'another experiment: compile is "off" there, '
+                                          r'"default" in this call \(--compile\); '):
         run_.run_frontier(SMALL, out=tmp_path / "eager", compile="default", **quiet)
     with pytest.raises(ConfigError, match="unknown compile mode 'graphs'"):
         run_.run_frontier(SMALL, out=tmp_path / "other", compile="graphs", **quiet)

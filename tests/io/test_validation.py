@@ -320,11 +320,31 @@ def _torch_file(kind: str) -> bytes:
     return data[: len(data) // 2] if kind == "truncated" else data
 
 
+def _run_record(run, lr: float, **edit) -> bytes:
+    """The record ``execute`` writes for a finished ``run`` at ``lr`` (made-up losses), its
+    branches at the planned budgets; ``edit``: ``keep`` (the first so many branches), or
+    ``budget`` / ``budget_index`` (the last branch's value), or ``duplicate`` (its last branch
+    twice)."""
+    branches = [{"budget_index": b.budget_index, "budget": b.budget, "steps": b.steps,
+                 "decay_start": b.decay_start, "flops": b.flops, "tokens": 0,
+                 "size": run.stages[-1].size, "loss": 3.0, "bpb": 1.5} for b in run.branches]
+    branches = branches[:edit.pop("keep", len(branches))]
+    if edit.pop("duplicate", False):
+        branches.append(dict(branches[-1]))
+    branches[-1].update(edit)
+    return json.dumps({"lr": lr, "branches": branches,
+                       "timing": {"train_time": 1.0, "step_time": {}, "wall": 1.0}}).encode()
+
+
 @pytest.mark.parametrize("where, content", [
     ("runs", b"{not json"),
     ("runs", b"[]"),
     ("runs", b'{"lr": LR}'),
     ("runs", b"\xff\xfe"),
+    # issue 42: records whose budgets are not the plan's were taken as the run's results
+    pytest.param("runs", {"budget": 5.0}, id="runs-budget-edited"),
+    pytest.param("runs", {"budget_index": 1}, id="runs-budget-not-planned"),
+    pytest.param("runs", {"duplicate": True}, id="runs-budget-twice"),
     ("state", b""),
     ("state", b"PK\x03\x04 garbage"),
     ("state", "truncated"),
@@ -347,6 +367,7 @@ def test_damaged_scale_state_is_one_line_naming_the_file(capsys, tmp_path, datas
         path = out / where / (state_._safe(sweep.id) + (".json" if where == "runs" else ".pt"))
         path.parent.mkdir(parents=True, exist_ok=True)
         data = content.replace(b"LR", str(sweep.lr).encode()) if isinstance(content, bytes) \
+            else _run_record(sweep, sweep.lr, **content) if isinstance(content, dict) \
             else _torch_file(content)
         path.write_bytes(data)
     write_marker(out, "scale")  # as the interrupted earlier scale left it
@@ -356,6 +377,46 @@ def test_damaged_scale_state_is_one_line_naming_the_file(capsys, tmp_path, datas
     assert f"{out / where}{os.sep}" in line and " is damaged (" in line
     assert "; delete it to rerun that arm (sweep/" in line
     assert "weights_only" not in line and "Error:" not in line.split(" is damaged")[0]
+
+
+def test_a_run_record_without_every_planned_budget_is_damaged(tmp_path):
+    """Issue 42: ``scale --preset quick`` with 2 of the 4 branches of
+    ``runs/chain-paper__seed0.json`` kept, or a budget edited to 5.0, took the record as the
+    run's results (exit 0, nothing retrained, G1 answered at 3.8e11 FLOPs instead of 1.5e12).
+    A record must hold each budget its arm plans once, at the planned FLOPs."""
+    from types import SimpleNamespace
+
+    from tokenformer.experiments.frontier import plan as plan_
+    from tokenformer.experiments.frontier import presets as presets_
+    from tokenformer.experiments.frontier import state as state_
+
+    quick = presets_.get_preset("quick")
+    chain = next(r for r in plan_.plan(quick, 256, 4_000_000) if r.id == "chain-paper/seed0")
+    assert [b.budget for b in chain.branches] == [1.875e11, 3.75e11, 7.5e11, 1.5e12]
+    ctx, lrs = SimpleNamespace(out=tmp_path), (1e-3,) * len(chain.stages)
+    path = tmp_path / "runs" / "chain-paper__seed0.json"
+    path.parent.mkdir()
+    path.write_bytes(_run_record(chain, 1e-3))
+    assert [b["budget"] for b in state_._saved(ctx, chain, lrs)["branches"]] == [
+        1.875e11, 3.75e11, 7.5e11, 1.5e12]  # the whole record: the run's results, as before
+    for edit, detail in [
+        ({"keep": 2}, "it holds 2 of the 4 budgets its arm plans; missing: budget 2 "
+                      "(7.5e+11 FLOPs), budget 3 (1.5e+12 FLOPs)"),
+        ({"budget": 5.0}, "its budget 3 is 5.0 FLOPs, the plan's 1500000000000.0"),
+        ({"budget": 1.5e12 * (1 + 2 ** -52)},
+         "its budget 3 is 1500000000000.0002 FLOPs, the plan's 1500000000000.0"),
+        ({"budget_index": 4}, "it holds a branch at budget 4, which its arm does not plan (it "
+                              "plans 0, 1, 2, 3)"),
+        ({"budget_index": "3"}, "it holds a branch at budget '3', which its arm does not plan"),
+        ({"keep": 3, "duplicate": True}, "it holds budget 2 twice"),
+    ]:
+        path.write_bytes(_run_record(chain, 1e-3, **edit))
+        with pytest.raises(CheckpointError) as info:
+            state_._saved(ctx, chain, lrs)
+        assert str(info.value).startswith(f"{path} is damaged ({detail}"), edit
+        assert str(info.value).endswith("); delete it to rerun that arm (chain-paper/seed0)")
+    assert state_._saved(ctx, chain, (2e-3,) * len(chain.stages)) is None  # another LR's run:
+    # trained again and replaced, as before
 
 
 @pytest.mark.parametrize("content", [b"", b"{", b"[1]", b'{"curves": []}',
@@ -447,6 +508,96 @@ def test_sigterm_during_scale_says_what_was_kept(capsys, tmp_path, dataset_dir, 
         f"command to resume")
 
 
+def test_another_experiment_names_the_setting_that_differs(capsys, tmp_path, dataset_dir,
+                                                          monkeypatch):
+    """Issue 42: a folder started with ``--jobs 2`` (one thread per run) and rerun without it
+    was "another experiment (other preset, data, threads or compile mode)", not saying which."""
+    import tokenformer.cli.commands.scale as scale_command
+    from tokenformer.data.datasets import TokenDataset
+    from tokenformer.experiments.frontier import run as run_
+
+    preset, _ = _tiny_frontier(TokenDataset.open(dataset_dir).vocab_size)
+    monkeypatch.setattr(scale_command, "get_preset", lambda name, **kw: preset)
+
+    def stop(*args, **kwargs):  # experiment.json is written: the folder is this experiment's
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_, "run_sweeps", stop)
+    out, threads = tmp_path / "s", torch.get_num_threads()
+    argv = ("scale", "--data", dataset_dir, "--out", out, "--no-progress")
+    try:
+        assert run(capsys, *argv, "--jobs", "2")[0] == 130
+        code, _, err = run(capsys, *argv, "--threads", "2")
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 2
+    assert one_error_line(err) == (
+        f"error: {out} holds another experiment: threads is 1 there, 2 in this call (--threads; "
+        f"--jobs N runs one thread); rerun it as it was started, choose another --out or "
+        f"delete it")
+
+
+# ------------------------------------------------------------------ disk full: scale, convert
+UNEXPECTED_POS = "[enforce fail at inline_container.cc:672] . unexpected pos 191872 vs 191760"
+
+
+@pytest.mark.parametrize("where", ["state", "runs"])
+def test_disk_full_during_scale_names_the_file_and_how_to_resume(capsys, tmp_path, dataset_dir,
+                                                                 monkeypatch, where):
+    """Issue 42: before, a bare "no space left on device". A state file (torch's zip writer
+    reports a full disk as "unexpected pos") or a finished run's record (an OSError without a
+    file name, as a failed write has) cannot be written."""
+    import errno
+
+    import tokenformer.cli.commands.scale as scale_command
+    from tokenformer.data.datasets import TokenDataset
+
+    preset, sweeps = _tiny_frontier(TokenDataset.open(dataset_dir).vocab_size)
+    monkeypatch.setattr(scale_command, "get_preset", lambda name, **kw: preset)
+    if where == "state":
+        def save(*args, **kwargs):
+            raise RuntimeError(UNEXPECTED_POS)
+
+        monkeypatch.setattr(torch, "save", save)
+    else:
+        write_text = Path.write_text
+
+        def full(self, *args, **kwargs):
+            if self.parent.name == "runs":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return write_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "s"
+    code, _, err = run(capsys, "scale", "--data", dataset_dir, "--out", out, "--no-progress")
+    assert code == 2
+    first = sweeps[0].id.replace("/", "__") + (".pt" if where == "state" else ".json")
+    assert one_error_line(err) == (
+        f"error: no space left on device writing {out / where / first}; finished runs are kept "
+        f"in {out / 'runs'} and the run in progress at its last branch or growth point in "
+        f"{out / 'state'}; free space and rerun the same command to resume")
+    assert not [p for p in out.rglob("*.tmp")]  # no temporary file left behind
+
+
+def test_disk_full_during_convert_to_hf_names_the_output(capsys, tmp_path, model_dir):
+    """Issue 42: before, transformers' "Writing model shards" bar, half drawn, then a bare "no
+    space left on device". transformers writes the weights with safetensors itself."""
+    pytest.importorskip("transformers")
+    from safetensors import SafetensorError
+    from transformers import modeling_utils
+
+    def save_file(*args, **kwargs):
+        raise SafetensorError(ENOSPC_MESSAGE)
+
+    out = tmp_path / "hf"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(modeling_utils, "safe_save_file", save_file)
+        line = refused(capsys, "convert", "to-hf", model_dir, out, match="error: no space")
+    assert line == (f"error: no space left on device writing {out}; nothing was written; free "
+                    f"space and rerun the same command")
+    assert list(tmp_path.iterdir()) == []
+
+
 # ------------------------------------------------------------------ disk full in safetensors
 @pytest.fixture
 def disk_full(monkeypatch):
@@ -498,3 +649,6 @@ def test_disk_full_through_transformers_is_said_too():
 
     assert describe_failure(SafetensorError(ENOSPC_MESSAGE)) == "no space left on device"
     assert not is_disk_full(SafetensorError("Error while deserializing header: (os error 2)"))
+    # tokenizers (tokenizer.json of a conversion) raises a plain Exception in the same words
+    assert is_disk_full(Exception("No space left on device (os error 28)"))
+    assert not is_disk_full(Exception("No such file or directory (os error 2)"))

@@ -29,6 +29,8 @@ Decisions worth knowing:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 from transformers.convert_slow_tokenizer import bytes_to_unicode
+from transformers.utils import logging as hf_logging
 
 from ..data.tokenizer import EOS_TOKEN, ByteTokenizer, HFTokenizer, Tokenizer
 from ..errors import CheckpointError, ConfigError
@@ -134,11 +137,25 @@ def save_hf(model: TokenFormerLM | TokenFormerPreTrainedModel, out_dir: str | Pa
     generation = getattr(hf, "generation_config", None)
     if tokenizer is not None and tokenizer.pad_token_id is not None and generation is not None:
         generation.pad_token_id = tokenizer.pad_token_id  # <|padding|> for GPT-NeoX
-    with atomic_dir(Path(out_dir), overwrite=overwrite, command=command) as tmp:
+    with atomic_dir(Path(out_dir), overwrite=overwrite, command=command) as tmp, \
+            _no_progress_bars():
         hf.save_pretrained(tmp)  # + modeling_tokenformer.py, configuration_tokenformer.py
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return Path(out_dir)
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """Without transformers' "Writing model shards" bar: for the one shard of these folders it
+    says nothing, and a write that fails (a full disk) left it half drawn before the error."""
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def load_hf(path: str | Path, *, verify: bool = True, **kwargs: Any) -> TokenFormerForCausalLM:

@@ -22,7 +22,7 @@ import safetensors.torch
 import torch
 
 from .. import __version__
-from ..errors import OutputError, TokenFormerError, is_disk_full
+from ..errors import DiskFullError, OutputError, TokenFormerError, is_disk_full
 from .paths import has_regular_file
 
 try:
@@ -47,9 +47,11 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     try:
         yield Path(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, Exception) and is_disk_full(exc):  # say which file, not its temporary
+            raise _disk_full_at(path, exc) from None
         raise
 
 
@@ -75,7 +77,44 @@ def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path,
     except Exception as exc:
         if isinstance(exc, OSError) or not is_disk_full(exc):
             raise
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+        raise _disk_full_at(path, exc) from None
+
+
+def _disk_full_at(path: str | Path, exc: Exception) -> OSError:
+    """A full disk as the package reports it, whatever the writer said (``exc``: torch's zip
+    writer, safetensors, an OSError without a file name): ``OSError(ENOSPC)`` (EDQUOT when
+    ``exc`` is one) naming ``path``, which callers and the CLI show."""
+    code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.ENOSPC
+    return OSError(code, os.strerror(code), str(path))
+
+
+@contextlib.contextmanager
+def stop_on_disk_full(where: str | Path, then: str) -> Iterator[None]:
+    """Inside, a write that fails for lack of space (:func:`is_disk_full`) becomes one
+    :class:`DiskFullError` line: ``no space left on device writing FILE; THEN``. FILE: the one
+    the ``OSError`` names (every atomic write names its target; a file of the temporary folder
+    :func:`atomic_dir` builds for ``where``, by its name inside ``where``), else ``where``;
+    ``then``: what is kept and what to do (free space and rerun the same command)."""
+    try:
+        yield
+    except Exception as exc:
+        if not is_disk_full(exc):
+            raise
+        filename = getattr(exc, "filename", None)
+        raise DiskFullError(f"no space left on device writing "
+                            f"{_committed_name(filename, where) if filename else where}; "
+                            f"{then}") from None
+
+
+def _committed_name(filename: str | Path, where: str | Path) -> Path:
+    """``filename``, or, for a file inside the temporary folder :func:`atomic_dir` builds for
+    ``where`` (removed by now), the name it would have had in ``where``."""
+    path, target = Path(os.path.abspath(filename)), Path(os.path.abspath(where))
+    pattern = _temp_pattern(target)
+    for folder in path.parents:
+        if folder.parent == target.parent and pattern.fullmatch(folder.name):
+            return Path(where) / path.relative_to(folder)
+    return Path(filename)
 
 
 # ------------------------------------------------------------------ the output marker

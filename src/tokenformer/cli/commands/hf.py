@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from ...errors import ConfigError
+from ...io.files import stop_on_disk_full
 from ...io.outputs import check_output
 
 
@@ -18,21 +20,30 @@ def _hf():
     return convert
 
 
+def _on_disk_full(out_dir: str) -> contextlib.AbstractContextManager[None]:
+    """A conversion builds its folder under a temporary name (removed on failure) and renames it
+    when complete: a full disk leaves ``out_dir`` as it was."""
+    return stop_on_disk_full(out_dir, "nothing was written; free space and rerun the same "
+                                      "command")
+
+
 def convert_official(args: argparse.Namespace) -> None:
     check_output(args.out_dir, [args.checkpoint, args.tokenizer], command="convert official",
                  overwrite=args.overwrite, flag="out_dir")
-    out = _hf().convert_official(args.checkpoint, args.out_dir, tokenizer=args.tokenizer,
-                                 overwrite=args.overwrite, num_heads=args.num_heads,
-                                 rotary_pct=args.rotary_pct, max_seq_len=args.max_seq_len,
-                                 norm=args.norm, command="convert official")
+    with _on_disk_full(args.out_dir):
+        out = _hf().convert_official(args.checkpoint, args.out_dir, tokenizer=args.tokenizer,
+                                     overwrite=args.overwrite, num_heads=args.num_heads,
+                                     rotary_pct=args.rotary_pct, max_seq_len=args.max_seq_len,
+                                     norm=args.norm, command="convert official")
     _print_loadable(out)
 
 
 def convert_to_hf(args: argparse.Namespace) -> None:
     check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-hf",
                  overwrite=args.overwrite, flag="out_dir")
-    out = _hf().convert_to_hf(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
-                              overwrite=args.overwrite, command="convert to-hf")
+    with _on_disk_full(args.out_dir):
+        out = _hf().convert_to_hf(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
+                                  overwrite=args.overwrite, command="convert to-hf")
     _print_loadable(out)
 
 
@@ -44,8 +55,9 @@ def _print_loadable(out: object) -> None:
 def convert_to_official(args: argparse.Namespace) -> None:
     check_output(args.out_dir, [args.model_dir, args.tokenizer], command="convert to-official",
                  overwrite=args.overwrite, flag="out_dir")
-    out = _hf().convert_to_official(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
-                                    overwrite=args.overwrite, command="convert to-official")
+    with _on_disk_full(args.out_dir):
+        out = _hf().convert_to_official(args.model_dir, args.out_dir, tokenizer=args.tokenizer,
+                                        overwrite=args.overwrite, command="convert to-official")
     print(f"wrote {out} (pytorch_model.bin in the official GPT-NeoX TokenFormer key layout, fp32; "
           f"config.json)")
 

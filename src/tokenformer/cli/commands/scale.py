@@ -12,6 +12,7 @@ import torch
 from ...data.datasets import TokenDataset
 from ...errors import ConfigError
 from ...experiments.frontier import COMPILE, PRESETS, describe, get_preset, run_frontier
+from ...io.files import stop_on_disk_full
 from ...io.outputs import check_run_folder, hold_run_folder
 from ...training.signals import interrupt_on_signal
 from ..options import device, positive
@@ -34,9 +35,10 @@ def scale(args: argparse.Namespace) -> int:
 
     out = args.out or f"runs/scale-{args.preset}"
     # finished runs and in-progress states are written atomically as the experiment goes
-    with interrupt_on_signal(f"finished runs are kept in {Path(out) / 'runs'} and the run in "
-                             f"progress at its last branch or growth point in "
-                             f"{Path(out) / 'state'}; rerun the same command to resume"):
+    kept = (f"finished runs are kept in {Path(out) / 'runs'} and the run in progress at its last "
+            f"branch or growth point in {Path(out) / 'state'}")
+    with interrupt_on_signal(f"{kept}; rerun the same command to resume"), \
+            stop_on_disk_full(out, f"{kept}; free space and rerun the same command to resume"):
         run_frontier(preset, data=args.data, out=out, device=args.device, dtype=args.dtype,
                      progress=False if args.no_progress else None,
                      command=command_line("scale") or "tokenformer scale",

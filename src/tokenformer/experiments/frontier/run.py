@@ -233,6 +233,44 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
                     command=command, plots=plots)
 
 
+# The options that set each of the settings an experiment's fingerprint covers
+_OPTION_OF = {"preset": "--preset, --seeds", "data": "--data", "device": "--device",
+              "precision": "--dtype", "threads": "--threads; --jobs N runs one thread",
+              "compile": "--compile", "schema": "another version of tokenformer"}
+
+
+def _changed_setting(old: Any, new: dict[str, Any]) -> str:
+    """The first setting (a dotted field of ``settings``) in which the experiment saved in a
+    folder (``old``, its experiment.json's) and this call (``new``) differ: the field, both
+    values and the option that sets it, and how many other fields differ."""
+    def leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+        if not isinstance(value, dict):
+            return {prefix: value}
+        return {k: v for key, inner in value.items()
+                for k, v in leaves(inner, f"{prefix}.{key}" if prefix else str(key)).items()}
+
+    def flat(settings: Any) -> dict[str, Any]:  # compile is recorded only when not off
+        return leaves({**settings, "compile": settings.get("compile", "off")})
+
+    if not isinstance(old, dict):
+        return "its experiment.json records no settings"
+    here = flat(json.loads(json.dumps(new)))  # as experiment.json holds them: lists, not tuples
+    there = flat(old)
+    differ = [k for k in {**here, **there} if k not in here or k not in there
+              or here[k] != there[k]]
+    if not differ:
+        return "its fingerprint does not match its settings"
+    first, others = differ[0], len(differ) - 1
+
+    def shown(settings: dict[str, Any]) -> str:
+        return json.dumps(settings[first]) if first in settings else "absent"
+
+    more = (f"; {others} other field{'s differ' if others > 1 else ' differs'} too"
+            if others else "")
+    return (f"{first} is {shown(there)} there, {shown(here)} in this call "
+            f"({_OPTION_OF.get(first.split('.')[0], first)}){more}")
+
+
 def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], key: str,
          data_info: dict[str, Any], out: Path, *, print_fn: Any, command: str | None,
          plots: bool) -> dict[str, Any]:
@@ -240,11 +278,13 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
     out.mkdir(parents=True, exist_ok=True)
     marker = out / "experiment.json"
     resumed = marker.is_file()
-    if resumed and read_saved_json(marker, lambda d: isinstance(d, dict), f"choose another "
-                                   f"--out, or delete {out} to start over"
-                                   ).get("fingerprint") != key:
-        raise ConfigError(f"{out} holds another experiment (other preset, data, threads or "
-                          f"compile mode); choose another --out or delete it")
+    if resumed:
+        saved = read_saved_json(marker, lambda d: isinstance(d, dict), f"choose another --out, "
+                                f"or delete {out} to start over")
+        if saved.get("fingerprint") != key:
+            raise ConfigError(f"{out} holds another experiment: "
+                              f"{_changed_setting(saved.get('settings'), settings)}; rerun it "
+                              f"as it was started, choose another --out or delete it")
     atomic_write_text(marker, json.dumps({"fingerprint": key, "settings": settings}, indent=1))
     sweep_runs = plan_.sweep_plan(preset, ds.vocab_size)
     ctx.total = len(sweep_runs) + len(runs)

@@ -212,9 +212,40 @@ def lr_record(lrs: tuple[float, ...]) -> float | list[float]:
 
 
 def _saved(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any] | None:
-    """The run's results when an earlier invocation (or a worker) finished it at these LRs."""
+    """The run's results when an earlier invocation (or a worker) finished it at these LRs;
+    :func:`damaged` when they do not hold exactly the budgets the run plans."""
     path = _result_path(ctx, run)
     if not path.is_file():
         return None
     saved = read_saved_json(path, _is_result, _rerun(run))
-    return saved if saved.get("lr") == lr_record(lrs) else None
+    if saved.get("lr") != lr_record(lrs):  # of another run: trained again, and replaced
+        return None
+    unplanned = _unplanned_budgets(run, saved["branches"])
+    if unplanned:
+        raise damaged(path, unplanned, _rerun(run))
+    return saved
+
+
+def _unplanned_budgets(run: Run, branches: list[dict[str, Any]]) -> str | None:
+    """How the budgets of a finished run's saved ``branches`` differ from those ``run`` plans
+    (each planned budget index once, at its planned FLOPs, and no other), or None. A record cut
+    short or edited would otherwise be reported as the run's results: the report answers its
+    questions at the last budget it finds. The FLOPs compare exactly: JSON writes a float's
+    shortest repr, which reads back as the same float."""
+    planned = {b.budget_index: b.budget for b in run.branches}
+    held: set[int] = set()
+    for branch in branches:
+        index, budget = branch["budget_index"], branch["budget"]
+        if type(index) is not int or index not in planned:
+            return (f"it holds a branch at budget {index!r}, which its arm does not plan (it "
+                    f"plans {', '.join(map(str, planned))})")
+        if index in held:
+            return f"it holds budget {index} twice"
+        if budget != planned[index]:
+            return f"its budget {index} is {budget!r} FLOPs, the plan's {planned[index]!r}"
+        held.add(index)
+    missing = [j for j in planned if j not in held]
+    if missing:
+        return (f"it holds {len(held)} of the {len(planned)} budgets its arm plans; missing: "
+                + ", ".join(f"budget {j} ({planned[j]:.3g} FLOPs)" for j in missing))
+    return None
