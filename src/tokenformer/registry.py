@@ -23,7 +23,7 @@ from typing import Any
 
 
 @dataclass(frozen=True)
-class FieldRule:
+class EntryRule:
     """What one field of a registered entry must hold: ``ok(value)``, and ``text``, the words
     for it in the refusal (``tokens must be {text}, got ...``)."""
 
@@ -31,13 +31,13 @@ class FieldRule:
     text: str
 
 
-def function_rule(signature: str, *, optional: bool = False) -> FieldRule:
+def function_rule(signature: str, *, optional: bool = False) -> EntryRule:
     """A callable (``signature``: its arguments and result, in words); ``optional``: or None."""
-    return FieldRule(lambda value: callable(value) or (optional and value is None),
+    return EntryRule(lambda value: callable(value) or (optional and value is None),
                      f"a function {signature}" + (" or None" if optional else ""))
 
 
-def instance_rule(kind: type, text: str, *, optional: bool = False) -> FieldRule:
+def instance_rule(kind: type, text: str, *, optional: bool = False) -> EntryRule:
     """An instance of ``kind`` that is not a bool (True is an int to isinstance); ``optional``:
     or None."""
     def ok(value: object) -> bool:
@@ -45,11 +45,11 @@ def instance_rule(kind: type, text: str, *, optional: bool = False) -> FieldRule
             return optional
         return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
 
-    return FieldRule(ok, text + (" or None" if optional else ""))
+    return EntryRule(ok, text + (" or None" if optional else ""))
 
 
 FLAG_RULE = instance_rule(bool, "True or False")
-TEXT_RULE = FieldRule(lambda value: isinstance(value, str) and bool(value.strip()),
+TEXT_RULE = EntryRule(lambda value: isinstance(value, str) and bool(value.strip()),
                       "a non-empty string")
 NAME_TEXT = ("a non-empty string without spaces, ',' or '=' (options such as --grow-at write it "
              "as key=value)")
@@ -82,7 +82,7 @@ class Registry:
     table: dict[str, Any]
     kind: type
     error: type[Exception]
-    fields: Mapping[str, FieldRule] = field(default_factory=dict)
+    fields: Mapping[str, EntryRule] = field(default_factory=dict)
     built_in: tuple[str, ...] = ()
     reserved: Mapping[str, str] = field(default_factory=dict)
     alias_field: str | None = None

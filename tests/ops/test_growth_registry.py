@@ -18,21 +18,18 @@ from tokenformer.models.baselines import TransformerConfig, TransformerLM
 from tokenformer.ops.growth import (
     RECIPES,
     STRATEGY,
-    WIDENINGS,
     GrowthOptions,
     Strategy,
-    Widening,
     canonical_recipe,
     grow,
     grow_with_optimizer,
     register_strategy,
-    register_widening,
     resets_optimizer,
     unregister_strategy,
-    unregister_widening,
+    widening,
 )
 from tokenformer.ops.growth.tokens import exact_tokens, zero_key_tokens
-from tokenformer.ops.growth.widening import zero_units
+from tokenformer.ops.growth.widening import WIDENINGS, Widening, zero_units
 from tokenformer.training.growth_events import GROW_KEYS, parse_grow_at
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
@@ -172,23 +169,24 @@ NAME = "must be a non-empty string without spaces, ',' or '=' (options such as -
      f"growth strategy 'x': every other name {NAME}"),
     (lambda: register_strategy(Strategy("x", exact_tokens, aliases=("x",))),
      "growth strategy 'x' gives one name twice: x, x"),
-    (lambda: register_widening(None), "an MLP widening must be a Widening, got None"),
-    (lambda: register_widening("zero"), "an MLP widening must be a Widening, got str 'zero'"),
-    (lambda: register_widening(Widening("duplicate", zero_units, "copies")),
+    (lambda: widening.register_widening(None), "an MLP widening must be a Widening, got None"),
+    (lambda: widening.register_widening("zero"),
+     "an MLP widening must be a Widening, got str 'zero'"),
+    (lambda: widening.register_widening(Widening("duplicate", zero_units, "copies")),
      "an MLP widening cannot be named 'duplicate': that name is grow's widening by "
      "duplication"),
-    (lambda: register_widening(Widening("zero", zero_units, "again")),
+    (lambda: widening.register_widening(Widening("zero", zero_units, "again")),
      "an MLP widening named 'zero' is already registered; choose another name"),
-    (lambda: register_widening(Widening("", zero_units, "nameless")),
+    (lambda: widening.register_widening(Widening("", zero_units, "nameless")),
      f"an MLP widening's name {NAME}"),
-    (lambda: register_widening(Widening("w", 42, "a number")),
+    (lambda: widening.register_widening(Widening("w", 42, "a number")),
      "MLP widening 'w': units must be a function (old mlp, new mlp, generator, init_std) -> "
      "None, filling the new MLP's weights, got int 42"),
-    (lambda: register_widening(Widening("w", zero_units, " ")),
+    (lambda: widening.register_widening(Widening("w", zero_units, " ")),
      "MLP widening 'w': what must be a non-empty string, got str ' '"),
-    (lambda: unregister_widening("net2net"),
+    (lambda: widening.unregister_widening("net2net"),
      "MLP widening 'net2net' is built in and cannot be unregistered"),
-    (lambda: unregister_widening("nope"),
+    (lambda: widening.unregister_widening("nope"),
      "no MLP widening named 'nope' is registered (registered: none, besides the built-in "
      "zero, net2net)"),
 ])
@@ -213,15 +211,15 @@ def test_a_registered_widening_grows_a_baseline_and_leaves_again() -> None:
     torch.manual_seed(0)
     model = TransformerLM(TransformerConfig(vocab_size=97, hidden_size=32, num_layers=2,
                                             num_heads=4, intermediate_size=24, max_seq_len=16))
-    widening = Widening("zero-again", zero_units, "zero's units, under another name")
+    again = Widening("zero-again", zero_units, "zero's units, under another name")
     try:
-        assert register_widening(widening) is widening
+        assert widening.register_widening(again) is again
         grown = grow(model, ffn=40, widen="zero-again", generator=gen())
         ids = torch.randint(0, 97, (2, 16), generator=gen(1))
         with torch.no_grad():  # zero outgoing weights (the sum's order may differ: 1e-6)
             torch.testing.assert_close(grown(ids).logits, model(ids).logits, rtol=0, atol=1e-6)
         assert not grown.layers[0].mlp.down.weight[:, 24:].any()
     finally:
-        unregister_widening("zero-again")
+        widening.unregister_widening("zero-again")
     with pytest.raises(GrowthError, match="unknown MLP widening widen='zero-again'"):
         grow(model, ffn=40, widen="zero-again")

@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..registry import FLAG_RULE, FieldRule, Registry, function_rule, instance_rule
+from ..registry import FLAG_RULE, EntryRule, Registry, function_rule, instance_rule
 
 _gelu_backward_ = torch.ops.aten.gelu_backward.grad_input  # out= variant: may write into grad
 
@@ -320,7 +320,7 @@ THETA_VARIANTS: tuple[str, ...] = tuple(THETAS)
 _REGISTRY = Registry("Θ variant", THETAS, ThetaVariant, ConfigError, fields={
     "reference": function_rule("(scores, scale, eps) -> Θ(scores)"),
     "default_scale": function_rule("(num_tokens) -> the factor s"),
-    "flops_per_score": FieldRule(lambda n: isinstance(n, int) and not isinstance(n, bool)
+    "flops_per_score": EntryRule(lambda n: isinstance(n, int) and not isinstance(n, bool)
                                  and n >= 0, "a whole number of FLOPs >= 0"),
     "normaliser": function_rule("(scores) -> the per-row normaliser", optional=True),
     "zero_keys_silent": FLAG_RULE,
