@@ -93,7 +93,7 @@ from .options import (
     parse_growth_request,
     refuse_unsupported,
 )
-from .plan import plan_growth, refuse_product_ffn
+from .plan import plan_growth, refuse_product_ffn, widening_refusal
 from .report import max_logit_change
 from .sizes import default_positions, resolve_size, size_request, width_factor
 from .stages import BRANCH_OUTPUTS, grow, grow_with_optimizer
@@ -127,5 +127,5 @@ __all__ = [
     "rebuild", "recipe_alias_note", "refuse_product_ffn", "refuse_unsupported",
     "register_strategy", "register_widening", "resets_optimizer", "resolve_size",
     "size_request", "strategy_names", "unregister_strategy", "unregister_widening",
-    "widen_names", "width_factor",
+    "widen_names", "widening_refusal", "width_factor",
 ]
