@@ -2,7 +2,8 @@
 an output or an input, a seed beyond 32 bits, a fractional top-k on the command line (what
 ``--help`` promises), and ``train --resume`` given a model folder (a grow output). Issue 42's:
 ``generate --top-k-tokens`` of a Transformer baseline (ignored in silence), ``grow --widen`` of
-one (answered in ``--grow-at`` keys and TokenFormer words)."""
+one (answered in ``--grow-at`` keys and TokenFormer words), and a Triton fallback shown as
+Python's two-line RuntimeWarning."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
 from tokenformer.models.baselines import TransformerConfig, TransformerLM
+from tokenformer.nn.kernels import triton_theta
 from tokenformer.training.config import load_config
 
 
@@ -158,3 +160,21 @@ def test_decode_and_widening_flags_of_a_baseline_answer_in_their_words(
     assert not any(text in line for text in not_said), line
     assert not (tmp_path / "new").exists()
 
+
+def test_a_triton_fallback_is_one_warning_line(capsys, monkeypatch, tmp_path):
+    """``--pattention-impl triton`` on a CPU without TRITON_INTERPRET falls back to the fused
+    path, as documented; the CLI said so in Python's two lines (the file, line number, category
+    and the caller's source line). Now: one ``warning:`` line, the run unchanged."""
+    monkeypatch.setattr(triton_theta, "_INTERPRET", False)
+    monkeypatch.setattr(triton_theta, "_state", {})  # it warns once per process
+    assert main(["train", "--config", "tiny", "--pattention-impl", "triton", "--steps", "1",
+                 "--samples", "0", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "triton" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("warning: Pattention impl 'triton' falls back to 'fused': "), err
+    if triton_theta.available():  # installed: the reason is the CPU, and what to do about it
+        assert lines[0].endswith("no Triton Θ for l2_norm_gelu float32 scores on cpu; set "
+                                 "TRITON_INTERPRET=1 before starting to run it on the CPU "
+                                 "(Triton's interpreter, slow)"), err
+    assert "RuntimeWarning" not in err and "Warning:" not in err, err
