@@ -71,12 +71,11 @@ class Registry:
     """One table of named entries and the checks of :meth:`add` and :meth:`remove`.
 
     ``noun``: what one entry is called (``"growth strategy"``), ``article`` its article;
-    ``table``: the dict itself;
-    ``kind``: the entries' class; ``error``: the class the refusals raise (the registry's
-    layer's: ConfigError, GrowthError); ``fields``: the rule of each field of an entry to check;
-    ``built_in``: names :meth:`remove` refuses; ``reserved``: names taken that are no entry of
-    the table, and what each names (``widen=duplicate``); ``alias_field``: the field holding an
-    entry's other names (strategies' old names), taken like names."""
+    ``table``: the dict itself; ``kind``: the entries' class; ``error``: the class the refusals
+    raise (the registry's layer's: ConfigError, GrowthError); ``fields``: the rule of each field
+    of an entry to check; ``built_in``: names :meth:`remove` refuses; ``reserved``: names taken
+    that are no entry of the table, and what each names (``widen=duplicate``); ``alias_field``:
+    the field holding an entry's other names (strategies' old names), taken like names."""
 
     noun: str
     table: dict[str, Any]
@@ -89,6 +88,7 @@ class Registry:
     article: str = "a"
 
     def aliases(self, entry: Any) -> tuple[str, ...]:
+        """``entry``'s other names (none unless :attr:`alias_field` is set)."""
         return tuple(getattr(entry, self.alias_field)) if self.alias_field else ()
 
     def add(self, name: object, entry: object) -> None:

@@ -35,6 +35,7 @@ from ...ops.growth import (
     HOWS,
     PLAN_KEYS,
     GrowthOptions,
+    as_key,
     grow_with_optimizer,
     max_logit_change,
     plan_growth,
@@ -252,11 +253,9 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _flag(key: str, value: object = None) -> str:
-    """A growth option as this command's flags write it: ``--ffn 64``, ``--width-noise``."""
-    flag = "--" + key.replace("_", "-")
-    if isinstance(value, list):
-        value = ",".join(map(str, value))
-    return flag if value is None else f"{flag} {value}"
+    """A growth option as this command's flags write it: ``--ffn 64``, ``--width-noise`` (the
+    key form, ``width-noise=0.1``, with the flag's dashes and a space for its ``=``)."""
+    return "--" + as_key(key.replace("_", "-"), value).replace("=", " ", 1)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

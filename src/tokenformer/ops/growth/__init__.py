@@ -93,7 +93,7 @@ from .options import (
     parse_growth_request,
     refuse_unsupported,
 )
-from .plan import plan_growth, refuse_product_ffn, widening_refusal
+from .plan import as_key, plan_growth, refuse_product_ffn, widening_refusal
 from .report import max_logit_change
 from .sizes import default_positions, resolve_size, size_request, width_factor
 from .stages import BRANCH_OUTPUTS, grow, grow_with_optimizer
@@ -121,8 +121,8 @@ __all__ = [
     "BRANCH_OUTPUTS", "FOREVER", "HOWS", "NEW_ROW_MOMENTS", "OLD_TOKEN_KEYS", "OPTION_KEYS",
     "PLAN_KEYS", "RECIPES", "RECIPE_ALIASES", "RELEASED", "REQUEST_KEYS", "STRATEGIES",
     "STRATEGY", "TEXT_KEYS", "TOKEN_TENSORS", "WIDENINGS", "GrowthOptions", "OldTokens",
-    "Strategy", "Widening",
-    "canonical_recipe", "default_positions", "freeze_request", "grow", "grow_with_optimizer",
+    "Strategy", "Widening", "as_key", "canonical_recipe", "default_positions", "freeze_request",
+    "grow", "grow_with_optimizer",
     "grown_tokens", "max_logit_change", "old_tokens", "parse_growth_request", "plan_growth",
     "rebuild", "recipe_alias_note", "refuse_product_ffn", "refuse_unsupported",
     "register_strategy", "register_widening", "resets_optimizer", "resolve_size",
