@@ -26,6 +26,12 @@ class GrowthError(TokenFormerError, ValueError):
     """A requested growth is impossible (shrinking, or growing what tokens cannot grow)."""
 
 
+class TokenFormerWarning(RuntimeWarning):
+    """A warning whose message is meant for the user (a documented fallback, e.g. a Θ kernel
+    that cannot run here): the CLI prints it as one ``warning:`` line, without the source line
+    Python's warnings add; in Python it is the RuntimeWarning it always was."""
+
+
 class PathError(CheckpointError, DataError, ConfigError):
     """An input path is missing or is not a regular file (a directory, FIFO, device, socket), or
     is a symbolic link inside a model, adapter, dataset or run folder

@@ -1,6 +1,9 @@
 """The unclear lines of issue 36, each now one line naming the argument: a symbolic link loop as
 an output or an input, a seed beyond 32 bits, a fractional top-k on the command line (what
-``--help`` promises), and ``train --resume`` given a model folder (a grow output)."""
+``--help`` promises), and ``train --resume`` given a model folder (a grow output). Issue 42's:
+``generate --top-k-tokens`` of a Transformer baseline (ignored in silence), ``grow --widen`` of
+one (answered in ``--grow-at`` keys and TokenFormer words), and a Triton fallback shown as
+Python's two-line RuntimeWarning."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import torch
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.cli import main
+from tokenformer.models.baselines import TransformerConfig, TransformerLM
+from tokenformer.nn.kernels import triton_theta
 from tokenformer.training.config import load_config
 
 
@@ -22,6 +27,17 @@ def model_dir(tmp_path) -> Path:
         ffn_tokens=8, max_seq_len=32, eos_token_id=None))
     model.save(tmp_path / "model")
     return tmp_path / "model"
+
+
+@pytest.fixture
+def baseline_dir(tmp_path) -> Path:
+    """A Transformer baseline of 32 MLP units whose vocabulary is the byte tokenizer's."""
+    torch.manual_seed(0)
+    model = TransformerLM(TransformerConfig(
+        vocab_size=257, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+        max_seq_len=32, eos_token_id=None))
+    model.save(tmp_path / "baseline")
+    return tmp_path / "baseline"
 
 
 @pytest.fixture
@@ -111,3 +127,54 @@ def test_a_memory_error_without_a_message_says_out_of_memory():
     from tokenformer.cli import describe_failure
 
     assert describe_failure(MemoryError()).startswith("MemoryError: out of memory")
+
+
+@pytest.mark.parametrize(("argv", "said", "not_said"), [
+    # was exit 0, the text byte-identical to a run without the flag
+    (["generate", "{model}", "--prompt", "ab", "--tokenizer", "bytes", "--top-k-tokens", "4"],
+     ["top-k tokens: a Transformer baseline (transformer) has no parameter tokens to select"],
+     []),
+    # was "widen=zero widens the MLP alone: give ffn= (its new width) and nothing else; ..."
+    (["grow", "{model}", "{new}", "--widen", "zero"],
+     ["--widen zero widens the MLP to the width --ffn gives: give it (e.g. --ffn 2x)"], ["="]),
+    # was "ffn: the MLP already has 32 units; widen= needs more"
+    (["grow", "{model}", "{new}", "--widen", "zero", "--ffn", "32"],
+     ["the MLP already has 32 units", "give more than 32 (e.g. 64, or 2x)"], ["="]),
+    # was "...; growth only adds parameter tokens or blocks"
+    (["grow", "{model}", "{new}", "--widen", "net2net", "--ffn", "16"],
+     ["ffn: cannot shrink from 32 to 16; growth only adds MLP units"], ["parameter tokens"]),
+    (["grow", "{model}", "{new}", "--widen", "net2net", "--ffn", "64", "--layers", "2",
+      "--how", "stack"],
+     ["--widen net2net widens the MLP alone: --layers 2, --how stack make another growth"],
+     ["="]),
+    # was the "give ffn= ... and nothing else" line, naming neither the flag nor the cause
+    (["grow", "{model}", "{new}", "--widen", "zero", "--ffn", "64", "--width-noise", "0.1"],
+     ["--width-noise 0.1: --width-noise is the symmetry-breaking noise of a widening by "
+      "duplication (--widen duplicate, or --hidden); --widen zero makes its new units its own "
+      "way"], ["="]),
+])
+def test_decode_and_widening_flags_of_a_baseline_answer_in_their_words(
+        capsys, baseline_dir, tmp_path, argv, said, not_said):
+    line = one_line(capsys, [a.format(model=baseline_dir, new=tmp_path / "new") for a in argv])
+    assert all(text in line for text in said), line
+    assert not any(text in line for text in not_said), line
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_triton_fallback_is_one_warning_line(capsys, monkeypatch, tmp_path):
+    """``--pattention-impl triton`` on a CPU without TRITON_INTERPRET falls back to the fused
+    path, as documented; the CLI said so in Python's two lines (the file, line number, category
+    and the caller's source line). Now: one ``warning:`` line, the run unchanged."""
+    monkeypatch.setattr(triton_theta, "_INTERPRET", False)
+    monkeypatch.setattr(triton_theta, "_state", {})  # it warns once per process
+    assert main(["train", "--config", "tiny", "--pattention-impl", "triton", "--steps", "1",
+                 "--samples", "0", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "triton" in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("warning: Pattention impl 'triton' falls back to 'fused': "), err
+    if triton_theta.available():  # installed: the reason is the CPU, and what to do about it
+        assert lines[0].endswith("no Triton Θ for l2_norm_gelu float32 scores on cpu; set "
+                                 "TRITON_INTERPRET=1 before starting to run it on the CPU "
+                                 "(Triton's interpreter, slow)"), err
+    assert "RuntimeWarning" not in err and "Warning:" not in err, err

@@ -142,6 +142,20 @@ def test_cache_under_both_names_refused(hf_dir):
               past_key_values=DynamicCache(config=model.config))
 
 
+def test_generate_refuses_a_cache_under_both_names(hf_dir):
+    """transformers' generate warned and used cache=, dropping past_key_values= (issue 42): now
+    the refusal forward makes, before either cache is touched."""
+    from transformers import DynamicCache
+
+    model = H.load_hf(hf_dir)
+    old_name, new_name = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    with pytest.raises(H.modeling.ConfigError, match=re.escape(
+            H.modeling.BOTH_CACHE_NAMES_REFUSED)):
+        model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=2, past_key_values=old_name,
+                       cache=new_name)
+    assert old_name.get_seq_length() == new_name.get_seq_length() == 0
+
+
 # --------------------------------------------------------------------------------- generation
 @pytest.mark.parametrize("use_cache", [True, False])
 def test_greedy_generate_equals_core(core, hf_dir, use_cache):

@@ -267,6 +267,27 @@ def test_sliding_window_cache_refused(folder):
         model(batch(B=1), past_key_values=cache)
 
 
+def test_a_sliding_window_in_the_config_says_to_unset_it(folder):
+    """With config.sliding_window set transformers builds even the default dynamic cache as a
+    sliding window; the refusal used to advise that very cache (issue 42). It now says to unset
+    sliding_window, after which generate gives the tokens it gives without one; without a cache
+    it runs as it did."""
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    ids = batch(B=1)
+    plain = model.generate(ids, max_new_tokens=6, min_new_tokens=6)
+    model.config.sliding_window = 4
+    for kwargs in ({}, {"cache_implementation": "static"}):
+        with pytest.raises(ConfigError) as refused:
+            model.generate(ids, max_new_tokens=6, min_new_tokens=6, **kwargs)
+        assert "config.sliding_window is 4" in str(refused.value)
+        assert "set model.config.sliding_window = None" in str(refused.value)
+        assert str(refused.value) == H.modeling.SLIDING_WINDOW_REFUSED.format(window=4)
+    uncached = model.generate(ids, max_new_tokens=6, min_new_tokens=6, use_cache=False)
+    model.config.sliding_window = None
+    assert torch.equal(model.generate(ids, max_new_tokens=6, min_new_tokens=6), plain)
+    assert torch.equal(uncached, plain)
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_attn_implementation_accepted(folder, attn):
     reference = AutoModelForCausalLM.from_pretrained(folder)

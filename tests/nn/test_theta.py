@@ -128,12 +128,65 @@ def test_unregistered_theta_is_refused_with_the_built_in_choices():
     with pytest.raises(ConfigError, match=re.escape(
             f"norm must be one of {BUILT_IN}, got {TOY!r}")):
         TokenFormerConfig.from_name("tiny", norm=TOY)
-    with pytest.raises(ConfigError, match="built-in"):
+    with pytest.raises(ConfigError, match="built in"):
         unregister_theta("softmax")
     with pytest.raises(ConfigError, match="already registered"):
         register_theta("gelu", THETAS["gelu"])
     with pytest.raises(ConfigError, match="no Θ variant"):
         unregister_theta(TOY)
+
+
+def _row(**fields: Any) -> ThetaVariant:
+    """The plain-GELU row with ``fields`` replaced (built without __post_init__'s rules in the
+    way: those concern exact_growth alone)."""
+    return ThetaVariant(**{**{f: getattr(THETAS["gelu"], f) for f in (
+        "reference", "default_scale", "flops_per_score", "normaliser", "zero_keys_silent",
+        "exact_growth", "fan_in_keys", "fused", "cpu_kernel", "triton")}, **fields})
+
+
+@pytest.mark.parametrize(("name", "variant", "message"), [
+    (5, None, "a Θ variant's name must be a non-empty string without spaces, ',' or '=' "
+              "(options such as --grow-at write it as key=value), got int 5"),
+    ("", None, "a Θ variant's name must be a non-empty string without spaces, ',' or '=' "
+               "(options such as --grow-at write it as key=value), got str ''"),
+    ("my norm", None, "got str 'my norm'"),
+    ("a=b", None, "got str 'a=b'"),
+    ("x", "abc", "a Θ variant must be a ThetaVariant, got str 'abc'"),
+    ("x", {"reference": "abc"},
+     "Θ variant 'x': reference must be a function (scores, scale, eps) -> Θ(scores), got "
+     "str 'abc'"),
+    ("x", {"default_scale": 2.0}, "Θ variant 'x': default_scale must be a function "
+                                  "(num_tokens) -> the factor s, got float 2.0"),
+    ("x", {"flops_per_score": 1.5}, "flops_per_score must be a whole number of FLOPs >= 0, "
+                                    "got float 1.5"),
+    ("x", {"flops_per_score": True}, "flops_per_score must be a whole number of FLOPs >= 0, "
+                                     "got bool True"),
+    ("x", {"flops_per_score": -1}, "flops_per_score must be a whole number of FLOPs >= 0"),
+    ("x", {"normaliser": "sum"}, "normaliser must be a function (scores) -> the per-row "
+                                 "normaliser or None, got str 'sum'"),
+    ("x", {"fan_in_keys": 1}, "fan_in_keys must be True or False, got int 1"),
+    ("x", {"fused": object()}, "fused must be a FusedTheta or None, got object"),
+    ("x", {"triton": "0"}, "triton must be the Triton kernels' id of a built-in Θ or None, "
+                           "got str '0'"),
+])
+def test_a_bad_theta_is_refused_when_registered(name, variant, message):
+    """Each was accepted (issue 42) and failed at the first forward, or never: the name 5 or '',
+    a reference that is a string ("'str' object is not callable" inside a Pattention)."""
+    row = _row() if variant is None else _row(**variant) if isinstance(variant, dict) \
+        else variant
+    try:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            register_theta(name, row)
+    finally:  # a regression that accepts it must not leave it to the next case
+        for added in set(THETAS) - set(THETA_VARIANTS):
+            del THETAS[added]
+
+
+def test_unregistering_an_unknown_theta_names_what_is_registered():
+    with pytest.raises(ConfigError, match=re.escape(
+            f"no Θ variant named 'nope' is registered (registered: none, besides the built-in "
+            f"{BUILT_IN})")):
+        unregister_theta("nope")
 
 
 def test_a_theta_whose_zero_keys_take_weight_must_say_how_exact_growth_duplicates():

@@ -6,12 +6,15 @@ written; expectations come from the model before growth, Θ's definition and han
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from tokenformer import GrowthError, TokenFormerConfig, TokenFormerLM
+from tokenformer.models.baselines import TransformerConfig, TransformerLM
 from tokenformer.ops.growth import (
     RECIPES,
     STRATEGY,
@@ -23,8 +26,10 @@ from tokenformer.ops.growth import (
     register_strategy,
     resets_optimizer,
     unregister_strategy,
+    widening,
 )
 from tokenformer.ops.growth.tokens import exact_tokens, zero_key_tokens
+from tokenformer.ops.growth.widening import WIDENINGS, Widening, zero_units
 from tokenformer.training.growth_events import GROW_KEYS, parse_grow_at
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
@@ -90,7 +95,7 @@ def test_a_taken_name_or_a_built_in_is_refused() -> None:
         register_strategy(Strategy("paper", exact_tokens))
     with pytest.raises(GrowthError, match="'official' is already registered"):
         register_strategy(Strategy("mine", exact_tokens, aliases=("official",)))
-    with pytest.raises(GrowthError, match="built in"):
+    with pytest.raises(GrowthError, match="'exact' is built in and cannot be unregistered"):
         unregister_strategy("exact")
     assert tuple(STRATEGY) == RECIPES
 
@@ -138,3 +143,83 @@ def test_an_options_object_and_keywords_grow_the_same_model() -> None:
         assert all(torch.equal(expected[k], v) for k, v in other.state_dict().items())
     with pytest.raises(GrowthError, match="unknown argument 'bogus'"):
         grow(model, GrowthOptions(qkv="2x"), bogus=1)
+
+
+NAME = "must be a non-empty string without spaces, ',' or '=' (options such as --grow-at write it"
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: register_strategy(None), "a growth strategy must be a Strategy, got None"),
+    (lambda: register_strategy("x"), "a growth strategy must be a Strategy, got str 'x'"),
+    (lambda: unregister_strategy("nope"),
+     "no growth strategy named 'nope' is registered (registered: none, besides the built-in "
+     "exact, paper, official-init, official-released, official)"),
+    (lambda: unregister_strategy("official"), "'official' is built in"),
+    (lambda: register_strategy(Strategy("weird", tokens=42)),
+     "growth strategy 'weird': tokens must be a function (old, new, generator, copy) -> (keys, "
+     "values), got int 42"),
+    (lambda: register_strategy(Strategy("", exact_tokens)), f"a growth strategy's name {NAME}"),
+    (lambda: register_strategy(Strategy(5, exact_tokens)), "name must be a non-empty string"),
+    (lambda: register_strategy(Strategy("a,b", exact_tokens)), "got str 'a,b'"),
+    (lambda: register_strategy(Strategy("x", exact_tokens, exact="yes")),
+     "growth strategy 'x': exact must be True or False, got str 'yes'"),
+    (lambda: register_strategy(Strategy("x", exact_tokens, aliases="old")),
+     "growth strategy 'x': aliases must be a tuple of old names, got str 'old'"),
+    (lambda: register_strategy(Strategy("x", exact_tokens, aliases=("",))),
+     f"growth strategy 'x': every other name {NAME}"),
+    (lambda: register_strategy(Strategy("x", exact_tokens, aliases=("x",))),
+     "growth strategy 'x' gives one name twice: x, x"),
+    (lambda: widening.register_widening(None), "an MLP widening must be a Widening, got None"),
+    (lambda: widening.register_widening("zero"),
+     "an MLP widening must be a Widening, got str 'zero'"),
+    (lambda: widening.register_widening(Widening("duplicate", zero_units, "copies")),
+     "an MLP widening cannot be named 'duplicate': that name is grow's widening by "
+     "duplication"),
+    (lambda: widening.register_widening(Widening("zero", zero_units, "again")),
+     "an MLP widening named 'zero' is already registered; choose another name"),
+    (lambda: widening.register_widening(Widening("", zero_units, "nameless")),
+     f"an MLP widening's name {NAME}"),
+    (lambda: widening.register_widening(Widening("w", 42, "a number")),
+     "MLP widening 'w': units must be a function (old mlp, new mlp, generator, init_std) -> "
+     "None, filling the new MLP's weights, got int 42"),
+    (lambda: widening.register_widening(Widening("w", zero_units, " ")),
+     "MLP widening 'w': what must be a non-empty string, got str ' '"),
+    (lambda: widening.unregister_widening("net2net"),
+     "MLP widening 'net2net' is built in and cannot be unregistered"),
+    (lambda: widening.unregister_widening("nope"),
+     "no MLP widening named 'nope' is registered (registered: none, besides the built-in "
+     "zero, net2net)"),
+])
+def test_a_bad_strategy_or_widening_is_refused_when_registered(call: Callable[[], object],
+                                                              message: str) -> None:
+    """Each was an AttributeError, a KeyError, accepted to fail at the first growth ("'int'
+    object is not callable"), or had no register function at all (widenings; issue 42): now one
+    GrowthError in the registry's words, the tables unchanged."""
+    try:
+        with pytest.raises(GrowthError, match=re.escape(message)):
+            call()
+    finally:  # a regression that accepts it must not leave it to the next case
+        for table, built_in in ((STRATEGY, RECIPES), (WIDENINGS, ("zero", "net2net"))):
+            for added in set(table) - set(built_in):
+                del table[added]
+
+
+def test_a_registered_widening_grows_a_baseline_and_leaves_again() -> None:
+    """register_widening is what the table's comment promises: grow(widen=name) runs its units
+    function (here zero's, under another name: the function is kept exactly), and after
+    unregister_widening the name is unknown again."""
+    torch.manual_seed(0)
+    model = TransformerLM(TransformerConfig(vocab_size=97, hidden_size=32, num_layers=2,
+                                            num_heads=4, intermediate_size=24, max_seq_len=16))
+    again = Widening("zero-again", zero_units, "zero's units, under another name")
+    try:
+        assert widening.register_widening(again) is again
+        grown = grow(model, ffn=40, widen="zero-again", generator=gen())
+        ids = torch.randint(0, 97, (2, 16), generator=gen(1))
+        with torch.no_grad():  # zero outgoing weights (the sum's order may differ: 1e-6)
+            torch.testing.assert_close(grown(ids).logits, model(ids).logits, rtol=0, atol=1e-6)
+        assert not grown.layers[0].mlp.down.weight[:, 24:].any()
+    finally:
+        widening.unregister_widening("zero-again")
+    with pytest.raises(GrowthError, match="unknown MLP widening widen='zero-again'"):
+        grow(model, ffn=40, widen="zero-again")

@@ -4,6 +4,8 @@ frontier's widening arms train through it)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -87,7 +89,7 @@ def test_widen_plans_any_width():
 
 @pytest.mark.parametrize("config, request_, message", [
     (baseline(), {"ffn": 24, "widen": "wide"}, "unknown MLP widening"),
-    (baseline(), {"widen": "zero"}, "give ffn="),
+    (baseline(), {"widen": "zero"}, re.escape("the width ffn gives: give it (e.g. ffn=2x)")),
     (baseline(), {"ffn": 24, "hidden": "2x", "widen": "zero"}, "the MLP alone"),
     (baseline(), {"ffn": 24, "layers": 4, "widen": "zero"}, "the MLP alone"),
     (baseline(), {"ffn": 12, "widen": "zero"}, "already has 12 units"),

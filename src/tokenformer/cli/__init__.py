@@ -3,8 +3,9 @@
 Each module in :mod:`tokenformer.cli.commands` adds its subcommands with ``register(subparsers)``
 and sets ``func`` to a plain function taking the parsed arguments (the argparse helpers they
 share: :mod:`.options`). Every user-facing error becomes one ``error: ...`` line on stderr and a
-non-zero exit; ``TOKENFORMER_DEBUG=1`` shows the traceback. This module imports no torch, so
-``tokenformer --help`` answers at once.
+non-zero exit; ``TOKENFORMER_DEBUG=1`` shows the traceback. The package's own warnings
+(:class:`~tokenformer.errors.TokenFormerWarning`: a documented fallback) are one ``warning: ...``
+line each. This module imports no torch, so ``tokenformer --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ import importlib
 import os
 import pkgutil
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
-from ..errors import TokenFormerError, is_disk_full
+from ..errors import TokenFormerError, TokenFormerWarning, is_disk_full
 from . import commands
 
 
@@ -38,6 +42,20 @@ def describe_failure(exc: BaseException) -> str:
     if isinstance(exc, MemoryError) and not message:  # Python's own gives no message
         message = "out of memory (the request needs more than this process may allocate)"
     return f"{type(exc).__name__}: {message} (TOKENFORMER_DEBUG=1 shows the traceback)"
+
+
+def one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
+    """A ``warnings.showwarning`` that prints a :class:`TokenFormerWarning` as one ``warning:``
+    line in its own words (not Python's two lines with the file, line number and source line
+    of its caller) and hands every other warning to ``show``, the display it replaces."""
+    def showwarning(message: Warning | str, category: type[Warning], filename: str,
+                    lineno: int, file: Any = None, line: str | None = None) -> None:
+        if issubclass(category, TokenFormerWarning):
+            print(f"warning: {message}", file=file or sys.stderr)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return showwarning
 
 
 def _fail(message: str, code: int) -> int:
@@ -104,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     debug = os.environ.get("TOKENFORMER_DEBUG") == "1"
     try:
-        result = args.func(args)
+        with warnings.catch_warnings():  # the display restored afterwards (main in a test)
+            warnings.showwarning = one_line_warnings(warnings.showwarning)
+            result = args.func(args)
     except TokenFormerError as exc:
         if debug:
             raise

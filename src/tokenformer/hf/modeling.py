@@ -58,6 +58,14 @@ OUTPUT_ATTENTIONS_REFUSED = (
 SLIDING_CACHE_REFUSED = (
     "a sliding-window cache is not supported: TokenFormer attends over every earlier position; "
     "use the default dynamic cache or cache_implementation='static'")
+# With config.sliding_window set, transformers makes every cache it builds from the config slide
+# (the default dynamic one and the static one alike): the advice above would not help. (One
+# forward still runs, even one that returns a cache: only continuing from it would drop positions.)
+SLIDING_WINDOW_REFUSED = (
+    "config.sliding_window is {window}, so transformers builds every cache (the default dynamic "
+    "one and the static one alike) as a sliding window, which TokenFormer does not support: it "
+    "attends over every earlier position; set model.config.sliding_window = None (or run "
+    "with use_cache=False)")
 # transformers 5.24 renamed the cache from ``past_key_values`` to ``cache``: ``generate`` passes
 # ``cache=`` to forward and reads ``outputs["cache"]`` back (generation/utils.py,
 # prepare_inputs_for_generation and _update_model_kwargs_for_generation). Earlier 5.x releases use
@@ -249,11 +257,13 @@ class TokenFormerPreTrainedModel(PreTrainedModel):
         if output_attentions or (output_attentions is None
                                  and getattr(self.config, "output_attentions", False)):
             raise ConfigError(OUTPUT_ATTENTIONS_REFUSED)
-        if past_key_values is not None and any(getattr(past_key_values, "is_sliding", ())):
-            raise ConfigError(SLIDING_CACHE_REFUSED)
         if hasattr(self.model.word_embeddings, "base_layer"):  # wrapped by a PEFT adapter
             warnings.warn(LORA_ON_EMBEDDING_WARNING, UserWarning, stacklevel=3)
         use_cache = self.config.use_cache if use_cache is None else use_cache
+        if past_key_values is not None and any(getattr(past_key_values, "is_sliding", ())):
+            window = getattr(self.config, "sliding_window", None)
+            raise ConfigError(SLIDING_CACHE_REFUSED if window is None
+                              else SLIDING_WINDOW_REFUSED.format(window=window))
         if use_cache and self.gradient_checkpointing and self.training:
             use_cache = False  # recomputing a block would append its keys to the cache twice
         if use_cache and past_key_values is None:
@@ -318,6 +328,12 @@ class TokenFormerForCausalLM(TokenFormerPreTrainedModel, GenerationMixin):
         self._build_core(config)
         self.post_init()
         self.generation_config = default_generation_config(config)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """transformers' ``generate``, refusing a cache given under both of its names as forward
+        does (transformers 5.24 would warn and use ``cache=``, dropping the other)."""
+        _one_cache(kwargs.get("past_key_values"), kwargs.get("cache"))
+        return super().generate(*args, **kwargs)
 
     def forward(
         self,

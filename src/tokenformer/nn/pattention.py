@@ -169,6 +169,20 @@ def parse_top_k(spec: TopK | str | dict[str, TopK]) -> dict[str, TopK]:
     return out
 
 
+def top_k_request(model: nn.Module, spec: TopK | str | dict[str, TopK]) -> dict[str, TopK]:
+    """``spec`` parsed (:func:`parse_top_k`) for ``model``, which must have parameter tokens to
+    select: a Transformer baseline has none (its projections and MLP are Linear layers), and a
+    top-k that changed nothing there was ignored in silence."""
+    request = parse_top_k(spec)
+    if not any(isinstance(m, Pattention) for m in model.modules()):
+        arch = getattr(getattr(model, "config", None), "arch", None)
+        what = f"a Transformer baseline ({arch})" if arch else f"a {type(model).__name__}"
+        raise ConfigError(f"top-k tokens: {what} has no parameter tokens to select (its "
+                          f"projections and MLP are Linear layers); top-k tokens sparsifies a "
+                          f"TokenFormer's Pattentions: leave it out")
+    return request
+
+
 @contextlib.contextmanager
 def top_k_tokens(model: nn.Module, spec: TopK | str | dict[str, TopK] | None
                  ) -> Iterator[None]:
@@ -177,7 +191,7 @@ def top_k_tokens(model: nn.Module, spec: TopK | str | dict[str, TopK] | None
     if spec is None:
         yield
         return
-    request = parse_top_k(spec)
+    request = top_k_request(model, spec)
     config = getattr(model, "config", None)
     saved_config = {kind: getattr(config, f"{kind}_top_k") for kind in request
                     if hasattr(config, f"{kind}_top_k")}

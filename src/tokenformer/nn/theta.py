@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..registry import FLAG_RULE, EntryRule, Registry, function_rule, instance_rule
 
 _gelu_backward_ = torch.ops.aten.gelu_backward.grad_input  # out= variant: may write into grad
 
@@ -314,21 +315,33 @@ THETAS: dict[str, ThetaVariant] = {
 THETA_VARIANTS: tuple[str, ...] = tuple(THETAS)
 
 
+# Adding and removing Θs, checked (tokenformer.registry): a row whose reference is a string or
+# whose FLOP count is a float is refused when it is registered, not at its first forward.
+_REGISTRY = Registry("Θ variant", THETAS, ThetaVariant, ConfigError, fields={
+    "reference": function_rule("(scores, scale, eps) -> Θ(scores)"),
+    "default_scale": function_rule("(num_tokens) -> the factor s"),
+    "flops_per_score": EntryRule(lambda n: isinstance(n, int) and not isinstance(n, bool)
+                                 and n >= 0, "a whole number of FLOPs >= 0"),
+    "normaliser": function_rule("(scores) -> the per-row normaliser", optional=True),
+    "zero_keys_silent": FLAG_RULE,
+    "fan_in_keys": FLAG_RULE,
+    "fused": instance_rule(FusedTheta, "a FusedTheta", optional=True),
+    "cpu_kernel": FLAG_RULE,
+    "triton": instance_rule(int, "the Triton kernels' id of a built-in Θ", optional=True),
+}, built_in=THETA_VARIANTS)
+
+
 def register_theta(name: str, variant: ThetaVariant) -> None:
-    """Add Θ ``name`` to :data:`THETAS`: layers and configs accept ``norm=name`` from now on."""
-    if not isinstance(variant, ThetaVariant):
-        raise ConfigError(f"Θ {name!r}: register a ThetaVariant, got {type(variant).__name__}")
-    if name in THETAS:
-        raise ConfigError(f"a Θ variant named {name!r} is already registered")
-    THETAS[name] = variant
+    """Add Θ ``name`` to :data:`THETAS`: layers and configs accept ``norm=name`` from now on.
+    ConfigError, naming the problem, for a name that is taken or no name
+    (:data:`tokenformer.registry.NAME_TEXT`) and for a row whose fields are not what
+    :class:`ThetaVariant` says (a reference that is no function, ...)."""
+    _REGISTRY.add(name, variant)
 
 
 def unregister_theta(name: str) -> None:
     """Remove a Θ added by :func:`register_theta` (the built-in ones stay)."""
-    if name in THETA_VARIANTS:
-        raise ConfigError(f"{name!r} is a built-in Θ variant and cannot be unregistered")
-    if THETAS.pop(name, None) is None:
-        raise ConfigError(f"no Θ variant named {name!r} is registered")
+    _REGISTRY.remove(name)
 
 
 def check_theta(norm: str) -> None:

@@ -35,6 +35,7 @@ from ...ops.growth import (
     HOWS,
     PLAN_KEYS,
     GrowthOptions,
+    as_key,
     grow_with_optimizer,
     max_logit_change,
     plan_growth,
@@ -42,6 +43,7 @@ from ...ops.growth import (
     resets_optimizer,
     strategy_names,
     widen_names,
+    widening_refusal,
 )
 from ...ops.growth import grow as grow_model
 from ...training.optim import rebuild_optimizer
@@ -217,6 +219,9 @@ def run(args: argparse.Namespace) -> None:
                         if (value := getattr(args, key)) is not None})
     # The options' fields are this parser's destinations (register below).
     options = GrowthOptions(**{key: getattr(args, key) for key in PLAN_KEYS})
+    refusal = widening_refusal(options, _flag)  # the flags alone decide it: before loading
+    if refusal is not None:
+        raise GrowthError(refusal)
     summary = grow_checkpoint(args.checkpoint, out, options, seed=args.seed,
                               reset_optimizer=args.reset_optimizer, overwrite=args.overwrite,
                               progress=not args.no_progress)
@@ -245,6 +250,12 @@ def run(args: argparse.Namespace) -> None:
     print(f"max |Δlogit| {summary['max_abs_logit_change']:.3g} on a fixed 2x32 probe batch "
           f"(relative {rel:.3g})")
     print(f"optimizer    {optimizer}")
+
+
+def _flag(key: str, value: object = None) -> str:
+    """A growth option as this command's flags write it: ``--ffn 64``, ``--width-noise`` (the
+    key form, ``width-noise=0.1``, with the flag's dashes and a space for its ``=``)."""
+    return "--" + as_key(key.replace("_", "-"), value).replace("=", " ", 1)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -12,6 +12,7 @@ from ...data.tokenizer import resolve_tokenizer
 from ...errors import ConfigError
 from ...formats.loading import load_model
 from ...models.config import PRESETS, TokenFormerConfig, embedding_parameters, flops_per_token
+from ...nn.pattention import top_k_request
 from ...ops.adapters import load_adapted
 from ...ops.growth import parse_growth_request, plan_growth
 from ..options import device, non_negative_float, positive, seed
@@ -92,6 +93,8 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
     ``cache_implementation`` and ``compile``; None picks :func:`decoding_defaults`' choice."""
     torch.manual_seed(seed)
     model = load_adapted(spec, adapters or []).to(device).eval()
+    if top_k_tokens is not None:
+        top_k_request(model, top_k_tokens)  # checked before any work on the prompt
     tok = resolve_tokenizer(spec, model.config, tokenizer)
     ids = tok.encode(prompt)
     if not ids:

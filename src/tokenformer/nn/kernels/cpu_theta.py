@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from ...errors import TokenFormerWarning
 from ..theta import THETAS
 
 SOURCE = Path(__file__).with_name("csrc") / "theta_cpu.cpp"
@@ -209,7 +210,8 @@ def supports(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
     if not _state.get("warned"):
         _state["warned"] = True
         warnings.warn(f"Pattention impl 'kernel' falls back to 'fused': {unavailable_reason()} "
-                      f"(TOKENFORMER_KERNELS=0 skips the attempt)", RuntimeWarning, stacklevel=4)
+                      f"(TOKENFORMER_KERNELS=0 skips the attempt)", TokenFormerWarning,
+                      stacklevel=4)
     return False
 
 

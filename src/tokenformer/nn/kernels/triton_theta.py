@@ -44,6 +44,7 @@ import warnings
 import torch
 from torch.library import custom_op, triton_op
 
+from ...errors import TokenFormerWarning
 from ..theta import THETAS
 from .fused import no_autocast
 
@@ -100,12 +101,13 @@ def supports(device: torch.device, dtype: torch.dtype, norm: str) -> bool:
         return True
     if not _state.get("warned"):
         _state["warned"] = True
+        dtype_name = str(dtype).removeprefix("torch.")
         why = (unavailable_reason() if not available() else
-               f"no Triton Θ for {norm} {dtype} scores on {device.type}"
-               + (" (TRITON_INTERPRET=1 set before triton is imported runs it on the CPU)"
-                  if device.type == "cpu" else ""))
-        warnings.warn(f"Pattention impl 'triton' falls back to 'fused': {why}", RuntimeWarning,
-                      stacklevel=4)
+               f"no Triton Θ for {norm} {dtype_name} scores on {device.type}"
+               + ("; set TRITON_INTERPRET=1 before starting to run it on the CPU (Triton's "
+                  "interpreter, slow)" if device.type == "cpu" else ""))
+        warnings.warn(f"Pattention impl 'triton' falls back to 'fused': {why}",
+                      TokenFormerWarning, stacklevel=4)
     return False
 
 

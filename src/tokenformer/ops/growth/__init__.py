@@ -93,7 +93,7 @@ from .options import (
     parse_growth_request,
     refuse_unsupported,
 )
-from .plan import plan_growth, refuse_product_ffn
+from .plan import as_key, plan_growth, refuse_product_ffn, widening_refusal
 from .report import max_logit_change
 from .sizes import default_positions, resolve_size, size_request, width_factor
 from .stages import BRANCH_OUTPUTS, grow, grow_with_optimizer
@@ -115,14 +115,17 @@ from .strategies import (
     widen_names,
 )
 from .surgery import rebuild
+from .widening import WIDENINGS, Widening, register_widening, unregister_widening
 
 __all__ = [
     "BRANCH_OUTPUTS", "FOREVER", "HOWS", "NEW_ROW_MOMENTS", "OLD_TOKEN_KEYS", "OPTION_KEYS",
     "PLAN_KEYS", "RECIPES", "RECIPE_ALIASES", "RELEASED", "REQUEST_KEYS", "STRATEGIES",
-    "STRATEGY", "TEXT_KEYS", "TOKEN_TENSORS", "GrowthOptions", "OldTokens", "Strategy",
-    "canonical_recipe", "default_positions", "freeze_request", "grow", "grow_with_optimizer",
+    "STRATEGY", "TEXT_KEYS", "TOKEN_TENSORS", "WIDENINGS", "GrowthOptions", "OldTokens",
+    "Strategy", "Widening", "as_key", "canonical_recipe", "default_positions", "freeze_request",
+    "grow", "grow_with_optimizer",
     "grown_tokens", "max_logit_change", "old_tokens", "parse_growth_request", "plan_growth",
     "rebuild", "recipe_alias_note", "refuse_product_ffn", "refuse_unsupported",
-    "register_strategy", "resets_optimizer", "resolve_size", "size_request", "strategy_names",
-    "unregister_strategy", "widen_names", "width_factor",
+    "register_strategy", "register_widening", "resets_optimizer", "resolve_size",
+    "size_request", "strategy_names", "unregister_strategy", "unregister_widening",
+    "widen_names", "widening_refusal", "width_factor",
 ]

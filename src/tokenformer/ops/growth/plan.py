@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ...errors import GrowthError
@@ -90,16 +91,53 @@ def _widened_mlp_config(config: Any, opts: GrowthOptions, baseline: bool) -> Any
     if not baseline:
         raise GrowthError(f"widen={opts.widen} widens a Transformer baseline's MLP; a "
                           f"TokenFormer's FFN grows by its tokens (ffn=N, with a strategy)")
-    others = [key for key, value in opts.planned().items()
-              if key not in ("ffn", "widen", "strategy", "how") and value not in (None, 0.0)]
-    if opts.ffn is None or others or opts.how != "identity":
-        raise GrowthError(f"widen={opts.widen} widens the MLP alone: give ffn= (its new width) "
-                          f"and nothing else; grow hidden= or layers= in a growth of its own")
+    refusal = widening_refusal(opts)
+    if refusal is not None:
+        raise GrowthError(refusal)
     old = config.intermediate_size
-    width = resolve_size(opts.ffn, old, "ffn")
+    width = resolve_size(opts.ffn, old, "ffn", adds="MLP units")
     if width == old:
-        raise GrowthError(f"ffn: the MLP already has {old} units; widen= needs more")
+        raise GrowthError(f"ffn: the MLP already has {old} units; a widening adds units: give "
+                          f"more than {old} (e.g. {2 * old}, or 2x)")
     return dataclasses.replace(config, intermediate_size=width)
+
+
+def as_key(key: str, value: object = None) -> str:
+    """An option as ``grow()``'s keywords and ``--grow-at`` write it: ``ffn=64``; without a
+    value, the key. (``tokenformer grow`` writes its flags instead: :func:`widening_refusal`.)"""
+    if isinstance(value, list):
+        value = ",".join(map(str, value))
+    return key if value is None else f"{key}={value}"
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GrowthOptions)}
+
+
+def widening_refusal(opts: GrowthOptions, spell: Callable[..., str] = as_key) -> str | None:
+    """Why ``opts`` cannot be the MLP widening its ``widen`` names (zero, net2net, a registered
+    one: ``duplicate`` is none), None if it can: a widening is the MLP's new width (``ffn``)
+    alone. In the words of ``spell(key, value=None)``, how the caller's user wrote each option
+    (:func:`as_key`; ``tokenformer grow``'s flags, checked before it loads the model)."""
+    if opts.widen == DUPLICATE:
+        return None
+    widen = spell("widen", opts.widen)
+    if opts.ffn is None:
+        return f"{widen} widens the MLP to the width {spell('ffn')} gives: give it (e.g. " \
+               f"{spell('ffn', '2x')})"
+    others = [key for key in opts.planned() if key not in ("ffn", "widen", "strategy")
+              and getattr(opts, key) != _DEFAULTS[key]]
+    if "width_noise" in others:
+        noise, duplicate = spell("width_noise"), spell("widen", DUPLICATE)
+        return (f"{spell('width_noise', opts.width_noise)}: {noise} is the symmetry-breaking "
+                f"noise of a widening by duplication ({duplicate}, or {spell('hidden')}); {widen}"
+                f" makes its new units its own way and takes none: leave {noise} out, or widen "
+                f"by duplication")
+    if others:
+        return (f"{widen} widens the MLP alone: "
+                f"{', '.join(spell(key, getattr(opts, key)) for key in others)} "
+                f"{'makes' if len(others) == 1 else 'make'} another growth; run it before or "
+                f"after this one")
+    return None
 
 
 def refuse_product_ffn(config: Any, ffn_tokens: int, what: str) -> None:

@@ -28,9 +28,11 @@ def size_request(spec: object, current: int) -> int | float | None:
     return None
 
 
-def resolve_size(spec: int | str | None, current: int, what: str) -> int:
+def resolve_size(spec: int | str | None, current: int, what: str, *,
+                 adds: str = "parameter tokens or blocks") -> int:
     """The new count for ``what``: ``None`` keeps ``current``; an int or "768" is absolute;
-    "2x" / "1.5x" multiplies ``current`` (the product must be a whole number). Never smaller."""
+    "2x" / "1.5x" multiplies ``current`` (the product must be a whole number). Never smaller
+    (``adds``: what this growth adds, for the refusal)."""
     if spec is None:
         return current
     if isinstance(spec, bool):
@@ -45,7 +47,7 @@ def resolve_size(spec: int | str | None, current: int, what: str) -> int:
     new = round(request)
     if new < current:
         raise GrowthError(f"{what}: cannot shrink from {current} to {new}; growth only adds "
-                          f"parameter tokens or blocks")
+                          f"{adds}")
     return new
 
 

@@ -22,8 +22,9 @@ import torch
 
 from ...errors import GrowthError
 from ...nn.pattention import Pattention
+from ...registry import FLAG_RULE, Registry, function_rule, instance_rule
 from .tokens import TokensFn, exact_tokens, random_tokens, zero_key_tokens
-from .widening import WIDENINGS
+from .widening import DUPLICATE, WIDENINGS
 
 
 @dataclass(frozen=True)
@@ -73,13 +74,6 @@ STRATEGIES = (*RECIPES, *RECIPE_ALIASES)  # every built-in name grow(strategy=..
 HOW = {"identity": "insert identity blocks", "stack": "repeat the trained blocks in order"}
 HOWS = tuple(HOW)
 
-# A Transformer baseline's MLP growth (ffn=), by widen=: "duplicate" copies every unit a whole
-# number of times (HyperCloning, tokenformer.ops.cloning: the rule hidden= follows too); the
-# others are tokenformer.ops.growth.widening's function-preserving widenings to any width, the MLP
-# alone (the frontier's widening arms).
-DUPLICATE = "duplicate"
-
-
 def widen_names() -> dict[str, str]:
     """Every ``widen=`` name and what it does: ``duplicate``, then the table's widenings
     (:data:`~tokenformer.ops.growth.widening.WIDENINGS`, registered ones included)."""
@@ -96,22 +90,30 @@ def strategy_names() -> tuple[str, ...]:
     return (*STRATEGY, *_aliases())
 
 
+# Adding and removing strategies, checked (tokenformer.registry): a Strategy whose tokens are
+# no function is refused when it is registered, not at the first growth that draws them.
+_REGISTRY = Registry("growth strategy", STRATEGY, Strategy, GrowthError, fields={
+    "tokens": function_rule("(old, new, generator, copy) -> (keys, values)"),
+    "exact": FLAG_RULE,
+    "identity_blocks": FLAG_RULE,
+    "resets_optimizer": FLAG_RULE,
+    "aliases": instance_rule(tuple, "a tuple of old names"),
+    "alias_note": instance_rule(str, "a string"),
+}, built_in=STRATEGIES, alias_field="aliases")
+
+
 def register_strategy(strategy: Strategy) -> Strategy:
-    """Add ``strategy`` to :data:`STRATEGY` (GrowthError if its name or an alias is taken);
-    returns it. :func:`unregister_strategy` takes it out again."""
-    taken = {*STRATEGY, *_aliases()}
-    clash = [n for n in (strategy.name, *strategy.aliases) if n in taken]
-    if clash:
-        raise GrowthError(f"growth strategy {clash[0]!r} is already registered")
-    STRATEGY[strategy.name] = strategy
+    """Add ``strategy`` to :data:`STRATEGY`; returns it. GrowthError, naming the problem, for a
+    name or an old name that is taken or no name (:data:`tokenformer.registry.NAME_TEXT`) and
+    for fields that are not what :class:`Strategy` says (tokens that are no function, ...).
+    :func:`unregister_strategy` takes it out again."""
+    _REGISTRY.add(strategy.name if isinstance(strategy, Strategy) else None, strategy)
     return strategy
 
 
 def unregister_strategy(name: str) -> None:
     """Remove the strategy ``name`` (registered by :func:`register_strategy`)."""
-    if name in RECIPES:
-        raise GrowthError(f"growth strategy {name!r} is built in; it cannot be unregistered")
-    STRATEGY.pop(name)
+    _REGISTRY.remove(name)
 
 
 def canonical_recipe(name: str, *, warn: bool = True) -> str:

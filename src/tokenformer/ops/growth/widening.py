@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...errors import GrowthError
+from ...registry import TEXT_RULE, Registry, function_rule
 from .surgery import Growth
 
 # One MLP's new units: widen(old mlp, new mlp, generator, init_std) fills the new MLP's weights
@@ -74,13 +76,40 @@ def net2net_units(old: nn.Module, new: nn.Module, generator: torch.Generator | N
     new.down.weight.copy_(old.down.weight[:, src] * share.to(old.down.weight))
 
 
+# A Transformer baseline's MLP growth (ffn=), by widen=: "duplicate" copies every unit a whole
+# number of times (HyperCloning, tokenformer.ops.cloning: the rule hidden= follows too); the
+# others are the table's function-preserving widenings to any width, the MLP alone (the
+# frontier's widening arms).
+DUPLICATE = "duplicate"
+
 # The MLP widenings, name → Widening (grow's widen=, beside its "duplicate"): a new one is one
-# units function and one line here.
+# units function and one line here, or, from outside the package, register_widening.
 WIDENINGS: dict[str, Widening] = {w.name: w for w in (
     Widening("zero", zero_units, "new units with zero outgoing weights (any width)"),
     Widening("net2net", net2net_units,
              "new units copy random old ones, outgoing weights split (Net2Net; any width)"),
 )}
+_REGISTRY = Registry("MLP widening", WIDENINGS, Widening, GrowthError, fields={
+    "units": function_rule("(old mlp, new mlp, generator, init_std) -> None, filling the new "
+                           "MLP's weights"),
+    "what": TEXT_RULE,
+}, built_in=tuple(WIDENINGS), reserved={DUPLICATE: "grow's widening by duplication"},
+    article="an")
+
+
+def register_widening(widening: Widening) -> Widening:
+    """Add ``widening`` to :data:`WIDENINGS`: ``grow(widen=name)``, ``--grow-at ...,widen=name``
+    and ``tokenformer grow --widen name`` accept it from then on; returns it. GrowthError,
+    naming the problem, for a name that is taken (``duplicate`` included) or no name
+    (:data:`tokenformer.registry.NAME_TEXT`), units that are no function or an empty ``what``.
+    :func:`unregister_widening` takes it out again."""
+    _REGISTRY.add(widening.name if isinstance(widening, Widening) else None, widening)
+    return widening
+
+
+def unregister_widening(name: str) -> None:
+    """Remove the widening ``name`` (registered by :func:`register_widening`)."""
+    _REGISTRY.remove(name)
 
 
 def mlp_widening(model: nn.Module, width: int, how: str, generator: torch.Generator | None
