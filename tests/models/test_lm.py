@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,23 @@ def test_sample_distribution() -> None:
 def test_bad_sampling_options(kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         random_model().generate(ids(1, 3), **kwargs)
+
+
+@pytest.mark.parametrize(("prompt", "kwargs", "words"), [
+    (ids(1, 3), {"do_sample": True, "temperature": math.nan}, "temperature must be a finite"),
+    (ids(1, 3), {"do_sample": True, "temperature": math.inf}, "temperature must be a finite"),
+    (ids(1, 3), {"max_new_tokens": 2.5}, "max_new_tokens must be a whole number, got 2.5"),
+    (ids(1, 3), {"do_sample": True, "top_k": 2.0}, "top_k must be a whole number"),
+    (ids(1, 0), {}, "at least one prompt token, got shape (1, 0)"),
+    (ids(1, 3)[0], {}, "input_ids must be [batch, prompt length]"),
+])
+def test_generate_refuses_in_its_own_words(prompt: torch.Tensor, kwargs: dict,
+                                           words: str) -> None:
+    """A NaN or infinite temperature, a fractional token count, an empty or 1-D prompt: a
+    ConfigError saying which argument and why, not torch's error from inside the loop."""
+    for cache in ("dynamic", "static"):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            random_model().generate(prompt, **kwargs, cache_implementation=cache)
 
 
 def test_never_samples_vocab_padding() -> None:

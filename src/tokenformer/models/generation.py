@@ -10,6 +10,8 @@ model's module (which imports this one).
 from __future__ import annotations
 
 import functools
+import math
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -104,14 +106,19 @@ class GenerateMixin:
                   use_cache: bool, generator: torch.Generator | None,
                   past_key_values: Any | None, static: bool = False,
                   compile: bool = False) -> torch.Tensor:
+        max_new_tokens = _whole_number("max_new_tokens", max_new_tokens)
         if max_new_tokens < 0:
             raise ConfigError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        if do_sample and temperature <= 0:
-            raise ConfigError(f"temperature must be > 0 when sampling, got {temperature}")
-        if top_k is not None and top_k <= 0:
+        if do_sample and not (math.isfinite(temperature) and temperature > 0):
+            raise ConfigError(f"temperature must be a finite number > 0 when sampling, got "
+                              f"{temperature}")
+        if top_k is not None and _whole_number("top_k", top_k) <= 0:
             raise ConfigError(f"top_k must be a positive integer, got {top_k}")
         if top_p is not None and not 0 < top_p <= 1:
             raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ConfigError(f"input_ids must be [batch, prompt length] with at least one "
+                              f"prompt token, got shape {tuple(input_ids.shape)}")
         B, T = input_ids.shape
         if T > self.config.max_seq_len:
             raise TokenFormerError(f"prompt of {T} tokens exceeds the model's context of "
@@ -252,6 +259,14 @@ def _compiled_decode_step(device: torch.device) -> Callable[..., torch.Tensor]:
         torch.compiler.cudagraph_mark_step_begin()
         return step(*args)
     return graph_step
+
+
+def _whole_number(name: str, value: Any) -> int:
+    """``value`` as an int (ints, numpy and 0-d integer tensors pass; 2.5 or "3" do not)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be a whole number, got {value!r}") from None
 
 
 def _next_token(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int | None,
