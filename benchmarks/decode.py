@@ -15,9 +15,9 @@ Target (issue 8): cost at position 1000 within 1.5x of the cost at position 10.
 Prints a markdown section for benchmarks/RESULTS.md.
 
 ``--static N``: also ``generate`` N tokens from a 2-token prompt with the dynamic cache, the
-static cache and the static cache + compiled step (issue 34), interleaved, per token, after one
-untimed compiling call whose time is printed (docs/performance.md, "Static cache and compiled
-decoding").
+static cache and the static cache + compiled step (issues 34 and 43), interleaved, per token and
+in tokens/s, at each ``--static-batch`` size (default 1 and 8), after one untimed compiling call
+whose time is printed (docs/performance.md, "Static cache and compiled decoding").
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gen-runs", type=int, default=3, help="generate runs (min is kept)")
     parser.add_argument("--static", type=int, default=0, metavar="N",
                         help="also time generate of N tokens: dynamic vs static vs compiled")
+    parser.add_argument("--static-batch", type=int, nargs="+", default=[1, 8], metavar="B",
+                        help="batch sizes of --static (default: 1 8)")
     add_clock_args(parser)
     args = parser.parse_args(argv)
     clock = apply_clock_args(args)
@@ -105,29 +107,33 @@ def main(argv: list[str] | None = None) -> None:
           f"{t[last]['min'] / t[first]['min']:.2f}x, generate {around(last) / around(first):.2f}x "
           f"(target <= 1.5x).\n")
     if args.static:
-        static_paths(model, args.static, args.rounds)
+        static_paths(model, args.static, args.rounds, args.static_batch)
 
 
 @torch.no_grad()
-def static_paths(model: TokenFormerLM, new: int, rounds: int) -> None:
-    """generate's cost per token with each cache (the same tokens: checked)."""
-    prompt = torch.randint(0, model.config.vocab_size, (1, 2))
+def static_paths(model: TokenFormerLM, new: int, rounds: int, batches: list[int]) -> None:
+    """generate's cost per step with each cache, at each batch size (the same tokens: checked)."""
     paths = {"dynamic": {}, "static": {"cache_implementation": "static"},
              "static + compiled": {"cache_implementation": "static", "compile": True}}
-    start = time.perf_counter()  # wall time: inductor compiles in other processes too
-    first = model.generate(prompt, new, **paths["static + compiled"])
-    compile_s = time.perf_counter() - start
-    for kwargs in paths.values():
-        if not torch.equal(model.generate(prompt, new, **kwargs), first):
-            raise SystemExit(f"{kwargs}: other tokens than the compiled path's")
-    t = interleaved({name: lambda k=kwargs: model.generate(prompt, new, **k)
-                     for name, kwargs in paths.items()}, rounds, warmup=1)
-    print(f"generate of {new} tokens from a 2-token prompt, per token: min (median) over "
-          f"{rounds} interleaved rounds; the first compiled call took {compile_s:.1f} s.\n")
-    print("| cache | ms per token |")
-    print("|---|---|")
-    for name, times in t.items():
-        print(f"| {name} | {1e3 * times['min'] / new:.2f} ({1e3 * times['median'] / new:.2f}) |")
+    print(f"generate of {new} tokens from a 2-token prompt (greedy), per step: min (median) over "
+          f"{rounds} interleaved rounds; tokens/s of the min; first compiled call: its wall "
+          f"time (compile + {new} tokens).\n")
+    print("| batch | cache | ms per step | tokens/s | first compiled call |")
+    print("|---|---|---|---|---|")
+    for batch in batches:
+        prompt = torch.randint(0, model.config.vocab_size, (batch, 2))
+        start = time.perf_counter()  # wall time: inductor compiles in other processes too
+        first = model.generate(prompt, new, **paths["static + compiled"])
+        compile_s = time.perf_counter() - start
+        for kwargs in paths.values():
+            if not torch.equal(model.generate(prompt, new, **kwargs), first):
+                raise SystemExit(f"{kwargs}: other tokens than the compiled path's")
+        t = interleaved({name: lambda k=kwargs, p=prompt: model.generate(p, new, **k)
+                         for name, kwargs in paths.items()}, rounds, warmup=1)
+        for name, times in t.items():
+            print(f"| {batch} | {name} | {1e3 * times['min'] / new:.2f} "
+                  f"({1e3 * times['median'] / new:.2f}) | {batch * new / times['min']:,.0f} | "
+                  f"{f'{compile_s:.1f} s' if name == 'static + compiled' else ''} |")
     print()
 
 

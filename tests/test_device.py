@@ -294,6 +294,58 @@ def test_static_cache_generation_matches_dynamic(device, compiled):
     assert not torch._dynamo.utils.counters["inductor"].get("cudagraph_skips")
 
 
+def test_compiled_decoding_step_buckets_sampling_and_no_sync(device):
+    """The decoding step compiled on the device (on CUDA mode="reduce-overhead": a CUDA graph
+    replayed at every token), issue 43: 12 prompt lengths in two batch sizes give the eager
+    static path's tokens and compile one graph per batch size and capacity bucket (4), not one
+    per shape; seeded sampling with top-k and top-p (chosen inside the graph) and eos stopping
+    give the eager tokens; no cudagraph skip; and a captured step runs with no host sync
+    (``torch.cuda.set_sync_debug_mode("error")``). CUDA only, like every compile here (module
+    docstring); the CPU's inductor path is test_lm.py::test_compiled_step_serves_twenty_shapes."""
+    if device.type != "cuda":
+        pytest.skip("the compiled, CUDA-graph decoding step runs with --device cuda only (the "
+                    "CPU's inductor: test_lm.py::test_compiled_step_serves_twenty_shapes)")
+    import torch._dynamo
+
+    from tokenformer.models import generation
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TokenFormerLM(tiny()).to(device).eval()  # context 128: buckets 64 and 128
+    vocab = model.config.vocab_size
+    graphs = torch._dynamo.utils.counters["stats"]
+    before = graphs["unique_graphs"]
+    shapes = [(1, n) for n in (3, 9, 30, 61, 70, 100)] + [(4, n) for n in (2, 17, 60, 65, 90, 120)]
+    for batch, length in shapes:
+        prompt = random_ids(vocab, batch, length, seed=length).to(device)
+        eager = model.generate(prompt, 4, cache_implementation="static")
+        compiled = model.generate(prompt, 4, cache_implementation="static", compile=True)
+        assert torch.equal(compiled, eager), (batch, length)
+    assert graphs["unique_graphs"] - before == 4
+    prompt = random_ids(vocab, 2, 7).to(device)
+    free = model.generate(prompt, 20, cache_implementation="static")
+    for kwargs in ({"do_sample": True, "temperature": 1.3, "top_k": 50, "top_p": 0.9},
+                   {"eos_token_id": int(free[0, 9])}):
+        runs = [model.generate(prompt, 20, cache_implementation="static", compile=compiled,
+                               generator=torch.Generator(device=device).manual_seed(0),
+                               **kwargs)
+                for compiled in (False, True)]
+        assert torch.equal(runs[1], runs[0]), kwargs
+    assert not torch._dynamo.utils.counters["inductor"].get("cudagraph_skips")
+    state = generation._decode_state(model, 2, 64)  # the last runs' state, its graph captured
+    step = generation._compiled_decode_step(device)
+    with torch.no_grad():
+        for _ in range(3):
+            step(model, state, None)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(5):
+                step(model, state, None)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+
 @pytest.mark.parametrize("norm", THETA_VARIANTS)
 def test_growth_preserves_function(device, norm):
     """Exact growth on the device (2x tokens of every kind, one more block) leaves the logits

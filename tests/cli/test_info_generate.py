@@ -195,8 +195,8 @@ def test_subprocess_errors(official_file: Path, tmp_path: Path) -> None:
 
 
 def test_generate_cache_options(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    """--cache static gives the dynamic cache's text (greedy and seeded sampling); --compile
-    needs the static cache (one error line); the defaults pick the fast path on CUDA only."""
+    """--cache static gives the dynamic cache's text (greedy and seeded sampling); the defaults
+    pick the fast path on CUDA only."""
     from tokenformer.cli.commands.model import decoding_defaults
 
     torch.manual_seed(0)
@@ -207,10 +207,21 @@ def test_generate_cache_options(tmp_path: Path, capsys: pytest.CaptureFixture) -
         assert code == 0
         code, static, err = run(argv + extra + ["--cache", "static"], capsys)
         assert code == 0 and err == "" and static == dynamic
-    code, _, err = run([*argv, "--cache", "dynamic", "--compile"], capsys)
-    assert_one_error_line(code, err, "compile=True needs cache_implementation='static'")
     assert decoding_defaults("cuda", None, None) == ("static", True)
     assert decoding_defaults("cuda:0", None, False) == ("static", False)
     assert decoding_defaults("cuda", "dynamic", None) == ("dynamic", False)
     assert decoding_defaults("cpu", None, None) == ("dynamic", False)
     assert decoding_defaults("cpu", "static", None) == ("static", False)
+
+
+def test_generate_compile_flag(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--compile asks for the static cache (on the CPU too, whose default is dynamic); with
+    --cache dynamic it is one error line naming both flags, before the model is read (a missing
+    model folder is not what it reports)."""
+    from tokenformer.cli.commands.model import decoding_defaults
+
+    assert decoding_defaults("cpu", None, True) == ("static", True)
+    assert decoding_defaults("cuda", None, True) == ("static", True)
+    code, _, err = run(["generate", str(tmp_path / "absent"), "--prompt", "hi", "--cache",
+                        "dynamic", "--compile"], capsys)
+    assert_one_error_line(code, err, "--compile needs --cache static")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from tokenformer import (
     flops_per_token,
 )
 from tokenformer.models import generation as gen
-from tokenformer.models.generation import _sample, positions_from_mask
+from tokenformer.models.generation import positions_from_mask
 from tokenformer.models.kv_cache import StaticKVCache
 
 # Spec §3: the exact parameter counts of the released models and of the paper's scaling chain.
@@ -217,6 +218,45 @@ def test_eos_stops_and_pads() -> None:
         assert out.shape[1] == 6 + max(first)  # stops once every row has finished
 
 
+def test_eos_is_read_every_interval_and_the_output_cut_back() -> None:
+    """With eos_token_id the rows' finished flags are read every EOS_CHECK_INTERVAL tokens (each
+    read a host sync), not at every token: a row that emits eos as its third token runs on to
+    the interval's 8th, and what comes back is what stopping at once returns (the free run up
+    to that eos), on the dynamic and the static cache."""
+    assert gen.EOS_CHECK_INTERVAL == 8
+    model = random_model(torch.float64)
+    prompt = ids(1, 5)
+    free = model.generate(prompt, 12)
+    eos = int(free[0, 7])
+    first = int((free[0, 5:] == eos).nonzero()[0])  # its first appearance: the 1st to 3rd token
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda _, args: calls.append(args[0].shape[1]))
+    for cache in ("dynamic", "static"):
+        calls.clear()
+        out = model.generate(prompt, 12, eos_token_id=eos, cache_implementation=cache)
+        assert torch.equal(out, free[:, :6 + first]), cache
+        assert calls == [5] + [1] * 7, cache  # the prompt, then 7 steps: 8 tokens, 1 read
+
+
+def test_seeded_sampling_is_the_same_on_every_path() -> None:
+    """One seed, one sample: twice in a row, as row 0 of a batch (the noise is per row), with
+    the static cache, and in another capacity bucket (a longer run's first tokens)."""
+    model = random_model(torch.float64, max_seq_len=256)
+    prompt = ids(3, 6)
+
+    def run(p: torch.Tensor, new: int, **kwargs) -> torch.Tensor:
+        return model.generate(p, new, do_sample=True, temperature=1.5, top_k=40, top_p=0.95,
+                              generator=torch.Generator().manual_seed(11), **kwargs)
+
+    alone = run(prompt[:1], 10)
+    assert torch.equal(run(prompt[:1], 10), alone)
+    assert torch.equal(run(prompt, 10)[:1], alone)
+    assert torch.equal(run(prompt[:1], 10, cache_implementation="static"), alone)  # bucket 64
+    assert torch.equal(run(prompt[:1], 100, cache_implementation="static")[:, :16], alone)  # 128
+    assert torch.equal(run(prompt[:1], 100)[:, :16], alone)
+    assert not torch.equal(alone, model.generate(prompt[:1], 10))  # sampled, not greedy
+
+
 # ------------------------------------------------------------------------------------ sampling
 def test_sampling_top_k_one_and_tiny_top_p_are_greedy() -> None:
     model = random_model()
@@ -240,37 +280,28 @@ def test_seeded_sampling_reproduces() -> None:
     assert not torch.equal(run(7), run(8))
 
 
-def test_sample_distribution() -> None:
-    """Frequencies follow softmax(logits / T) restricted to the top-k / nucleus set."""
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    n = 4000
-    g = torch.Generator().manual_seed(0)
-
-    def freq(**kw) -> torch.Tensor:
-        draws = torch.cat([_sample(logits.expand(n, 4), generator=g, **kw)])
-        return torch.bincount(draws, minlength=4).double() / n
-
-    def expect(p: list[float]) -> torch.Tensor:
-        p = torch.tensor(p, dtype=torch.float64)
-        return p / p.sum()
-
-    tol = 4 * math.sqrt(0.25 / n)  # four standard deviations of a frequency
-    plain = freq(temperature=1.0, top_k=None, top_p=None)
-    assert (plain - expect([0.5, 0.3, 0.15, 0.05])).abs().max() < tol
-    hot = freq(temperature=2.0, top_k=None, top_p=None)  # p^(1/2), renormalised
-    assert (hot - expect([math.sqrt(p) for p in (0.5, 0.3, 0.15, 0.05)])).abs().max() < tol
-    top2 = freq(temperature=1.0, top_k=2, top_p=None)
-    assert top2[2:].sum() == 0 and (top2 - expect([0.5, 0.3, 0, 0])).abs().max() < tol
-    # 0.5 < 0.7 <= 0.8: the nucleus is the smallest prefix reaching p, here tokens 0 and 1
-    nucleus = freq(temperature=1.0, top_k=None, top_p=0.7)
-    assert nucleus[2:].sum() == 0 and (nucleus - expect([0.5, 0.3, 0, 0])).abs().max() < tol
-
-
 @pytest.mark.parametrize("kwargs", [{"do_sample": True, "temperature": 0.0}, {"top_k": 0},
                                     {"top_p": 0.0}, {"top_p": 1.5}, {"max_new_tokens": -1}])
 def test_bad_sampling_options(kwargs: dict) -> None:
     with pytest.raises(ConfigError):
         random_model().generate(ids(1, 3), **kwargs)
+
+
+@pytest.mark.parametrize(("prompt", "kwargs", "words"), [
+    (ids(1, 3), {"do_sample": True, "temperature": math.nan}, "temperature must be a finite"),
+    (ids(1, 3), {"do_sample": True, "temperature": math.inf}, "temperature must be a finite"),
+    (ids(1, 3), {"max_new_tokens": 2.5}, "max_new_tokens must be a whole number, got 2.5"),
+    (ids(1, 3), {"do_sample": True, "top_k": 2.0}, "top_k must be a whole number"),
+    (ids(1, 0), {}, "at least one prompt token, got shape (1, 0)"),
+    (ids(1, 3)[0], {}, "input_ids must be [batch, prompt length]"),
+])
+def test_generate_refuses_in_its_own_words(prompt: torch.Tensor, kwargs: dict,
+                                           words: str) -> None:
+    """A NaN or infinite temperature, a fractional token count, an empty or 1-D prompt: a
+    ConfigError saying which argument and why, not torch's error from inside the loop."""
+    for cache in ("dynamic", "static"):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            random_model().generate(prompt, **kwargs, cache_implementation=cache)
 
 
 def test_never_samples_vocab_padding() -> None:
@@ -447,19 +478,33 @@ def test_static_generate_equals_dynamic() -> None:
     assert not torch.equal(sampled, free[:, :24])  # sampling did not degenerate to greedy
 
 
-def test_static_cache_is_reused_across_calls() -> None:
-    """A second static generation of the same shapes writes into the first one's buffers (the
-    addresses a captured CUDA graph replays on), emptied: a shorter prompt after a longer run of
-    the same total length decodes as if the cache were new."""
-    model = random_model(torch.float64)
+def test_static_capacity_buckets() -> None:
+    """Powers of two from 64, capped by the model's context (itself a bucket when it is none)."""
+    table = {(1, 2048): 64, (64, 2048): 64, (65, 2048): 128, (129, 2048): 256,
+             (1024, 2048): 1024, (1025, 2048): 2048, (2048, 2048): 2048, (600, 1000): 1000,
+             (10, 32): 32, (64, 100): 64, (65, 100): 100}
+    assert {key: gen.static_capacity(*key) for key in table} == table
+
+
+def test_decode_state_is_reused_across_prompt_lengths() -> None:
+    """A static generation in the capacity bucket of an earlier one (64: 9 + 11 and 6 + 14
+    positions) writes into the earlier one's buffers (the addresses a captured CUDA graph
+    replays on), emptied: a shorter prompt after a longer one decodes as if the cache were new.
+    Another bucket or batch size gets its own state; the KEPT_STATES most recent stay."""
+    model = random_model(torch.float64, max_seq_len=256)
     batch, mask = padded_batch()
     model.generate(batch, 11, attention_mask=mask, cache_implementation="static")
-    cache = gen._STATIC_CACHES[model]
-    address = cache.keys[0].data_ptr()
-    static_equals_dynamic(model, batch[:, 3:], 14, attention_mask=mask[:, 3:])  # 6 + 14 = 20
-    assert gen._STATIC_CACHES[model] is cache and cache.keys[0].data_ptr() == address
-    static_equals_dynamic(model, batch, 5)  # another capacity: a new cache replaces it
-    assert gen._STATIC_CACHES[model] is not cache
+    states = gen._DECODE_STATES[model]
+    (state,) = states.values()
+    address = state.cache.keys[0].data_ptr()
+    assert state.cache.max_cache_len == 64 and state.tokens.shape == (3, 64)
+    static_equals_dynamic(model, batch[:, 3:], 14, attention_mask=mask[:, 3:])
+    assert list(states.values()) == [state] and state.cache.keys[0].data_ptr() == address
+    static_equals_dynamic(model, batch, 60, attention_mask=mask)  # 9 + 60: bucket 128
+    assert [s.cache.max_cache_len for s in states.values()] == [64, 128]
+    for size in (1, 2, 4):
+        static_equals_dynamic(model, batch[:1].expand(size, -1), 5)
+    assert len(states) == gen.KEPT_STATES and state not in states.values()  # the oldest went
 
 
 def grown_sparse_model() -> TokenFormerLM:
@@ -504,8 +549,9 @@ def test_static_generate_refusals() -> None:
 def test_compiled_static_generate_equals_eager() -> None:
     """``compile=True`` (inductor on the CPU, fullgraph=True: a graph break fails the test) gives
     the eager static path's tokens — grown model, top-k Pattention, a left-padded batch and
-    batch 1, eos stopping and seeded sampling — and logits within float tolerance of the eager
-    step's; calls of shapes seen before reuse the compiled step (no recompilation)."""
+    batch 1, eos stopping and seeded sampling (chosen inside the graph) — and writes the eager
+    step's keys and values into the cache, within float tolerance; calls of shapes seen before,
+    and a prompt of another length in the same capacity bucket, reuse the compiled step."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -514,9 +560,13 @@ def test_compiled_static_generate_equals_eager() -> None:
     for prompt, attention_mask in ((batch, mask), (batch[:1], None)):
         eager = model.generate(prompt, 10, attention_mask=attention_mask,
                                cache_implementation="static")
+        state = next(reversed(gen._DECODE_STATES[model].values()))
+        keys = [k.clone() for k in state.cache.keys]
         compiled = model.generate(prompt, 10, attention_mask=attention_mask,
                                   cache_implementation="static", compile=True)
         assert torch.equal(compiled, eager)
+        for got, want in zip(state.cache.keys, keys, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for kwargs in ({"eos_token_id": int(eager[0, 12])},  # batch 1 stops at its 4th token
                    {"do_sample": True, "temperature": 2.0}):
@@ -525,21 +575,60 @@ def test_compiled_static_generate_equals_eager() -> None:
                 for compiled in (False, True)]
         assert torch.equal(runs[1], runs[0])
     assert runs[0].shape[1] == 19 and not torch.equal(runs[0], eager)  # sampled, not greedy
-    # the compiled step's logits, step by step, against the eager step's on a copy of its cache
-    caches = [StaticKVCache.for_model(model, 3, 19) for _ in range(2)]
-    padding = torch.nn.functional.pad(mask.bool(), (0, 10), value=True)
-    positions = positions_from_mask(mask, 9)
-    with torch.no_grad():
-        for cache in caches:
-            model(batch, attention_mask=padding, position_ids=positions, past_key_values=cache,
-                  use_cache=True)
-        token, position = batch[:, -1:].contiguous(), positions[:, -1:]  # generate's strides
-        for slot in range(9, 13):
-            position = position + 1
-            eager_logits, compiled_logits = (
-                step(model, token, padding, position, cache, torch.tensor([slot]))
-                for step, cache in ((gen._decode_step, caches[0]),
-                                    (gen._compiled_decode_step(torch.device("cpu")), caches[1])))
-            torch.testing.assert_close(compiled_logits, eager_logits, rtol=1e-4, atol=1e-5)
-            token = eager_logits.argmax(-1, keepdim=True)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == frames  # nothing recompiled
+    sampled = frames + 1  # the sampling step: its own graph; eos is a tensor (none new)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == sampled
+    shorter = model.generate(batch[:1, 4:], 30, cache_implementation="static", compile=True)
+    assert torch.equal(shorter, model.generate(batch[:1, 4:], 30, cache_implementation="static"))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == sampled  # nothing new
+
+
+@pytest.mark.slow
+def test_compiled_step_serves_twenty_shapes() -> None:
+    """20 prompt lengths in two batch sizes, in one process, compiled with inductor: every call
+    runs (before capacity buckets the step compiled a graph per prompt length, and the 9th new
+    one failed: torch._dynamo's FailOnRecompileLimitHit) and gives the eager tokens; the step
+    compiles one graph per batch size and capacity bucket (64 and 128 here): 4, not 20."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = random_model(num_layers=1, max_seq_len=128)
+    shapes = [(1, length) for length in (3, 60, 9, 61, 17, 30, 124, 45, 90, 2)]
+    shapes += [(2, length) for length in (5, 12, 66, 25, 40, 118, 58, 80, 100, 1)]
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    for batch, length in shapes:
+        prompt = ids(batch, length, seed=length)
+        eager = model.generate(prompt, 4, cache_implementation="static")
+        compiled = model.generate(prompt, 4, cache_implementation="static", compile=True)
+        assert torch.equal(compiled, eager), (batch, length)
+    buckets = {(batch, gen.static_capacity(length + 4, 128)) for batch, length in shapes}
+    assert len(buckets) == 4
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - before == len(buckets)
+
+
+def test_compiled_step_past_the_graph_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past STEP_GRAPH_LIMIT graphs (1 here, with torch._dynamo's own limit lowered to it) the
+    step drops its graphs and compiles again: every call gives the eager tokens (before, the
+    second shape failed with a multi-screen FailOnRecompileLimitHit). When torch refuses even
+    that (a limit of 0), one TokenFormerError line says what to do. Dynamo's ``eager`` backend
+    (no inductor: seconds)."""
+    import functools
+
+    import torch._dynamo
+
+    monkeypatch.setattr(gen, "_COMPILED_STEPS", {})
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    monkeypatch.setattr(gen, "STEP_GRAPH_LIMIT", 1)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    model = random_model(num_layers=1)
+    try:
+        for batch in (1, 2):
+            eager = model.generate(ids(batch, 5), 3, cache_implementation="static")
+            compiled = model.generate(ids(batch, 5), 3, cache_implementation="static",
+                                      compile=True)
+            assert torch.equal(compiled, eager), batch
+        monkeypatch.setattr(gen, "STEP_GRAPH_LIMIT", 0)
+        monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 0)
+        with pytest.raises(TokenFormerError, match="refuses to compile the decoding step again"):
+            model.generate(ids(3, 5), 3, cache_implementation="static", compile=True)
+    finally:
+        torch._dynamo.reset_code(gen._decode_step.__code__)

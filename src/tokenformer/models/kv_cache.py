@@ -75,7 +75,7 @@ class StaticKVCache:
         if not torch.compiler.is_compiling():
             # Fixed addresses: CUDA graphs then write into these buffers instead of copies
             for t in (*self.keys, *self.values, self.lengths):
-                torch._dynamo.mark_static_address(t)
+                torch._dynamo.mark_static_address(t, guard=False)
 
     @classmethod
     def for_model(cls, model: nn.Module, batch_size: int, capacity: int) -> StaticKVCache:

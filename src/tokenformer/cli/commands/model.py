@@ -91,6 +91,7 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
     (tokenformer.ops.adapters) stacked on it, and continue ``prompt`` (``top_k_tokens``: sparse
     Pattention for this call, docs/sparse.md). ``cache`` and ``compile``: generate's
     ``cache_implementation`` and ``compile``; None picks :func:`decoding_defaults`' choice."""
+    cache, compile = decoding_defaults(device, cache, compile)  # refused before the model loads
     torch.manual_seed(seed)
     model = load_adapted(spec, adapters or []).to(device).eval()
     if top_k_tokens is not None:
@@ -105,8 +106,7 @@ def generate_text(spec: str, prompt: str, *, max_new_tokens: int = 64, temperatu
               f"has {len(ids)}: generating at most {room} new tokens, not {max_new_tokens}",
               file=sys.stderr)
     generator = torch.Generator(device=device).manual_seed(seed)
-    cache, compile = decoding_defaults(device, cache, compile)
-    if compile and cache == "static":  # (compile with the dynamic cache: generate refuses it)
+    if compile:
         print("note: compiling the decoding step first (a minute or so; --no-compile skips it)",
               file=sys.stderr)
     out = model.generate(torch.tensor([ids], device=device), max_new_tokens,
@@ -120,9 +120,14 @@ def decoding_defaults(device: str | torch.device, cache: str | None,
                       compile: bool | None) -> tuple[str, bool]:
     """The fast path where it pays: on CUDA a static cache and a compiled step captured as a CUDA
     graph (a small model's step is bound by kernel launches there, docs/performance.md); on the
-    CPU the dynamic cache, uncompiled (compiling takes longer than it saves for one prompt)."""
+    CPU the dynamic cache, uncompiled (compiling takes longer than it saves for one prompt).
+    ``compile`` without a ``cache`` asks for the static one (the only one a step compiles over);
+    with ``cache="dynamic"`` it is refused, in the flags' words."""
+    if compile and cache == "dynamic":
+        raise ConfigError("--compile needs --cache static (a compiled decoding step runs over "
+                          "the static cache's fixed shapes): drop --cache dynamic, or --compile")
     cuda = torch.device(device).type == "cuda"
-    cache = cache or ("static" if cuda else "dynamic")
+    cache = cache or ("static" if cuda or compile else "dynamic")
     return cache, (cuda and cache == "static") if compile is None else compile
 
 
@@ -158,9 +163,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="KV cache: static (preallocated, what a compiled step needs) or dynamic; "
                    "default: static on CUDA, dynamic elsewhere")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="compile the decoding step (static cache only; on CUDA captured as a "
-                   "CUDA graph); default: on with a static cache on CUDA. --no-compile turns "
-                   "the fast path's compilation off")
+                   help="compile the decoding step over a static cache (implies --cache "
+                   "static; on CUDA captured as a CUDA graph); default: on with a static cache "
+                   "on CUDA. --no-compile turns the fast path's compilation off")
     p.set_defaults(func=lambda a: print(generate_text(
         a.model, a.prompt, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
         top_k=a.top_k, top_p=a.top_p, seed=a.seed, tokenizer=a.tokenizer, device=a.device,
