@@ -38,6 +38,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from .kernels import triton_theta
 from .kernels.dispatch import select_impl
@@ -102,7 +103,7 @@ def _optimizer_steps() -> int:
         def count(*_) -> None:
             _steps["count"] += 1
 
-        torch.optim.optimizer.register_optimizer_step_post_hook(count)
+        register_optimizer_step_post_hook(count)
     return _steps["count"]
 
 
