@@ -22,6 +22,11 @@ program per row of the scores S [rows, n] (computing in float32, storing in S's 
 A row that fits one block (n ≤ :data:`MAX_BLOCK`) is loaded once and kept in registers; a longer
 row is swept twice (the norm, then Θ), the second sweep reading what the first left in L2.
 
+**Segments** (:func:`theta_segments`, the one-GEMM Q/K/V of :mod:`tokenformer.nn.grouped`): for
+scores [rows, G·n], the G segments of n of each row are normalised each on its own and Θ is
+written segment-major, [G, rows, n], the layout a batched value product reads; the backward reads
+dΘ in that layout and writes dS in the scores'. Same passes: the layout changes inside the kernels.
+
 The Θ op saves S and r for its backward and returns Θ, which the value product's autograd keeps:
 a Pattention then keeps exactly what a GELU MLP keeps (its hidden pre-activation and GELU output)
 and moves the same bytes over them (2 passes forward, 3 backward). The byte counts of this and
@@ -30,8 +35,12 @@ the other designs are in docs/performance.md.
 The ops are ``torch.ops.tokenformer_triton.theta_fwd`` / ``theta_bwd``, defined on first use
 with :func:`torch.library.triton_op`, so ``torch.compile`` traces them without a graph break
 (inductor sees the kernels and fuses around them); under the interpreter they are opaque custom
-ops of their own (:func:`_ops`). Without triton installed (the ``triton`` extra) nothing
-is registered and :func:`available` says why. On a CPU the kernels run only under Triton's
+ops of their own (:func:`_ops`). Inductor clones, before every launch, each argument its analysis
+of the kernel finds written (all of them if the analysis fails: "assuming every input is
+mutated"); the kernels are written so that it finds their outputs alone (triton_theta_jit's
+docstring; tests/nn/test_triton_theta.py traces the ops as torch.compile does and checks).
+Without triton installed (the ``triton`` extra) nothing is registered and :func:`available`
+says why. On a CPU the kernels run only under Triton's
 interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which is how CI tests them
 (tests/nn/test_triton_theta.py runs the device tests so in a child process).
 """
