@@ -40,9 +40,9 @@ of the kernel finds written (all of them if the analysis fails: "assuming every 
 mutated"); the kernels are written so that it finds their outputs alone (triton_theta_jit's
 docstring; tests/nn/test_triton_theta.py traces the ops as torch.compile does and checks).
 Without triton installed (the ``triton`` extra) nothing is registered and :func:`available`
-says why. On a CPU the kernels run only under Triton's
-interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which is how CI tests them
-(tests/nn/test_triton_theta.py runs the device tests so in a child process).
+says why. On a CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set
+before triton is imported), which is how CI tests them (tests/nn/test_triton_theta.py runs the
+device tests so in a child process).
 """
 
 from __future__ import annotations
