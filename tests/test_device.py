@@ -255,6 +255,39 @@ def test_grouped_qkv_matches_float64(device, impl, sizes):
                 precision, norm_rel(got, want), norm_rel(sep, want))
 
 
+@pytest.mark.parametrize("impl", ["fused", "triton"])
+def test_grouped_qkv_compiles_without_graph_breaks(device, impl):
+    """``torch.compile(fullgraph=True)`` of the one-GEMM Q/K/V's forward and backward (its
+    value product's backward takes another form when traced): loss and every gradient equal
+    eager's. Inductor on CUDA; on the CPU the ``aot_eager`` backend (dynamo and AOTAutograd
+    tracing, what a graph break or an untraceable op would fail; inductor's CPU code is
+    test_kernels.py's)."""
+    if impl == "triton":
+        needs_triton(device)
+    torch.manual_seed(0)
+    ps = [Pattention(32, 24, 48, "l2_norm_gelu", impl=impl, device=device) for _ in range(3)]
+    x = torch.randn(2, 9, 32, device=device)
+    weight = torch.randn(2, 9, 24, device=device)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return sum((y * weight).sum() for y in grouped_attend(x, ps))
+
+    def run(fn) -> list[torch.Tensor]:
+        for p in ps:
+            p.zero_grad()
+        xd = x.clone().requires_grad_()
+        loss = fn(xd)
+        loss.backward()
+        return [loss.detach(), xd.grad, *(t.grad for p in ps for t in p.parameters())]
+
+    eager = run(step)
+    torch._dynamo.reset()
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    for a, b in zip(run(torch.compile(step, backend=backend, fullgraph=True)), eager,
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 # aten ops that only move data (a layout change, a concatenation, a same-dtype cast): on an
 # activation-sized tensor each is a pass over memory that computes nothing.
 DATA_MOVES = frozenset({"clone", "copy_", "_to_copy", "contiguous", "cat", "stack",

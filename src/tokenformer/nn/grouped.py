@@ -25,8 +25,10 @@ transpose, a strided view. The value product (:class:`GroupedValues`) is one bat
 forward and, backward, writes each segment's dΘ = dY·Vᵀ straight into its place in Θ's layout.
 Autograd alone would copy twice per step: undoing the transpose clones the whole [rows, G·n]
 score gradient, and the ``unbind`` of the outputs stacks their G gradients
-(tests/nn/test_grouped.py counts the copies). Unequal segments still concatenate their score
-gradients (the ``split``'s backward): one copy of [rows, Σn].
+(tests/test_device.py counts the copies). Unequal segments still concatenate their score
+gradients (the ``split``'s backward): one copy of [rows, Σn]. Under ``torch.compile`` the value
+product's backward stacks its products instead (:func:`_compiled_backward`) and inductor plans
+where they go.
 
 **Inference** reuses the concatenated keys and stacked values (:class:`StackedWeights`) instead
 of making them at every call (a decoding step would copy 3·n·(d_in + d_out) elements per block).
@@ -78,16 +80,35 @@ class GroupedValues(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         theta, values = ctx.saved_tensors
-        grad_theta = torch.empty_like(theta) if ctx.needs_input_grad[0] else None  # Θ's strides
-        grad_values = torch.empty_like(values) if ctx.needs_input_grad[1] else None
+        want_theta, want_values = ctx.needs_input_grad[:2]
         with no_autocast(theta)[1]:
+            grads = [grad.to(theta.dtype) for grad in grads]
+            if torch.compiler.is_compiling():  # dynamo traces no out= into a strided slot
+                return _compiled_backward(theta, values, grads, want_theta, want_values)
+            grad_theta = torch.empty_like(theta) if want_theta else None  # Θ's strides
+            grad_values = torch.empty_like(values) if want_values else None
             for g, grad in enumerate(grads):
-                grad = grad.to(theta.dtype)
                 if grad_theta is not None:
                     torch.mm(grad, values[g].t(), out=grad_theta[g])
                 if grad_values is not None:
                     torch.mm(theta[g].t(), grad, out=grad_values[g])
         return grad_theta, grad_values
+
+
+def _compiled_backward(theta: torch.Tensor, values: torch.Tensor, grads: list[torch.Tensor],
+                       want_theta: bool, want_values: bool
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """:class:`GroupedValues`'s backward as torch.compile traces it: the per-segment products
+    stacked, dΘ in Θ's layout (segment-major, or the transpose of [rows, G, n]); inductor
+    decides where the products are written."""
+    grad_theta = grad_values = None
+    if want_theta:
+        parts = [grad @ values[g].t() for g, grad in enumerate(grads)]
+        grad_theta = (torch.stack(parts) if theta.stride(0) >= theta.stride(1)
+                      else torch.stack(parts, dim=1).transpose(0, 1))
+    if want_values:
+        grad_values = torch.stack([theta[g].t() @ grad for g, grad in enumerate(grads)])
+    return grad_theta, grad_values
 
 
 # Optimizer steps taken in this process (every torch.optim optimizer, counted by a global step
