@@ -24,10 +24,12 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tokenformer import THETA_VARIANTS, Pattention, TokenFormerConfig, TokenFormerLM, grow, theta
 from tokenformer.io.process_group import World
 from tokenformer.io.run_folders import step_dir
+from tokenformer.nn.grouped import grouped_attend
 from tokenformer.nn.kernels import triton_theta
 from tokenformer.nn.pattention import PATTENTION_IMPLS
 from tokenformer.training.config import TrainConfig
@@ -108,20 +110,33 @@ def test_pattention_matches_float64(device, norm, impl, precision):
 
 
 @pytest.mark.parametrize("block", [None, 64])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "groups"), [(torch.float32, 1), (torch.bfloat16, 1),
+                                               (torch.float32, 3)],
+                         ids=["fp32", "bf16", "fp32-segments"])
 @pytest.mark.parametrize("norm", THETA_VARIANTS)
-def test_triton_theta_matches_float64(device, norm, dtype, block):
+def test_triton_theta_matches_float64(device, norm, dtype, groups, block):
     """The Triton Θ op forward and backward against Θ's formula in float64, on rows of n = 300
     scores (not a power of two; ``block=64``: five blocks per row, the two-sweep kernels; None:
     the whole row in one block), with an all-zero row and eps > 0 (where the norm's subgradient
     0 applies). fp32 to a few roundings; bf16 (stored in 8 bits of mantissa) no worse than twice
-    the PyTorch formula's own error in bf16."""
+    the PyTorch formula's own error in bf16. ``segments``: rows of 3 × 300 scores, Θ of each
+    segment of 300 returned segment-major ([3, rows, 300], the one-GEMM Q/K/V's layout), dΘ
+    taken in that layout and dS returned in the scores'."""
     needs_triton(device)
     g = torch.Generator().manual_seed(1)
-    s64 = torch.randn(9, 300, generator=g, dtype=torch.float64) * 2
+    s64 = torch.randn(9, groups * 300, generator=g, dtype=torch.float64) * 2
     s64[4] = 0.0
-    grad = torch.randn(9, 300, generator=g, dtype=torch.float64)
+    grad = torch.randn(groups, 9, 300, generator=g, dtype=torch.float64).squeeze(0)
     scale, eps = 7.0, 1e-3
+
+    def formula(s: torch.Tensor) -> torch.Tensor:
+        out = theta(s.view(9, groups, 300), norm, scale, eps).transpose(0, 1)
+        return out.squeeze(0)
+
+    def kernels(s: torch.Tensor) -> torch.Tensor:
+        if groups == 1:
+            return triton_theta.theta(s, norm, scale, eps, block=block)
+        return triton_theta.theta_segments(s, groups, norm, scale, eps, block=block)
 
     def run(fn, s: torch.Tensor):
         s = s.clone().requires_grad_()
@@ -129,17 +144,17 @@ def test_triton_theta_matches_float64(device, norm, dtype, block):
         (ds,) = torch.autograd.grad(out, s, grad.to(s.device, out.dtype))
         return out, ds
 
-    truth = run(lambda s: theta(s, norm, scale, eps), s64)
-    got = run(lambda s: triton_theta.theta(s, norm, scale, eps, block=block),
-              s64.to(device, dtype))
-    own = run(lambda s: theta(s, norm, scale, eps), s64.to(dtype))  # the formula in dtype
+    truth = run(formula, s64)
+    got = run(kernels, s64.to(device, dtype))
+    own = run(formula, s64.to(dtype))  # the formula in dtype
     for name, a, b, c in zip(("theta", "dS"), got, truth, own, strict=True):
         assert a.dtype == dtype and a.device.type == device.type, name
         assert torch.isfinite(a).all(), name
         bound = 1e-6 if dtype == torch.float32 else 2 * norm_rel(c, b)
         assert norm_rel(a, b) <= bound, (name, norm_rel(a, b), bound)
+    assert got[0].is_contiguous() and got[1].shape == s64.shape
     if norm != "softmax":  # a zero row: Θ = 0 (the GELU of zero scores, or a zero numerator)
-        assert (got[0][4] == 0).all()
+        assert (got[0][..., 4, :] == 0).all()
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # the interpreter's 0·inf
@@ -156,18 +171,21 @@ def test_triton_theta_zero_row_without_eps_is_nan_like_the_reference(device, nor
     assert norm_rel(out[[0, 2]], reference[[0, 2]]) < 1e-6
 
 
-def test_triton_ops_pass_opcheck(device):
+@pytest.mark.parametrize("groups", [1, 3], ids=["rows", "segments"])
+def test_triton_ops_pass_opcheck(device, groups):
     """The forward and backward ops' registration (schema, fake tensors, autograd, AOT dispatch)
-    passes torch.library.opcheck, with strided rows and more than one block."""
+    passes torch.library.opcheck, with strided rows and more than one block, row-wise and in
+    segments."""
     needs_triton(device)
     triton_theta.prepare()
     fwd, bwd = triton_theta._ops()
-    s = torch.randn(6, 2 * 150, device=device)[:, :150]  # rows strided by 300
-    fwd_args = (s.requires_grad_(), "gelu_l2_norm", 4.0, 1e-6, 64)
+    rows, n = (6, 150) if groups == 1 else (3, 100)  # n per segment; the interpreter is slow
+    s = torch.randn(rows, 2 * groups * n, device=device)[:, :groups * n]  # rows strided
+    fwd_args = (s.requires_grad_(), "gelu_l2_norm", 4.0, 1e-6, 64, groups)
     torch.library.opcheck(fwd, fwd_args)
     r = fwd(*fwd_args)[1].detach()
-    torch.library.opcheck(bwd, (torch.randn(6, 150, device=device), s.detach(), r,
-                                "gelu_l2_norm", 4.0, 1e-6, 64))
+    torch.library.opcheck(bwd, (torch.randn(groups * rows, n, device=device), s.detach(), r,
+                                "gelu_l2_norm", 4.0, 1e-6, 64, groups))
 
 
 @pytest.mark.parametrize("norm", ["l2_norm_gelu", "softmax"])
@@ -199,8 +217,6 @@ def test_grouped_qkv_matches_float64(device, impl, sizes):
     """One GEMM for three Pattentions (nn.grouped; Θ per segment, grouped value product): the
     outputs and gradients of X and of every K and V against the float64 formula, as close as
     the separate layers' are, in fp32 and bf16 autocast."""
-    from tokenformer.nn.grouped import grouped_attend
-
     if impl == "triton":
         needs_triton(device)
     g = torch.Generator().manual_seed(0)
@@ -237,6 +253,93 @@ def test_grouped_qkv_matches_float64(device, impl, sizes):
             assert torch.isfinite(got).all()
             assert norm_rel(got, want) <= max(2 * norm_rel(sep, want), TOLERANCE["fp32"]), (
                 precision, norm_rel(got, want), norm_rel(sep, want))
+
+
+@pytest.mark.parametrize("impl", ["fused", "triton"])
+def test_grouped_qkv_compiles_without_graph_breaks(device, impl):
+    """``torch.compile(fullgraph=True)`` of the one-GEMM Q/K/V's forward and backward (its
+    value product's backward takes another form when traced): loss and every gradient equal
+    eager's. Inductor on CUDA; on the CPU the ``aot_eager`` backend (dynamo and AOTAutograd
+    tracing, what a graph break or an untraceable op would fail; inductor's CPU code is
+    test_kernels.py's)."""
+    if impl == "triton":
+        needs_triton(device)
+    torch.manual_seed(0)
+    ps = [Pattention(32, 24, 48, "l2_norm_gelu", impl=impl, device=device) for _ in range(3)]
+    x = torch.randn(2, 9, 32, device=device)
+    weight = torch.randn(2, 9, 24, device=device)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return sum((y * weight).sum() for y in grouped_attend(x, ps))
+
+    def run(fn) -> list[torch.Tensor]:
+        for p in ps:
+            p.zero_grad()
+        xd = x.clone().requires_grad_()
+        loss = fn(xd)
+        loss.backward()
+        return [loss.detach(), xd.grad, *(t.grad for p in ps for t in p.parameters())]
+
+    eager = run(step)
+    torch._dynamo.reset()
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    for a, b in zip(run(torch.compile(step, backend=backend, fullgraph=True)), eager,
+                    strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+# aten ops that only move data (a layout change, a concatenation, a same-dtype cast): on an
+# activation-sized tensor each is a pass over memory that computes nothing.
+DATA_MOVES = frozenset({"clone", "copy_", "_to_copy", "contiguous", "cat", "stack",
+                        "_reshape_copy", "as_strided_scatter", "slice_scatter", "select_scatter"})
+
+
+class ActivationCopies(TorchDispatchMode):
+    """The :data:`DATA_MOVES` ops run under it whose output is activation-sized: its number of
+    elements a multiple of ``rows``, a prime that divides no weight's size (weights may be
+    concatenated: that is a copy of parameters, not of activations)."""
+
+    def __init__(self, rows: int) -> None:
+        super().__init__()
+        self.rows = rows
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        results = out if isinstance(out, (list, tuple)) else [out]
+        if func.overloadpacket.__name__ in DATA_MOVES and any(
+                isinstance(t, torch.Tensor) and t.numel() % self.rows == 0 for t in results):
+            self.seen.append(f"{func} -> {[tuple(t.shape) for t in results]}")
+        return out
+
+
+@pytest.mark.parametrize("impl", ["fused", "triton"])
+def test_grouped_qkv_copies_no_activation(device, impl):
+    """Forward and backward of the one-GEMM Q/K/V (equal n) copy no activation-sized tensor
+    (:class:`ActivationCopies`): no clone of the [rows, 3n] score gradient to undo a transpose,
+    no stack of the three outputs' gradients. The counter's control: the same value product as
+    autograd sees a ``view → transpose → bmm → unbind`` (the earlier design) counts both."""
+    if impl == "triton":
+        needs_triton(device)
+    rows, d, n = 29, 24, 40
+    g = torch.Generator().manual_seed(0)
+    ps = [Pattention(d, d, n, "l2_norm_gelu", impl=impl, device=device) for _ in range(3)]
+    x = torch.randn(rows, d, generator=g).to(device).requires_grad_()
+    weight = torch.randn(rows, d, generator=g).to(device)  # dense output gradients
+    with ActivationCopies(rows) as copies:
+        ys = grouped_attend(x, ps)
+        sum((y * weight).sum() for y in ys).backward()
+    assert copies.seen == []
+    assert all(p.key_param_tokens.grad is not None for p in ps) and x.grad is not None
+
+    values = torch.randn(3, n, d, device=device)
+    scores = torch.randn(rows, 3 * n, device=device, requires_grad=True)
+    with ActivationCopies(rows) as control:
+        theta_ = torch.nn.functional.gelu(scores).view(rows, 3, n).transpose(0, 1)
+        ys = torch.bmm(theta_, values).unbind(0)
+        sum((y * weight).sum() for y in ys).backward()
+    assert [op.split(" ")[0] for op in control.seen] == ["aten.stack.default",
+                                                         "aten.clone.default"]
 
 
 # -------------------------------------------------------------------------------------- the LM

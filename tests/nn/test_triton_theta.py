@@ -89,3 +89,48 @@ def test_block_must_be_a_power_of_two():
         pytest.skip(triton_theta.unavailable_reason())
     with pytest.raises(ValueError, match="power of two"):
         triton_theta.theta(torch.randn(2, 10), "gelu", 1.0, block=48)
+
+
+class _TargetOnly:
+    """A Triton driver that names a CUDA target and nothing else: enough for Triton to lower a
+    kernel to TTIR (what inductor analyses) on a machine without a GPU."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+@pytest.mark.filterwarnings("ignore:TRITON_DEFAULT_FP_FUSION")  # triton's, lowering to TTIR
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("block", [64, 512], ids=["blocks", "one-block"])
+def test_inductor_finds_only_the_outputs_written(monkeypatch, block, groups):
+    """What ``torch.compile`` sees of the Triton Θ ops (the triton_op form, CUDA's): traced
+    through functionalization as AOTAutograd traces them, each kernel launch becomes a
+    functional HOP whose ``tensors_to_clone`` are the arguments inductor's analysis of the
+    kernel's TTIR finds written, which it clones before every launch unless they are fresh
+    buffers. They must be the outputs alone (Θ and r forward, dS backward): an input there (the
+    scores, dΘ) would be one extra pass over a [rows, n] tensor per launch. The analysis runs on
+    the CPU (TTIR for a named target; no kernel runs); the kernels under the interpreter are a
+    different object that torch.compile cannot trace at all, so this is checked here."""
+    if not triton_theta.available() or triton_theta.interpreting():
+        pytest.skip("needs triton, imported without TRITON_INTERPRET")
+    import triton
+    from torch._subclasses.functional_tensor import dispatch_functionalize
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", _TargetOnly())
+    fwd, bwd = triton_theta._ops()
+
+    segments = (groups,) if groups > 1 else ()  # 1: the ops' default, the single-layer call
+
+    def step(scores):
+        theta, r = fwd(scores, "l2_norm_gelu", 2.0, 1e-6, block, *segments)
+        return bwd(theta, scores, r, "l2_norm_gelu", 2.0, 1e-6, block, *segments)
+
+    scores = torch.randn(5, 2 * groups * 300)[:, :groups * 300]  # rows strided
+    graph = make_fx(dispatch_functionalize(step), tracing_mode="fake")(scores).graph
+    launches = [node.kwargs for node in graph.nodes
+                if node.target is torch.ops.higher_order.triton_kernel_wrapper_functional]
+    assert [sorted(k["tensors_to_clone"]) for k in launches] == [["out_ptr", "r_ptr"],
+                                                                 ["ds_ptr"]]

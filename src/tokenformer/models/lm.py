@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, TokenFormerError
-from ..nn.grouped import grouped_attend
+from ..nn.grouped import StackedWeights, grouped_attend
 from ..nn.pattention import Pattention, key_init_std
 from ..nn.product_keys import ProductKeyPattention
 from .config import TokenFormerConfig
@@ -93,6 +93,7 @@ class Attention(nn.Module):
         self.key = _pattention(config, "qkv")
         self.value = _pattention(config, "qkv")
         self.proj = _pattention(config, "proj")
+        self.qkv_weights = StackedWeights()  # the one-GEMM Q/K/V's weights, kept for inference
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, cache: Any | None,
@@ -105,7 +106,8 @@ class Attention(nn.Module):
             return t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
 
         qkv = (self.query, self.key, self.value)
-        q, k, v = grouped_attend(x, qkv) if self.grouped_qkv else (p(x) for p in qkv)
+        q, k, v = (grouped_attend(x, qkv, self.qkv_weights) if self.grouped_qkv
+                   else (p(x) for p in qkv))
         q, k, v = rotary(heads(q), position_ids), rotary(heads(k), position_ids), heads(v)
         if cache_position is not None:  # a static cache: the whole buffers, masked
             k, v = cache.update(k, v, self.layer_idx, {"cache_position": cache_position})

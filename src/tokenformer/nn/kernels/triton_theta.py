@@ -22,6 +22,11 @@ program per row of the scores S [rows, n] (computing in float32, storing in S's 
 A row that fits one block (n ≤ :data:`MAX_BLOCK`) is loaded once and kept in registers; a longer
 row is swept twice (the norm, then Θ), the second sweep reading what the first left in L2.
 
+**Segments** (:func:`theta_segments`, the one-GEMM Q/K/V of :mod:`tokenformer.nn.grouped`): for
+scores [rows, G·n], the G segments of n of each row are normalised each on its own and Θ is
+written segment-major, [G, rows, n], the layout a batched value product reads; the backward reads
+dΘ in that layout and writes dS in the scores'. Same passes: the layout changes inside the kernels.
+
 The Θ op saves S and r for its backward and returns Θ, which the value product's autograd keeps:
 a Pattention then keeps exactly what a GELU MLP keeps (its hidden pre-activation and GELU output)
 and moves the same bytes over them (2 passes forward, 3 backward). The byte counts of this and
@@ -30,10 +35,14 @@ the other designs are in docs/performance.md.
 The ops are ``torch.ops.tokenformer_triton.theta_fwd`` / ``theta_bwd``, defined on first use
 with :func:`torch.library.triton_op`, so ``torch.compile`` traces them without a graph break
 (inductor sees the kernels and fuses around them); under the interpreter they are opaque custom
-ops of their own (:func:`_ops`). Without triton installed (the ``triton`` extra) nothing
-is registered and :func:`available` says why. On a CPU the kernels run only under Triton's
-interpreter (``TRITON_INTERPRET=1`` set before triton is imported), which is how CI tests them
-(tests/nn/test_triton_theta.py runs the device tests so in a child process).
+ops of their own (:func:`_ops`). Inductor clones, before every launch, each argument its analysis
+of the kernel finds written (all of them if the analysis fails: "assuming every input is
+mutated"); the kernels are written so that it finds their outputs alone (triton_theta_jit's
+docstring; tests/nn/test_triton_theta.py traces the ops as torch.compile does and checks).
+Without triton installed (the ``triton`` extra) nothing is registered and :func:`available`
+says why. On a CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1`` set
+before triton is imported), which is how CI tests them (tests/nn/test_triton_theta.py runs the
+device tests so in a child process).
 """
 
 from __future__ import annotations
@@ -120,10 +129,13 @@ def _warps(block: int) -> int:
     return 4 if block <= 2048 else 8 if block <= 4096 else 16
 
 
-def _check(scores: torch.Tensor) -> None:
+def _check(scores: torch.Tensor, groups: int) -> None:
     if scores.dim() != 2 or scores.stride(1) != 1:
         raise ValueError(f"Triton Θ takes 2-D scores with contiguous rows, got shape "
                          f"{tuple(scores.shape)} strides {scores.stride()}")
+    if groups < 1 or scores.shape[1] % groups:
+        raise ValueError(f"Triton Θ: {scores.shape[1]} scores per row do not split into "
+                         f"{groups} equal segments")
 
 
 def _launch(kernel, interpret: bool):
@@ -133,30 +145,34 @@ def _launch(kernel, interpret: bool):
 
 
 def _theta_fwd_impl(interpret: bool, scores: torch.Tensor, norm: str, scale: float, eps: float,
-                    block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(Θ [rows, n] contiguous, r [rows] float32) of ``scores`` (rows may be strided)."""
-    _check(scores)
-    rows, n = scores.shape
-    out = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
-    r = torch.zeros(rows, dtype=torch.float32, device=scores.device)
+                    block: int, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Θ [groups·rows, n] contiguous, r [rows·groups] float32) of ``scores`` [rows, groups·n]
+    (rows may be strided), Θ segment-major: rows 0 … rows−1 are segment 0's (the kernels'
+    :func:`~tokenformer.nn.kernels.triton_theta_jit.rows_of`)."""
+    _check(scores, groups)
+    rows, n = scores.shape[0], scores.shape[1] // groups
+    out = torch.empty((groups * rows, n), dtype=scores.dtype, device=scores.device)
+    r = torch.zeros(rows * groups, dtype=torch.float32, device=scores.device)
     if rows and n:
-        _launch(triton_theta_jit.fwd, interpret)[(rows,)](
-            scores, out, r, n, scores.stride(0), scale, eps, NORM=THETAS[norm].triton, BLOCK=block,
-            SINGLE=n <= block, num_warps=_warps(block))
+        _launch(triton_theta_jit.fwd, interpret)[(rows * groups,)](
+            scores, out, r, n, scores.stride(0), rows, scale, eps, NORM=THETAS[norm].triton,
+            BLOCK=block, SINGLE=n <= block, GROUPS=groups, num_warps=_warps(block))
     return out, r
 
 
 def _theta_bwd_impl(interpret: bool, grad: torch.Tensor, scores: torch.Tensor, r: torch.Tensor,
-                    norm: str, scale: float, eps: float, block: int) -> torch.Tensor:
-    """dS [rows, n] from dΘ (``grad``), the scores and the forward's r."""
-    _check(scores)
-    rows, n = scores.shape
-    grad = grad.contiguous()
-    ds = torch.empty((rows, n), dtype=scores.dtype, device=scores.device)
+                    norm: str, scale: float, eps: float, block: int, groups: int
+                    ) -> torch.Tensor:
+    """dS [rows, groups·n] (the scores' shape, contiguous) from dΘ (``grad``, segment-major as
+    the forward wrote Θ), the scores and the forward's r."""
+    _check(scores, groups)
+    rows, n = scores.shape[0], scores.shape[1] // groups
+    grad = grad.contiguous()  # it is (dΘ of the value product): no copy
+    ds = torch.empty((rows, groups * n), dtype=scores.dtype, device=scores.device)
     if rows and n:
-        _launch(triton_theta_jit.bwd, interpret)[(rows,)](
-            grad, scores, r, ds, n, scores.stride(0), scale, eps, NORM=THETAS[norm].triton,
-            BLOCK=block, SINGLE=n <= block, num_warps=_warps(block))
+        _launch(triton_theta_jit.bwd, interpret)[(rows * groups,)](
+            grad, scores, r, ds, n, scores.stride(0), rows, scale, eps, NORM=THETAS[norm].triton,
+            BLOCK=block, SINGLE=n <= block, GROUPS=groups, num_warps=_warps(block))
     return ds
 
 
@@ -189,39 +205,39 @@ def _register(interpret: bool) -> tuple:
     CPU tests check all but the triton_op wrapper (tests/test_device.py does on CUDA)."""
     suffix = "_interpreted" if interpret else ""
 
-    def fwd(scores: torch.Tensor, norm: str, scale: float, eps: float, block: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-        return _theta_fwd_impl(interpret, scores, norm, scale, eps, block)
+    def fwd(scores: torch.Tensor, norm: str, scale: float, eps: float, block: int,
+            groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        return _theta_fwd_impl(interpret, scores, norm, scale, eps, block, groups)
 
     def bwd(grad: torch.Tensor, scores: torch.Tensor, r: torch.Tensor, norm: str, scale: float,
-            eps: float, block: int) -> torch.Tensor:
-        return _theta_bwd_impl(interpret, grad, scores, r, norm, scale, eps, block)
+            eps: float, block: int, groups: int = 1) -> torch.Tensor:
+        return _theta_bwd_impl(interpret, grad, scores, r, norm, scale, eps, block, groups)
 
     if interpret:
         fwd_op = custom_op(f"tokenformer_triton::theta_fwd{suffix}", fwd, mutates_args=())
         bwd_op = custom_op(f"tokenformer_triton::theta_bwd{suffix}", bwd, mutates_args=())
 
         @fwd_op.register_fake
-        def _(scores, norm, scale, eps, block):
-            return (scores.new_empty(scores.shape),
-                    scores.new_empty(scores.shape[0], dtype=torch.float32))
+        def _(scores, norm, scale, eps, block, groups=1):
+            return (scores.new_empty(groups * scores.shape[0], scores.shape[1] // groups),
+                    scores.new_empty(scores.shape[0] * groups, dtype=torch.float32))
 
         @bwd_op.register_fake
-        def _(grad, scores, r, norm, scale, eps, block):
+        def _(grad, scores, r, norm, scale, eps, block, groups=1):
             return scores.new_empty(scores.shape)
     else:
         fwd_op = triton_op(f"tokenformer_triton::theta_fwd{suffix}", fwd, mutates_args=())
         bwd_op = triton_op(f"tokenformer_triton::theta_bwd{suffix}", bwd, mutates_args=())
 
     def setup_context(ctx, inputs, output) -> None:
-        scores, norm, scale, eps, block = inputs
+        scores, *args = inputs
         ctx.save_for_backward(scores, output[1])
-        ctx.args = (norm, scale, eps, block)
+        ctx.args = args  # norm, scale, eps, block, groups
 
     def backward(ctx, grad_theta, grad_r):
         scores, r = ctx.saved_tensors
         # r is an internal output: nothing downstream differentiates it (grad_r is None or 0).
-        return bwd_op(grad_theta, scores, r, *ctx.args), None, None, None, None
+        return bwd_op(grad_theta, scores, r, *ctx.args), *[None] * len(ctx.args)
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
     return fwd_op, bwd_op
@@ -231,15 +247,32 @@ def theta(scores: torch.Tensor, norm: str, scale: float, eps: float = 0.0,
           block: int | None = None) -> torch.Tensor:
     """Θ of ``scores`` [..., n] (rows may be strided, the last dimension contiguous) through the
     Triton op, differentiable; ``block`` (tests) overrides :func:`block_size`."""
-    if not available():
-        raise RuntimeError(f"the Triton Θ is unavailable: {unavailable_reason()}")
     n = scores.shape[-1]
     rows = scores.reshape(-1, n) if scores.dim() != 2 else scores
+    return _theta(rows, 1, norm, scale, eps, block).view(scores.shape)
+
+
+def theta_segments(scores: torch.Tensor, groups: int, norm: str, scale: float, eps: float = 0.0,
+                   block: int | None = None) -> torch.Tensor:
+    """Θ of each of the ``groups`` equal segments of every row of ``scores`` [rows, groups·n]
+    (rows may be strided, the last dimension contiguous; one Pattention's n scores per segment),
+    returned as [groups, rows, n], contiguous, differentiable: the layout a batched value product
+    reads, so the one-GEMM Q/K/V (:mod:`tokenformer.nn.grouped`) copies nothing either way (the
+    kernels read the scores' rows and write dS in that layout)."""
+    rows, n = scores.shape[0], scores.shape[1] // groups
+    return _theta(scores, groups, norm, scale, eps, block).view(groups, rows, n)
+
+
+def _theta(scores: torch.Tensor, groups: int, norm: str, scale: float, eps: float,
+           block: int | None) -> torch.Tensor:
+    """The forward op's Θ of 2-D ``scores`` in ``groups`` segments ([groups·rows, n])."""
+    if not available():
+        raise RuntimeError(f"the Triton Θ is unavailable: {unavailable_reason()}")
+    n = scores.shape[-1] // groups
     block = block_size(n) if block is None else block
     if block < 1 or block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
-    out = _ops()[0](rows, norm, float(scale), float(eps), block)[0]
-    return out.view(scores.shape)
+    return _ops()[0](scores, norm, float(scale), float(eps), block, groups)[0]
 
 
 def pattention(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,

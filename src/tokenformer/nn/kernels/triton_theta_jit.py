@@ -1,6 +1,12 @@
 """The Triton kernels of :mod:`tokenformer.nn.kernels.triton_theta` (see there), imported by
 it on first use. Kernel helpers are module globals: Triton resolves called functions there, not
-in closures."""
+in closures.
+
+Every address a kernel stores to is computed from the output pointer and from integers alone,
+never from a value a helper returned after taking an input pointer: inductor's analysis of a
+user kernel (``identify_accessed_tensors``) counts an input pointer reaching a store's address
+or mask through a call as written, and clones every input it thinks written before each launch
+(tests/nn/test_triton_theta.py checks the analysis finds no input written)."""
 
 import triton
 import triton.language as tl
@@ -20,12 +26,31 @@ def gelu_grad(x):
 
 
 @triton.jit
-def load_block(row_ptr, start, n, BLOCK: tl.constexpr):
-    """Positions ``start`` … ``start + BLOCK`` of a row of n as float32 (0 past the end), their
-    offsets and the in-row mask: every sweep of both kernels reads its blocks so."""
+def block_of(start, n, BLOCK: tl.constexpr):
+    """The offsets of positions ``start`` … ``start + BLOCK`` of a row of n and the in-row mask:
+    every sweep of both kernels reads and writes its blocks so (from integers alone: module
+    docstring)."""
     off = start + tl.arange(0, BLOCK)
-    mask = off < n
-    return tl.load(row_ptr + off, mask=mask, other=0.0).to(tl.float32), off, mask
+    return off, off < n
+
+
+@triton.jit
+def load(row_ptr, off, mask):
+    """A block of a row as float32, 0 past the row's end."""
+    return tl.load(row_ptr + off, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def rows_of(rows, n, stride, GROUPS: tl.constexpr):
+    """(offset of this program's scores, offset of its Θ or dΘ, p) for scores [rows, GROUPS·n]
+    with row stride ``stride``: program p computes segment p mod GROUPS of row p div GROUPS,
+    whose Θ and dΘ are that row of that segment in [GROUPS, rows, n] (segment-major), and whose r
+    and dS are row p of [rows·GROUPS] and of [rows·GROUPS, n] = [rows, GROUPS·n], the scores'
+    layout (GROUPS = 1: the plain row-wise layout)."""
+    p = tl.program_id(0).to(tl.int64)
+    row = p // GROUPS
+    seg = p % GROUPS
+    return row * stride + seg * n, (seg * rows + row) * n, p
 
 
 @triton.jit
@@ -62,17 +87,18 @@ def row_factor(total, scale, eps, NORM: tl.constexpr):
 
 
 @triton.jit
-def fwd(s_ptr, out_ptr, r_ptr, n, stride, scale, eps, NORM: tl.constexpr,
-        BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    s_row = s_ptr + row * stride
-    out_row = out_ptr + row * n
+def fwd(s_ptr, out_ptr, r_ptr, n, stride, rows, scale, eps, NORM: tl.constexpr,
+        BLOCK: tl.constexpr, SINGLE: tl.constexpr, GROUPS: tl.constexpr):
+    s_at, out_at, p = rows_of(rows, n, stride, GROUPS)
+    s_row = s_ptr + s_at
+    out_row = out_ptr + out_at
     if SINGLE:  # the whole row in registers: one read, one write
-        s, off, mask = load_block(s_row, 0, n, BLOCK)
+        off, mask = block_of(0, n, BLOCK)
+        s = load(s_row, off, mask)
         c = scale
         if NORM != 4:
             r, c = row_factor(tl.sum(row_term(s, mask, NORM), axis=0), scale, eps, NORM)
-            tl.store(r_ptr + row, r)
+            tl.store(r_ptr + p, r)
         t = theta_of(s, c, NORM)
         tl.store(out_row + off, t.to(out_ptr.dtype.element_ty), mask=mask)
     else:
@@ -80,13 +106,13 @@ def fwd(s_ptr, out_ptr, r_ptr, n, stride, scale, eps, NORM: tl.constexpr,
         if NORM != 4:
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for start in range(0, n, BLOCK):
-                s, off, mask = load_block(s_row, start, n, BLOCK)
-                acc += row_term(s, mask, NORM)
+                off, mask = block_of(start, n, BLOCK)
+                acc += row_term(load(s_row, off, mask), mask, NORM)
             r, c = row_factor(tl.sum(acc, axis=0), scale, eps, NORM)
-            tl.store(r_ptr + row, r)
+            tl.store(r_ptr + p, r)
         for start in range(0, n, BLOCK):
-            s, off, mask = load_block(s_row, start, n, BLOCK)
-            t = theta_of(s, c, NORM)
+            off, mask = block_of(start, n, BLOCK)
+            t = theta_of(load(s_row, off, mask), c, NORM)
             tl.store(out_row + off, t.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -123,20 +149,21 @@ def grad_of(s, g, r, c, dot, scale, eps, NORM: tl.constexpr):
 
 
 @triton.jit
-def bwd(g_ptr, s_ptr, r_ptr, ds_ptr, n, stride, scale, eps, NORM: tl.constexpr,
-        BLOCK: tl.constexpr, SINGLE: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    s_row = s_ptr + row * stride
-    g_row = g_ptr + row * n
-    ds_row = ds_ptr + row * n
+def bwd(g_ptr, s_ptr, r_ptr, ds_ptr, n, stride, rows, scale, eps, NORM: tl.constexpr,
+        BLOCK: tl.constexpr, SINGLE: tl.constexpr, GROUPS: tl.constexpr):
+    s_at, g_at, p = rows_of(rows, n, stride, GROUPS)
+    s_row = s_ptr + s_at
+    g_row = g_ptr + g_at
+    ds_row = ds_ptr + p * n
     r = 0.0
     c = scale
     if NORM != 4:
-        r = tl.load(r_ptr + row)
+        r = tl.load(r_ptr + p)
         c = scale / (r + eps)
     if SINGLE:
-        s, off, mask = load_block(s_row, 0, n, BLOCK)
-        g, _, _ = load_block(g_row, 0, n, BLOCK)
+        off, mask = block_of(0, n, BLOCK)
+        s = load(s_row, off, mask)
+        g = load(g_row, off, mask)
         dot = 0.0
         if NORM != 4:
             dot = tl.sum(dot_term(s, g, c, NORM), axis=0)
@@ -147,12 +174,11 @@ def bwd(g_ptr, s_ptr, r_ptr, ds_ptr, n, stride, scale, eps, NORM: tl.constexpr,
         if NORM != 4:
             acc = tl.zeros([BLOCK], dtype=tl.float32)
             for start in range(0, n, BLOCK):
-                s, off, mask = load_block(s_row, start, n, BLOCK)
-                g, _, _ = load_block(g_row, start, n, BLOCK)
-                acc += dot_term(s, g, c, NORM)
+                off, mask = block_of(start, n, BLOCK)
+                acc += dot_term(load(s_row, off, mask), load(g_row, off, mask), c, NORM)
             dot = tl.sum(acc, axis=0)
         for start in range(0, n, BLOCK):
-            s, off, mask = load_block(s_row, start, n, BLOCK)
-            g, _, _ = load_block(g_row, start, n, BLOCK)
-            ds = grad_of(s, g, r, c, dot, scale, eps, NORM)
+            off, mask = block_of(start, n, BLOCK)
+            ds = grad_of(load(s_row, off, mask), load(g_row, off, mask), r, c, dot, scale, eps,
+                         NORM)
             tl.store(ds_row + off, ds.to(ds_ptr.dtype.element_ty), mask=mask)
