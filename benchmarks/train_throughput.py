@@ -78,8 +78,9 @@ class Trainer:
                      flops_fn=flops_fn)
         self.model, self.optimizer, self.step = result.model, result.optimizer, warmup
 
-    def __call__(self) -> None:
-        end = self.step + self.round_steps
+    def __call__(self, steps: int | None = None) -> None:
+        """``round_steps`` more steps (``steps`` if given: a profile of one)."""
+        end = self.step + (steps or self.round_steps)
         fit(self.model, self.batch_fn, dataclasses.replace(self.cfg, steps=end),
             optimizer=self.optimizer, start_step=self.step, progress=False, device=self.device,
             flops_fn=self.flops_fn)

@@ -1,23 +1,23 @@
-"""benchmarks/gpu.py --smoke on the CPU: every stage but the frontier runs end to end at toy sizes
-and writes results.json / results.md with finite numbers, so the script a GPU session runs in a
-few 10-minute calls cannot rot unnoticed before then."""
+"""benchmarks/gpu.py on the CPU: ``--lease --smoke`` runs every stage of a lease end to end at
+toy sizes (the frontier only plans) and writes results.json / results.md with finite numbers, so
+the one command a GPU session runs first cannot rot unnoticed before then; the lease's runner
+(time limits, partial results, skipped stages) and its worker pool are tested on their own."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import math
+import os
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ["tests", "train", "pattention", "decode"]
-
-
 def benchmark(name: str) -> types.ModuleType:
     """A script of benchmarks/ imported as a module (they import their neighbours, e.g.
     ``common``, by name)."""
@@ -40,40 +40,121 @@ def numbers(value: object) -> list[float]:
 
 
 @pytest.mark.slow
-def test_smoke_run_writes_finite_results(tmp_path):
+def test_lease_smoke_runs_every_stage_and_returns_few_files(tmp_path):
+    """``--lease --smoke`` on the CPU: every stage of a lease in its own process, in order, each
+    writing finite numbers into the one results.json; no more files than a device call returns."""
     pytest.importorskip("transformers")
-    out = tmp_path / "gpu"
+    out = tmp_path / "lease"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--smoke", "--device", "cpu",
-         "--stage", *STAGES, "--out", str(out), "--frontier-dir", str(tmp_path / "frontier")],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+        [sys.executable, str(ROOT / "benchmarks" / "gpu.py"), "--lease", "--smoke", "--device",
+         "cpu", "--out", str(out), "--frontier-dir", str(tmp_path / "frontier")],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     results = json.loads((out / "results.json").read_text())
-    assert set(results) == {"env", *STAGES}
-    assert results["env"]["bf16_matmul_tflops"] > 0 and results["env"]["copy_gbps"] > 0
-    for stage in STAGES:
+    stages = ["env", "tests", "train", "decode", "pattention", "frontier"]
+    assert [r["stage"] for r in results["lease"]["rows"]] == stages
+    assert all(r["status"] == "ok" for r in results["lease"]["rows"])
+    assert set(results) == {"lease", *stages}
+    env = results["env"]
+    assert env["bf16_matmul_tflops"] > 0 and env["copy_gbps"] > 0 and env["cpu_count"] >= 1
+    assert env["torch"] and env["python"]
+    for stage in ("tests", "train", "decode", "pattention"):
         values = numbers(results[stage]["rows"])
         assert values and all(math.isfinite(v) for v in values), stage
-    tests = results["tests"]["runs"][0]
-    assert tests["passed"] >= 1 and tests["failed"] == 0
-    # 5 models (TokenFormer: default, impl=triton, triton + one Q/K/V GEMM; Transformer++;
-    # GPT-NeoX) × (eager, compiled); 4 layers × 2 modes per shape, and 4 Q/K/V variants × 2
-    # modes; decode: 2 models × 2 paths (eager, static + compiled) × 2 batch sizes
-    assert len(results["train"]["rows"]) == 10
-    assert all(0 < r["mfu"] and r["tokens_per_s"] > 0 for r in results["train"]["rows"])
-    assert len(results["pattention"]["rows"]) == 16
-    layers = {r["layer"] for r in results["pattention"]["rows"]}
-    assert {"Pattention triton", "Q/K/V one GEMM, triton"} <= layers
-    assert len(results["decode"]["rows"]) == 8
-    assert results["decode"]["expected_ratio_weights"] > 0
+        assert not results[stage].get("partial"), stage
+    assert results["tests"]["runs"][0]["passed"] >= 1 and results["tests"]["runs"][0]["failed"] == 0
+    train = results["train"]["rows"]
+    assert {r["mode"] for r in train} == {"compiled"}  # the lease trains compiled only
+    # Transformer++, TokenFormer (default, Triton Θ, + one Q/K/V GEMM), and the fused
+    # Transformer++ where this checkout has it
+    fused = any("fused projections" in r["model"] for r in train)
+    assert len(train) == 4 + fused
+    assert fused or any("fused_projections" in n for n in results["train"]["notes"])
+    assert all(isinstance(r["mutated"], int) and r["profile_kernels"] > 0 for r in train)
+    # Pattention fused and triton, and the MLP, eager and compiled, at the smoke shape: the
+    # faster MLP row is the unit of the last column
+    layers = results["pattention"]["rows"]
+    assert len(layers) == 6
+    mlp = min((r for r in layers if r["layer"].startswith("MLP")), key=lambda r: r["ms"])
+    assert mlp["vs_faster_mlp"] == pytest.approx(1.0)
+    decode = results["decode"]["rows"]
+    assert len(decode) == 8  # 2 models × (eager, static + compiled) × 2 batch sizes
+    assert all(r["kernels_per_token"] > 0 and 0 < r["of_bound"] for r in decode)
+    assert results["frontier"]["rows"][0]["runs_total"] > 0  # smoke: the plan only
+    files = sorted(p.name for p in out.rglob("*") if p.is_file())
+    assert len(files) <= 8 and {"results.json", "results.md", "lease.log"} <= set(files)
     text = (out / "results.md").read_text()
-    for title in ("device tests", "training speed", "Pattention vs MLP", "decoding"):
+    for title in ("lease", "device tests", "training speed", "Pattention vs MLP", "decoding",
+                  "frontier"):
         assert f"## GPU: {title}" in text
-    assert "| TokenFormer (tiny) | compiled |" in text
-    assert "| TokenFormer (tiny), impl=triton, one Q/K/V GEMM | compiled |" in text
-    assert (out / "tests.log").read_text().strip()
-    # the printed section is the file's (the reply of a device call shows stdout's end)
-    assert "## GPU: decoding" in result.stdout
+    assert "## GPU: lease" in result.stdout.split("## GPU: frontier")[-1]  # the summary last
+
+
+def test_train_models_flag_names_the_catalog():
+    """--train-models' choices (kept light for the command line) are the train stage's models."""
+    base, training = benchmark("gpu_stages.base"), benchmark("gpu_stages.training")
+    assert list(training.catalog(base.SMOKE, smoke=True)) == list(base.TRAIN_MODELS)
+    lease = benchmark("gpu_stages.lease")
+    assert set(lease.LEASE_MODELS) <= set(base.TRAIN_MODELS)
+
+
+def _stage(name: str, code: str, cap: float = 60.0, minimum: float = 1.0):
+    lease = benchmark("gpu_stages.lease")
+    return lease.LeaseStage(name, cap, minimum, lambda limit: [sys.executable, "-c", code])
+
+
+def test_a_stage_past_its_limit_keeps_its_rows_and_the_later_stages_run(tmp_path):
+    """The lease's runner: a stage that saved a partial entry and then hangs is stopped at its
+    limit and recorded as timed out with its rows; the next stage runs and already finds that
+    record in results.json (written after each stage); one that exits with an error and writes
+    nothing gets an entry with its log's end; one the budget cannot fit is skipped."""
+    out = tmp_path / "out"
+    out.mkdir()
+    results = out / "results.json"
+    write = f"import json, pathlib; p = pathlib.Path({str(results)!r}); "
+    hangs = write + ("r = json.loads(p.read_text()) if p.exists() else {}; "
+                     "r['tests'] = {'title': 'tests', 'rows': [{'passed': 3}], 'notes': [], "
+                     "'partial': True}; p.write_text(json.dumps(r)); import time; time.sleep(60)")
+    reads = write + ("r = json.loads(p.read_text()); r['train'] = {'title': 'train', 'rows': "
+                     "[{'saw': r['tests'].get('timed_out')}], 'notes': []}; "
+                     "p.write_text(json.dumps(r))")
+    fails = "import sys; print('the reason it failed'); sys.exit(3)"
+    lease = benchmark("gpu_stages.lease")
+    stages = [_stage("tests", hangs, cap=2.0), _stage("train", reads),
+              _stage("decode", fails), _stage("frontier", "pass", minimum=10_000)]
+    record = lease.run_stages(stages, out, budget_s=300, env=dict(os.environ))
+    assert [(r["stage"], r["status"]) for r in record["rows"]] == [
+        ("tests", "timed out"), ("train", "ok"), ("decode", "failed"), ("frontier", "skipped")]
+    assert record["rows"][0]["seconds"] < 20  # stopped at 2 s (SIGINT), not after its sleep
+    saved = json.loads(results.read_text())
+    assert saved["tests"]["timed_out"] and not saved["tests"]["ok"]
+    assert saved["tests"]["rows"] == [{"passed": 3}]
+    assert saved["train"]["rows"] == [{"saw": True}]
+    assert record["rows"][2]["returncode"] == 3
+    assert any("the reason it failed" in n for n in saved["decode"]["notes"])
+    assert "skipped" in saved["frontier"]["notes"][0]
+    assert "## GPU: lease" in (out / "results.md").read_text()
+
+
+def test_worker_pool_times_in_processes_and_drops_failed_candidates(monkeypatch):
+    """Candidates in spawned processes: one that raises while built and one whose process dies
+    are dropped with their errors, the others are called and timed (here the "seconds" a dict
+    returns for a key), and a call that raises drops its worker."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # the workers import gpu_stages too
+    workers = benchmark("gpu_stages.workers")
+    specs = {"ok": (dict, {"a": 0.25}), "raises": (int, {"x": 1}), "dies": (os._exit,
+                                                                            {"status": 3})}
+    with workers.Pool(specs, processes=True) as pool:
+        pool.start(deadline=time.monotonic() + 120, label="test")
+        assert pool.ready() == ["ok"]
+        errors = pool.errors()
+        assert "TypeError" in errors["raises"] and "died" in errors["dies"]
+        times, failed = workers.interleave(pool, {"k": ("ok", "get", ("a",))}, rounds=3,
+                                           warmup=1, deadline=math.inf)
+        assert times == {"k": {"min": 0.25, "median": 0.25, "rounds": 3}} and not failed
+        with pytest.raises(workers.WorkerError, match="KeyError"):
+            pool.call("ok", "pop", "missing")
+        assert pool.ready() == [] and pool.workers["ok"].process is None
 
 
 @pytest.mark.slow
@@ -123,7 +204,7 @@ def test_frontier_steps_estimates_from_a_folders_measured_step_times(tmp_path):
 def test_concurrency_predicts_gpu_code_from_the_eager_8_row():
     """The concurrency stage scales gpu-code's measured eager --jobs 8 time by each
     configuration's throughput relative to eager × 8 (twice the steps/s: half the minutes)."""
-    gpu = benchmark("gpu")
+    gpu = benchmark("gpu_stages.concurrency")
     rows = [{"mode": "eager", "jobs": 1, "steps_per_s": 30.0},
             {"mode": "eager", "jobs": 8, "steps_per_s": 50.0},
             {"mode": "graphs", "jobs": 8, "steps_per_s": 125.0}]
