@@ -22,6 +22,7 @@ import torch
 from common import synchronized
 
 from tokenformer import TokenFormerLM
+from tokenformer.models.generation import static_capacity
 
 from .base import Sizes, StageContext, copy_bandwidth, neox_model, tokenformer_config
 from .kernels import kernel_summary, profiled
@@ -56,8 +57,9 @@ class DecodeCandidate:
             weights = decode_bytes(model, model.get_input_embeddings().weight,
                                    model.get_output_embeddings().weight)
         self.model, self.name, self.static = model, name, path != "eager"
-        # a static generation of another length would compile again (its cache's capacity is
-        # the prompt + new tokens): the compiled paths are profiled at the timed length
+        # the compiled paths are profiled at the timed length: ours would replay its graph for
+        # any length in the same capacity bucket (generation.static_capacity), but HF's static
+        # cache holds exactly prompt + new tokens and would compile again
         self.profile_tokens = sizes.new_tokens if self.static else sizes.profile_tokens
         self.prompt = torch.randint(0, config.vocab_size, (batch, sizes.prompt),
                                     generator=torch.Generator().manual_seed(batch)).to(self.device)
@@ -100,11 +102,13 @@ def decode_stage(ctx: StageContext) -> dict[str, Any]:
     bandwidth = copy_bandwidth(device, sizes.copy_bytes)
     config = tokenformer_config(sizes)
     # K and V of every layer at every position read, bf16, at each step: the dynamic caches read
-    # the positions filled so far (their mean), the static ones all prompt + new of them
+    # the positions filled so far (their mean); HF's static cache all prompt + new of them, ours
+    # its whole capacity bucket (masked slots included)
     kv_per_position = 2 * config.num_layers * config.hidden_size * 2
     n_new = sizes.new_tokens
-    positions = {path: sizes.prompt + (n_new / 2 if path == "eager" else n_new)
-                 for _, path in DECODE_PATHS}
+    filled = sizes.prompt + n_new
+    positions = {(OURS, "eager"): sizes.prompt + n_new / 2, (HF, "eager"): sizes.prompt + n_new / 2,
+                 (OURS, STATIC): static_capacity(filled, config.max_seq_len), (HF, STATIC): filled}
     specs = {(name, path, batch): (DecodeCandidate, {"name": name, "path": path, "batch": batch,
                                                      "sizes": sizes, "device": str(device)})
              for batch in sizes.decode_batches for name, path in DECODE_PATHS}
@@ -123,7 +127,7 @@ def decode_stage(ctx: StageContext) -> dict[str, Any]:
                     continue
                 step = max(times[key, n_new]["min"] - times[key, 1]["min"], 1e-9) / (n_new - 1)
                 nbytes = pool.workers[key].info["weight_bytes"] + batch * kv_per_position \
-                    * positions[key[1]]
+                    * positions[key[0], key[1]]
                 bound = bandwidth / nbytes * batch
                 r["rows"].append({"model": key[0], "path": key[1], "batch": batch,
                                   "weight_mb": pool.workers[key].info["weight_bytes"] / 1e6,
@@ -182,7 +186,8 @@ def comparisons(rows: list[dict[str, Any]], batches: tuple[int, ...], by_weights
     return notes
 
 
-def notes(sizes: Sizes, bandwidth: float, positions: dict[str, float]) -> list[str]:
+def notes(sizes: Sizes, bandwidth: float, positions: dict[tuple[str, str], float]
+          ) -> list[str]:
     n_new = sizes.new_tokens
     return [
         f"Greedy `generate`, bf16 weights, {sizes.prompt}-token random prompt; one step = "
@@ -195,8 +200,9 @@ def notes(sizes: Sizes, bandwidth: float, positions: dict[str, float]) -> list[s
         f"untimed first run of a compiled path (compile + capture + {n_new} tokens).",
         f"Bandwidth bound: the measured copy rate ({bandwidth / 1e9:.3g} GB/s) over the weight "
         f"bytes plus the KV cache each step reads (dynamic: at the mean position "
-        f"{positions['eager']:.0f}; static: all {sizes.prompt + n_new} positions, masked or "
-        f"not); of bound = tokens/s ÷ that bound.",
+        f"{positions[OURS, 'eager']:.0f}; HF static: all {positions[HF, STATIC]:.0f} positions; "
+        f"ours static: its capacity bucket's {positions[OURS, STATIC]:.0f}, masked or not); "
+        f"of bound = tokens/s ÷ that bound.",
         f"kernels/token: device kernels (CUPTI; those a replayed CUDA graph runs included; on a "
         f"CPU the aten operators) of a profiled generation of {sizes.profile_tokens} new tokens "
         f"less one of 1, ÷ {sizes.profile_tokens - 1}; launches/token: the host's kernel-launch "
