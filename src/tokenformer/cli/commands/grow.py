@@ -29,7 +29,6 @@ from ...io.training_state import (
     save_optimizer_state,
 )
 from ...io.tree import save_tree
-from ...models.config import flops_per_token
 from ...models.memory import check_memory
 from ...ops.growth import (
     HOWS,
@@ -41,6 +40,7 @@ from ...ops.growth import (
     plan_growth,
     refuse_unsupported,
     resets_optimizer,
+    size_lines,
     strategy_names,
     widen_names,
     widening_refusal,
@@ -185,28 +185,6 @@ def _group_names(groups: list[dict[str, Any]], directory: Path,
     raise CheckpointError(f"{directory / OPTIMIZER_NAME} has {len(groups)} parameter "
                           f"groups but does not name their parameters; pass --reset-optimizer "
                           f"to grow without carrying it over")
-
-
-def size_lines(before: Any, after: Any, seq_len: int | None = None) -> list[str]:
-    """Shape, parameters and FLOPs per token of a model before and after a growth, one line each
-    (``tokenformer grow`` and ``tokenformer info --grow``); any LM config, TokenFormer or
-    baseline."""
-    def change(a: Any, b: Any) -> str:
-        return f"{a} -> {b}" if a != b else f"{a}"
-
-    shape = [("layers", "num_layers"), ("hidden", "hidden_size"), ("heads", "num_heads")]
-    shape += ([("qkv", "qkv_tokens"), ("proj", "proj_tokens"), ("ffn", "ffn_tokens")]
-              if hasattr(before, "qkv_tokens") else [("mlp", "intermediate_size")])
-    lines = ["shape        " + "   ".join(
-        f"{label} {change(getattr(before, key), getattr(after, key))}" for label, key in shape)]
-    n0, n1 = before.num_parameters(), after.num_parameters()
-    lines.append(f"parameters   {n0:,} -> {n1:,} (x{n1 / n0:.3g})")
-    for mode, training in (("forward", False), ("training", True)):
-        f0 = flops_per_token(before, seq_len, training)["total"]
-        f1 = flops_per_token(after, seq_len, training)["total"]
-        lines.append(f"FLOPs/token  {f0:.4g} -> {f1:.4g} {mode} (x{f1 / f0:.3g}, context "
-                     f"{seq_len or before.max_seq_len})")
-    return lines
 
 
 def run(args: argparse.Namespace) -> None:

@@ -14,9 +14,8 @@ from ...formats.loading import load_model
 from ...models.config import PRESETS, TokenFormerConfig, embedding_parameters, flops_per_token
 from ...nn.pattention import top_k_request
 from ...ops.adapters import load_adapted
-from ...ops.growth import parse_growth_request, plan_growth
+from ...ops.growth import parse_growth_request, plan_growth, size_lines
 from ..options import device, non_negative_float, positive, seed
-from .grow import size_lines
 
 
 def info(spec: str, seq_len: int | None = None, grow: str | None = None) -> str:

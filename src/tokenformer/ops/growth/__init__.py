@@ -94,7 +94,7 @@ from .options import (
     refuse_unsupported,
 )
 from .plan import as_key, plan_growth, refuse_product_ffn, widening_refusal
-from .report import max_logit_change
+from .report import max_logit_change, size_lines
 from .sizes import default_positions, resolve_size, size_request, width_factor
 from .stages import BRANCH_OUTPUTS, grow, grow_with_optimizer
 from .strategies import (
@@ -126,6 +126,6 @@ __all__ = [
     "grown_tokens", "max_logit_change", "old_tokens", "parse_growth_request", "plan_growth",
     "rebuild", "recipe_alias_note", "refuse_product_ffn", "refuse_unsupported",
     "register_strategy", "register_widening", "resets_optimizer", "resolve_size",
-    "size_request", "strategy_names", "unregister_strategy", "unregister_widening",
+    "size_lines", "size_request", "strategy_names", "unregister_strategy", "unregister_widening",
     "widen_names", "widening_refusal", "width_factor",
 ]
