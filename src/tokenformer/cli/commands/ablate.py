@@ -8,7 +8,7 @@ import torch
 
 from ...experiments.ablate import PRESETS, STUDIES, TASKS, run_ablation
 from ..options import positive
-from .scale import command_line, experiment_folder
+from ..runs import command_line, experiment_folder
 
 
 def ablate(args: argparse.Namespace) -> int:

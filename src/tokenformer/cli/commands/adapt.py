@@ -18,8 +18,8 @@ from ...ops import adapters as ad
 from ...training.adapt import adapt_checkpoint
 from ...training.config import TrainConfig
 from ..options import comma_list, config_overrides
+from ..runs import experiment_folder
 from .grow import copy_tokenizer
-from .scale import experiment_folder
 
 
 def parse_tokens(spec: str) -> dict[str, int]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import sys
 from pathlib import Path
 
 import torch
@@ -13,9 +11,9 @@ from ...data.datasets import TokenDataset
 from ...errors import ConfigError
 from ...experiments.frontier import COMPILE, PRESETS, describe, get_preset, run_frontier
 from ...io.files import stop_on_disk_full
-from ...io.outputs import check_run_folder, hold_run_folder
 from ...training.signals import interrupt_on_signal
 from ..options import device, positive
+from ..runs import command_line, experiment_folder
 
 
 def scale(args: argparse.Namespace) -> int:
@@ -45,21 +43,6 @@ def scale(args: argparse.Namespace) -> int:
                      hold=lambda out, inputs: experiment_folder(str(out), inputs, "scale"),
                      jobs=args.jobs, compile=args.compile)
     return 0
-
-
-def command_line(name: str) -> str | None:
-    """The command as typed (recorded in results.json), when ``tokenformer NAME`` is running;
-    None when called otherwise (e.g. from Python)."""
-    return "tokenformer " + " ".join(sys.argv[1:]) if sys.argv[1:2] == [name] else None
-
-
-def experiment_folder(out: str, inputs: list[str | None], command: str
-                      ) -> contextlib.AbstractContextManager[Path]:
-    """The experiment's output folder, checked (not an input, not someone else's folder) and
-    held for the run: a rerun resumes it, a concurrent one is refused."""
-    check_run_folder(out, inputs, command=command,
-                     legacy=("results.json", "report.md", ".partial.json", "runs"))
-    return hold_run_folder(out, command=command)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

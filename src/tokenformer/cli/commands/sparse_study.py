@@ -10,7 +10,7 @@ from ...experiments import sparse
 from ...experiments.sparse import CompareMLP, PruneCurve, PruneSeeds, Quality, TrainArms
 from ...io.outputs import check_not_input
 from ..options import positive
-from .scale import command_line
+from ..runs import command_line
 
 DESCRIPTION = ("One part of the sparse study per subcommand; prints a markdown section "
                "(benchmarks/RESULTS.md) and writes --json. Models are evaluated on the held-out "
