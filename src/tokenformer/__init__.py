@@ -4,7 +4,8 @@ The public names below are imported on first use (PEP 562), so that ``import tok
 the command line's ``--help``) does not pay for importing torch; ``from tokenformer import X``
 works as usual. The package is layered (docs/architecture.md): ``nn`` (Pattention), ``models``,
 ``data``, ``hf``, ``formats`` (``load_model``), ``ops`` (grow, prune, adapters), ``training``,
-``eval``, ``experiments`` and ``cli``, over ``io``. No module shares a public name's name, so
+``eval``, ``checkpoints`` (``grow_checkpoint`` ...: a model folder in, a new one out),
+``experiments`` and ``cli``, over ``io``. No module shares a public name's name, so
 ``tokenformer.grow`` and ``tokenformer.prune`` are always the functions.
 """
 
@@ -28,6 +29,8 @@ _EXPORTS = {
     "CausalLMOutput": "models.lm", "TokenFormerLM": "models.lm",
     "KVCache": "models.kv_cache", "StaticKVCache": "models.kv_cache",
     "load_model": "formats.loading",
+    "adapt_checkpoint": "checkpoints", "grow_checkpoint": "checkpoints",
+    "merge_checkpoint": "checkpoints", "prune_checkpoint": "checkpoints",
     "THETA_VARIANTS": "nn.pattention", "Pattention": "nn.pattention", "theta": "nn.pattention",
     "set_pattention_top_k": "nn.pattention",
     "ByteTokenizer": "data.tokenizer", "HFTokenizer": "data.tokenizer",
@@ -52,6 +55,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
+    from .checkpoints import adapt_checkpoint, grow_checkpoint, merge_checkpoint, prune_checkpoint  # noqa: F401
     from .data.tokenizer import ByteTokenizer, HFTokenizer, load_tokenizer  # noqa: F401
     from .errors import CheckpointError, ConfigError, DataError, GrowthError, TokenFormerError  # noqa: F401
     from .formats.loading import load_model  # noqa: F401

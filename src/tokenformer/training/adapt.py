@@ -1,6 +1,7 @@
 """Training a parameter-token adapter (``tokenformer adapt``): load a base, add the adapter's
 tokens at step 0 of their own run (the base frozen, :func:`tokenformer.ops.adapters.adapt`),
-train them with :func:`~tokenformer.training.loop.fit` like any run, save the adapter alone.
+train them with :func:`~tokenformer.training.loop.fit` like any run; saving the adapter alone is
+the checkpoint operation's (:func:`tokenformer.checkpoints.adapt_checkpoint`).
 
 An adapter is added before ``fit`` builds the optimizer (over the adapter's tokens only), so it
 needs no optimizer carried: it is the step-0 case of a growth event, not a mid-run one (adding
@@ -10,7 +11,6 @@ adapter tokens in the middle of a run has no use we know of; a run that grows mi
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,14 +18,11 @@ import torch
 from ..data.corpora import code_dataset
 from ..errors import ConfigError
 from ..formats.loading import load_model
-from ..io.outputs import check_output
 from ..ops import adapters as ad
-from .config import load_config
 from .evaluation import lm_evaluator
 from .execution import resolve_device
 from .lm import lm_batches, open_dataset
 from .loop import fit
-from .signals import interrupt_on_signal
 
 
 def open_data(cfg: Any, progress: bool = True) -> Any:
@@ -37,33 +34,12 @@ def open_data(cfg: Any, progress: bool = True) -> Any:
     return open_dataset(cfg, progress=progress)
 
 
-def adapt_checkpoint(base: str, data_spec: str, tokens: dict[str, int], out: str | Path, *,
-                     name: str = "adapter", overrides: dict[str, Any] | None = None,
-                     progress: bool | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """Load ``base``, attach a token adapter, train it on ``data_spec`` with the trainer
-    (:func:`tokenformer.training.fit`; any TrainConfig key in ``overrides``), save it to ``out``
-    (``overwrite``: replacing an earlier ``adapt``'s output)."""
-    out = Path(out)
-    ad.check_name(name)  # before loading anything
-    # before training: an output that exists, is an input or cannot be created is refused now
-    check_output(out, [base, data_spec if Path(data_spec).exists() else None], command="adapt",
-                 overwrite=overwrite)
-    cfg = load_config(None, {"steps": 200, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 20,
-                             "eval_interval": 0, "eval_batches": 8, "batch_size": 16,
-                             "seq_len": 128, "weight_decay": 0.0, **(overrides or {}),
-                             "data": data_spec})
-    # an adapter is written only once trained: a signal before that leaves nothing to resume
-    with interrupt_on_signal(f"nothing was written to {out} (an adapter is saved when its "
-                             f"training ends); rerun the same command to train it"):
-        model, summary = _train_adapter(base, data_spec, tokens, cfg, name, progress)
-    ad.save_adapter(model, name, out, extra={"training": summary}, overwrite=overwrite,
-                    command="adapt")
-    return {**summary, "out": str(out)}
-
-
-def _train_adapter(base: str, data_spec: str, tokens: dict[str, int], cfg: Any, name: str,
-                   progress: bool | None) -> tuple[Any, dict[str, Any]]:
-    """:func:`adapt_checkpoint`'s work before the save: the adapted model and its summary."""
+def train_adapter(base: str, data_spec: str, tokens: dict[str, int], cfg: Any, name: str,
+                  progress: bool | None) -> tuple[Any, dict[str, Any]]:
+    """Load ``base``, attach the adapter ``name`` with ``tokens`` new tokens per Pattention,
+    train it on ``data_spec`` with ``cfg`` (:func:`~tokenformer.training.loop.fit`): the adapted
+    model and its summary (val loss before and after, trainable parameters, steps); nothing is
+    saved (:func:`tokenformer.checkpoints.adapt_checkpoint` saves it)."""
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -6,20 +6,14 @@ import argparse
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any
 
+from ...checkpoints import adapt_checkpoint, merge_checkpoint
 from ...errors import ConfigError
 from ...experiments.adapt_bench import bench_preset, run_adapt_bench
-from ...io import checkpoint as ckpt
-from ...io.files import atomic_dir
-from ...io.outputs import check_output
 from ...nn.pattention import KINDS
-from ...ops import adapters as ad
-from ...training.adapt import adapt_checkpoint
 from ...training.config import TrainConfig
 from ..options import comma_list, config_overrides
 from ..runs import experiment_folder
-from .grow import copy_tokenizer
 
 
 def parse_tokens(spec: str) -> dict[str, int]:
@@ -48,23 +42,6 @@ def run_adapt(args: argparse.Namespace) -> int:
     print(f"val loss on {args.data}: base {summary['val_loss_base']:.4f} -> adapted "
           f"{summary['val_loss_adapted']:.4f} nats/token after {summary['steps']} steps")
     return 0
-
-
-def merge_checkpoint(base: str, adapters: list[str], out: str | Path, *,
-                     overwrite: bool = False) -> dict[str, Any]:
-    """Load ``base`` and ``adapters`` (stacked in order), write the merged plain model
-    (``overwrite``: replacing an earlier ``merge``'s output)."""
-    out = Path(out)
-    check_output(out, [base, *adapters], command="merge", overwrite=overwrite)
-    model = ad.load_adapted(base, adapters)
-    merged = ad.merge(model)
-    source = Path(base)
-    with atomic_dir(out, overwrite=overwrite, command="merge") as tmp:
-        merged.save(tmp)
-        copy_tokenizer(source, tmp)
-        ckpt.write_manifest(tmp)
-    return {"out": str(out), "adapters": ad.active_adapters(model),
-            "parameters": merged.num_parameters(), "config": merged.config.to_dict()}
 
 
 def run_merge(args: argparse.Namespace) -> int:
