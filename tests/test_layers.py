@@ -35,6 +35,7 @@ def test_the_layer_contracts_hold():
     for contract in ("layers: each imports only from the layers below it",
                      "the core never imports transformers",
                      "no import cycles",
+                     "cli/commands: the command modules never import each other",
                      "the CLI imports each experiment through its package, never its modules"):
         assert contract in done.stdout
 
@@ -70,6 +71,27 @@ def test_the_cli_reaching_into_an_experiment_module_breaks_the_contracts(tmp_pat
     assert ("the CLI imports each experiment through its package, never its modules BROKEN"
             in done.stdout)
     assert "tokenformer.cli.commands.scale -> tokenformer.experiments.frontier.run" in done.stdout
+
+
+def test_one_command_module_importing_another_breaks_the_contracts(tmp_path):
+    """What two commands share lives in a library layer or a cli/ module outside cli/commands
+    (issue 44): ``prune`` taking a helper from ``grow``'s command module must fail, naming it."""
+    done = lint_with_an_added_import(tmp_path, "cli/commands/prune.py",
+                                     "from .grow import register")
+    assert done.returncode != 0
+    assert "cli/commands: the command modules never import each other BROKEN" in done.stdout
+    assert "tokenformer.cli.commands.prune -> tokenformer.cli.commands.grow" in done.stdout
+
+
+COMMAND_LINES = 200  # a command module parses arguments and prints; its work lives in the library
+
+
+def test_command_modules_are_thin():
+    """Every ``cli/commands`` module is at most 200 lines (issue 44: grow's was 306, holding the
+    checkpoint operation, the trainer-state rewrite and the size description)."""
+    long = {path.name: n for path in sorted((SRC / "tokenformer" / "cli" / "commands").glob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > COMMAND_LINES}
+    assert long == {}
 
 
 def test_a_cycle_inside_a_folder_breaks_the_contracts(tmp_path):
