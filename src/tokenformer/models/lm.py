@@ -94,6 +94,12 @@ class Attention(nn.Module):
         self.value = _pattention(config, "qkv")
         self.proj = _pattention(config, "proj")
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K and V of ``x`` [B, T, d], each [B, T, d]."""
+        qkv = (self.query, self.key, self.value)
+        q, k, v = grouped_attend(x, qkv) if self.grouped_qkv else (p(x) for p in qkv)
+        return q, k, v
+
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, cache: Any | None,
                 cache_position: torch.Tensor | None = None) -> torch.Tensor:
@@ -104,8 +110,7 @@ class Attention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
 
-        qkv = (self.query, self.key, self.value)
-        q, k, v = grouped_attend(x, qkv) if self.grouped_qkv else (p(x) for p in qkv)
+        q, k, v = self.project_qkv(x)
         q, k, v = rotary(heads(q), position_ids), rotary(heads(k), position_ids), heads(v)
         if cache_position is not None:  # a static cache: the whole buffers, masked
             k, v = cache.update(k, v, self.layer_idx, {"cache_position": cache_position})
@@ -196,6 +201,12 @@ class Block(nn.Module):
         self.post_attention_layernorm = LayerNorm(config.hidden_size, eps, affine)
         self.mlp = (_pattention(config, "ffn") if getattr(config, "ffn_keys", "dense") == "dense"
                     else _product_ffn(config))
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K and V of ``x`` [B, T, d], each [B, T, d]."""
+        qkv = (self.query, self.key, self.value)
+        q, k, v = grouped_attend(x, qkv) if self.grouped_qkv else (p(x) for p in qkv)
+        return q, k, v
 
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, cache: Any | None,
