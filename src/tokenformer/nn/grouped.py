@@ -26,9 +26,10 @@ forward and, backward, writes each segment's dΘ = dY·Vᵀ straight into its pl
 Autograd alone would copy twice per step: undoing the transpose clones the whole [rows, G·n]
 score gradient, and the ``unbind`` of the outputs stacks their G gradients
 (tests/test_device.py counts the copies). Unequal segments still concatenate their score
-gradients (the ``split``'s backward): one copy of [rows, Σn]. Under ``torch.compile`` the value
-product's backward stacks its products instead (:func:`_compiled_backward`) and inductor plans
-where they go.
+gradients (the ``split``'s backward): one copy of [rows, Σn]; at inference the C++ kernel,
+which reads contiguous rows, takes a copy of each segment's scores. Under ``torch.compile`` the
+value product's backward stacks its products instead (:func:`_compiled_backward`) and inductor
+plans where they go.
 
 **Inference** reuses the concatenated keys and stacked values (:class:`StackedWeights`) instead
 of making them at every call (a decoding step would copy 3·n·(d_in + d_out) elements per block).

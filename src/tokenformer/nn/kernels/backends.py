@@ -162,8 +162,8 @@ class CpuKernel(ThetaBackend):
     def theta(self, scores: torch.Tensor, layer: ThetaSettings, training: bool) -> torch.Tensor:
         if training or torch.is_autocast_enabled(scores.device.type):
             return theta(scores, layer.norm, layer.scale, layer.eps)
-        return cpu_theta.theta_forward(scores.reshape(-1, scores.shape[-1]), layer.scale,
-                                       layer.eps)[0].view(scores.shape)
+        rows = scores.reshape(-1, scores.shape[-1]).contiguous()  # a segment's rows are strided
+        return cpu_theta.theta_forward(rows, layer.scale, layer.eps)[0].view(scores.shape)
 
     def pattention(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    layer: ThetaSettings, training: bool) -> torch.Tensor:
