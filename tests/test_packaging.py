@@ -89,7 +89,7 @@ def test_constraints_file_pins_the_lowest_tested_versions():
 
 
 # ------------------------------------------------------------------------------ import graph
-CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.files",
+CORE = {"tokenformer", "tokenformer.errors", "tokenformer.registry", "tokenformer.io", "tokenformer.io.files",
         "tokenformer.io.checkpoint", "tokenformer.io.training_state", "tokenformer.io.tree",
         "tokenformer.io.paths", "tokenformer.io.untrusted",
         "tokenformer.models.memory",
@@ -102,6 +102,7 @@ CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.f
         "tokenformer.nn.product_keys", "tokenformer.models",
         "tokenformer.models.lm", "tokenformer.models.config", "tokenformer.models.official",
         "tokenformer.models.kv_cache", "tokenformer.models.generation",
+        "tokenformer.models.sampling",
         "tokenformer.models.persistence", "tokenformer.models.checks"}
 
 
