@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .pattention import Pattention
+from .pattention import Pattention, TopK
 
 AllReduce = Callable[[torch.Tensor], torch.Tensor]
 
@@ -66,20 +66,26 @@ SHARDED_THETAS: dict[str, Callable[[torch.Tensor, AllReduce, float, float], torc
     "softmax": _softmax, "gelu": _gelu}
 
 
-def check_shardable(layer: Pattention, world_size: int, name: str = "Pattention") -> None:
-    """ConfigError (one line, naming ``name``) when ``layer`` cannot be split over
-    ``world_size`` ranks by token: a Θ without a sharded form, top-k, or n not divisible."""
-    if layer.norm not in SHARDED_THETAS:
-        raise ConfigError(f"{name}: Θ {layer.norm!r} has no tensor-parallel form (built-in "
-                          f"variants only: {', '.join(SHARDED_THETAS)}); serve it with "
+def check_split(name: str, norm: str, top_k: TopK, num_tokens: int, world_size: int) -> None:
+    """ConfigError (one line, naming ``name``) when a Pattention of Θ ``norm``, ``top_k`` and
+    ``num_tokens`` tokens cannot be split over ``world_size`` ranks by token: a Θ without a
+    sharded form, top-k, or n not divisible."""
+    if norm not in SHARDED_THETAS:
+        raise ConfigError(f"{name}: Θ {norm!r} has no tensor-parallel form (built-in variants "
+                          f"only: {', '.join(SHARDED_THETAS)}); serve it with "
                           f"tensor_parallel_size 1")
-    if layer.top_k is not None:
+    if top_k is not None:
         raise ConfigError(f"{name}: top-k Pattention cannot be split by token (each row's k "
                           f"tokens are chosen among all n); serve it with tensor_parallel_size 1 "
                           f"or without top-k")
-    if layer.num_tokens % world_size:
-        raise ConfigError(f"{name}: {layer.num_tokens} parameter tokens do not split evenly "
-                          f"over tensor_parallel_size {world_size}")
+    if num_tokens % world_size:
+        raise ConfigError(f"{name}: {num_tokens} parameter tokens do not split evenly over "
+                          f"tensor_parallel_size {world_size}")
+
+
+def check_shardable(layer: Pattention, world_size: int, name: str = "Pattention") -> None:
+    """:func:`check_split` for an existing layer."""
+    check_split(name, layer.norm, layer.top_k, layer.num_tokens, world_size)
 
 
 class ShardedPattention(nn.Module):
@@ -92,12 +98,9 @@ class ShardedPattention(nn.Module):
                  device: torch.device | str | None = None,
                  dtype: torch.dtype | None = None) -> None:
         super().__init__()
-        if norm not in SHARDED_THETAS:
-            raise ConfigError(f"Θ {norm!r} has no tensor-parallel form (built-in variants only: "
-                              f"{', '.join(SHARDED_THETAS)})")
-        if not 0 <= rank < world_size or num_tokens % world_size:
-            raise ConfigError(f"cannot give rank {rank} of {world_size} an equal share of "
-                              f"{num_tokens} parameter tokens")
+        check_split("Pattention", norm, None, num_tokens, world_size)
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank {rank} is not one of 0..{world_size - 1}")
         self.in_features, self.out_features, self.norm = in_features, out_features, norm
         self.scale, self.eps = float(scale), float(eps)
         self.rank, self.world_size = rank, world_size

@@ -35,9 +35,10 @@ def register() -> None:
     * :class:`~tokenformer.serving.checks.ServingCheck` joins vLLM's per-architecture config
       hooks, so a bad folder or option is refused before any worker starts.
     """
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
     import tokenformer.hf  # noqa: F401  (registers the config with AutoConfig)
     from vllm import ModelRegistry
-    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
     from .vllm_model import TokenFormerForCausalLM  # imports vLLM at its top
 

@@ -22,7 +22,7 @@ from ..models.baselines import model_class
 from ..models.checks import check_buildable, check_state_dict, header_shapes
 from ..models.persistence import CONFIG_NAME, WEIGHTS_NAME
 from ..nn.pattention import KINDS
-from ..nn.sharded import SHARDED_THETAS
+from ..nn.sharded import check_split
 
 # Weight names in a Hugging Face folder: the core model's names under ``model.``
 # (tokenformer.hf.modeling); the vLLM model keeps the core as its ``model`` attribute too.
@@ -41,21 +41,12 @@ def check_servable(config: Any, tensor_parallel_size: int = 1) -> None:
     if arch != "tokenformer":
         raise ConfigError(f"the {arch} baseline is served at tensor_parallel_size 1 only; "
                           f"{tp} shards TokenFormer's parameter tokens")
-    for kind in KINDS:
-        if getattr(config, f"{kind}_top_k") is not None:
-            raise ConfigError(f"{kind}_top_k is set: top-k Pattention cannot be split by token "
-                              f"(each row's k tokens are chosen among all n); serve it with "
-                              f"tensor_parallel_size 1, or set {kind}_top_k to null")
-        tokens = getattr(config, f"{kind}_tokens")
-        if tokens % tensor_parallel_size:
-            raise ConfigError(f"{kind}_tokens {tokens} does not split evenly over {tp}")
     if config.ffn_keys != "dense":
         raise ConfigError(f"ffn_keys {config.ffn_keys!r} (product keys) cannot be split by token; "
                           f"serve it with tensor_parallel_size 1")
-    if config.norm not in SHARDED_THETAS:
-        raise ConfigError(f"Θ {config.norm!r} has no tensor-parallel form (built-in variants "
-                          f"only: {', '.join(SHARDED_THETAS)}); serve it with "
-                          f"tensor_parallel_size 1")
+    for kind in KINDS:
+        check_split(f"the {kind} Pattentions", config.norm, getattr(config, f"{kind}_top_k"),
+                    getattr(config, f"{kind}_tokens"), tensor_parallel_size)
     if config.num_heads % tensor_parallel_size:
         raise ConfigError(f"num_heads {config.num_heads} does not split evenly over {tp}")
 
@@ -89,15 +80,22 @@ def check_folder(folder: str | Path, config: Any) -> None:
 class ServingCheck:
     """vLLM's per-architecture config hook (``MODELS_CONFIG_MAP``, filled by the plugin):
     :func:`check_servable` at the parallel sizes asked for, and :func:`check_folder` when the
-    model is a local folder."""
+    model is a local folder.
+
+    Every refusal leaves as a CheckpointError naming the model: vLLM runs the hook inside the
+    validation of its pydantic config, which turns a ``ValueError`` (ConfigError is one) into a
+    multi-line ``ValidationError``; other exceptions pass through as they are."""
 
     @staticmethod
     def verify_and_update_config(vllm_config: Any) -> None:
         model_config = vllm_config.model_config
         config = model_config.hf_config.to_core()
-        check_servable(config, vllm_config.parallel_config.tensor_parallel_size)
-        if Path(model_config.model).is_dir():
-            check_folder(model_config.model, config)
+        try:
+            check_servable(config, vllm_config.parallel_config.tensor_parallel_size)
+            if Path(model_config.model).is_dir():
+                check_folder(model_config.model, config)
+        except ConfigError as exc:  # PathError (a link, a FIFO in the folder) is one too
+            raise CheckpointError(f"{model_config.model}: {exc}") from None
 
     @staticmethod
     def verify_and_update_model_config(model_config: Any) -> None:

@@ -47,7 +47,7 @@ from ..errors import CheckpointError, ConfigError
 from ..models.baselines import model_class
 from ..models.lm import RotaryEmbedding, TokenFormerLM
 from ..nn.pattention import BLOCK_PATTENTIONS, Pattention
-from ..nn.sharded import ShardedPattention, check_shardable
+from ..nn.sharded import ShardedPattention
 from .checks import PREFIX, check_servable
 
 
@@ -91,7 +91,8 @@ class PagedAttention(nn.Module):
         N = x.shape[0]
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # [N, d] → this rank's [1, H, N, hd]
-            return t[:, self.columns].reshape(N, self.num_heads, self.head_dim).transpose(0, 1)[None]
+            t = t[:, self.columns].reshape(N, self.num_heads, self.head_dim)
+            return t.transpose(0, 1)[None]
 
         def flat(t: torch.Tensor) -> torch.Tensor:  # [1, H, N, hd] → [N, H · head_size]
             t = t[0].transpose(0, 1)
@@ -109,16 +110,13 @@ class PagedAttention(nn.Module):
         return self.proj(out)
 
 
-def _shard_block(block: nn.Module, rank: int, world_size: int, layer: int) -> None:
-    """Replace each of ``block``'s Pattentions by this rank's share of its tokens."""
+def _shard_block(block: nn.Module, rank: int, world_size: int) -> None:
+    """Replace each of ``block``'s Pattentions by this rank's share of its tokens (what cannot
+    be split was refused by :func:`~tokenformer.serving.checks.check_servable`)."""
     for name in BLOCK_PATTENTIONS:
         parent_name, _, leaf = name.rpartition(".")
         parent = block.get_submodule(parent_name) if parent_name else block
-        full = getattr(parent, leaf)
-        if not isinstance(full, Pattention):
-            raise ConfigError(f"layers.{layer}.{name} is a {type(full).__name__}, which tensor "
-                              f"parallelism does not split; serve with tensor_parallel_size 1")
-        check_shardable(full, world_size, f"layers.{layer}.{name}")
+        full: Pattention = getattr(parent, leaf)
         setattr(parent, leaf, ShardedPattention(
             full.in_features, full.out_features, full.num_tokens, full.norm, scale=full.scale,
             eps=full.eps, rank=rank, world_size=world_size,
@@ -140,8 +138,8 @@ class TokenFormerForCausalLM(nn.Module):
         with torch.device("meta"):
             core: TokenFormerLM = model_class(getattr(config, "arch", "tokenformer"))(config)
             if world_size > 1:
-                for i, block in enumerate(core.layers):
-                    _shard_block(block, rank, world_size, i)
+                for block in core.layers:
+                    _shard_block(block, rank, world_size)
         device = vllm_config.device_config.device
         core.to_empty(device=device)
         for p in core.parameters():
