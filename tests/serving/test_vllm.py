@@ -4,7 +4,7 @@ Transformer++ baseline), the OpenAI server answers ``/v1/completions`` for promp
 tensor_parallel_size 2, and a bad folder or option is refused in one line before vLLM starts.
 
 Runs in the virtualenv of the ``vllm`` extra, which ``.ci/run`` builds and runs ``pytest
-tests/vllm`` in; skipped elsewhere, so the main virtualenv never imports vLLM.
+tests/serving`` in; skipped elsewhere, so the main virtualenv never imports vLLM.
 """
 
 from __future__ import annotations
@@ -27,15 +27,18 @@ import torch
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed (docs/serving.md)")
 
+from vllm import LLM, SamplingParams
+
 from tokenformer.data.corpus import kjv_text
 from tokenformer.data.tokenizer import ByteTokenizer
 from tokenformer.errors import CheckpointError
+from tokenformer.formats.convert import convert_official
 from tokenformer.hf import load_hf, save_hf
 from tokenformer.models.baselines import TransformerConfig, TransformerLM
 from tokenformer.models.config import TokenFormerConfig
 from tokenformer.models.lm import TokenFormerLM
+from tokenformer.models.official import official_config, save_official
 from tokenformer.ops.growth import grow
-from vllm import LLM, SamplingParams
 
 # ------------------------------------------------------------------------------ models
 CONTEXT = 128
@@ -87,11 +90,17 @@ def hf_folder(model: TokenFormerLM, folder: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def trained_folder(tmp_path_factory) -> Path:
-    """Head size 32 (one vLLM's CPU attention runs as it is)."""
+    """Head size 32 (one vLLM's CPU attention runs as it is), trained here, written in the
+    released layout (``pytorch_model.bin`` and the released ``config.json``) and converted as
+    ``tokenformer convert official`` converts a release."""
     torch.manual_seed(0)
     model = train(TokenFormerLM(byte_config(num_heads=2, qkv_tokens=32, proj_tokens=32,
                                             ffn_tokens=64)), 40, seed=1)
-    return hf_folder(model, tmp_path_factory.mktemp("vllm") / "trained")
+    root = tmp_path_factory.mktemp("vllm")
+    (root / "released").mkdir()
+    save_official(model, root / "released" / "pytorch_model.bin")
+    (root / "released" / "config.json").write_text(json.dumps(official_config(model.config)))
+    return convert_official(root / "released", root / "trained", tokenizer="bytes")
 
 
 @pytest.fixture(scope="session")
