@@ -35,12 +35,15 @@ def register() -> None:
     * :class:`~tokenformer.serving.checks.ServingCheck` joins vLLM's per-architecture config
       hooks, so a bad folder or option is refused before any worker starts.
     """
-    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm import ModelRegistry
 
     import tokenformer.hf  # noqa: F401  (registers the config with AutoConfig)
-    from vllm import ModelRegistry
 
     from .vllm_model import TokenFormerForCausalLM  # imports vLLM at its top
 
     ModelRegistry.register_model(ARCHITECTURE, TokenFormerForCausalLM)
+    try:  # vLLM's own table of these hooks (an internal name: tested with 0.32)
+        from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    except ImportError:  # moved in another release: the model's constructor still refuses, later
+        return
     MODELS_CONFIG_MAP[ARCHITECTURE] = ServingCheck  # type: ignore[assignment]
