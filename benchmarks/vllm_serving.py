@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     # Before vLLM is imported: in-process engine, no binding, our thread count kept.
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind",
                       OMP_NUM_THREADS=str(args.threads))
+    # vLLM logs to stdout by default: keep stdout for the section
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
     import torch
     from vllm import LLM, SamplingParams

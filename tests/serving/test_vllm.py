@@ -1,7 +1,8 @@
 """vLLM serves TokenFormer folders with our tokens (docs/serving.md): greedy ``LLM.generate``
-equals our ``generate`` on a batch of prompts of different lengths (trained, grown, the
-Transformer++ baseline), the OpenAI server answers ``/v1/completions`` for prompt token ids at
-tensor_parallel_size 2, and a bad folder or option is refused in one line before vLLM starts.
+equals our ``generate`` on a batch of prompts of different lengths (trained and converted from
+the released layout, grown, sparse, the Transformer++ baseline), the OpenAI server answers
+``/v1/completions`` for prompt token ids at tensor_parallel_size 2, and a bad folder or option
+is refused in one line before vLLM starts.
 
 Runs in the virtualenv of the ``vllm`` extra, which ``.ci/run`` builds and runs ``pytest
 tests/serving`` in; skipped elsewhere, so the main virtualenv never imports vLLM.
@@ -38,6 +39,7 @@ from tokenformer.models.baselines import TransformerConfig, TransformerLM
 from tokenformer.models.config import TokenFormerConfig
 from tokenformer.models.lm import TokenFormerLM
 from tokenformer.models.official import official_config, save_official
+from tokenformer.nn.pattention import set_pattention_top_k
 from tokenformer.ops.growth import grow
 
 # ------------------------------------------------------------------------------ models
@@ -68,8 +70,9 @@ def byte_config(**sizes: int) -> TokenFormerConfig:
 
 
 def train(model: TokenFormerLM, steps: int, seed: int) -> TokenFormerLM:
-    """A few AdamW steps on the embedded corpus' bytes: enough for distinct, confident argmaxes
-    (a random model's logits are nearly flat, where two backends may break ties differently)."""
+    """AdamW steps on the embedded corpus' bytes (150: loss ≈ 2.3, a few seconds): confident
+    argmaxes that depend on the prompt (a random model's logits are nearly flat, where two
+    backends may break ties differently; 40 steps teach little more than "a space, then t")."""
     data = torch.tensor(list(kjv_text()[:50_000].encode()))
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -95,7 +98,7 @@ def trained_folder(tmp_path_factory) -> Path:
     ``tokenformer convert official`` converts a release."""
     torch.manual_seed(0)
     model = train(TokenFormerLM(byte_config(num_heads=2, qkv_tokens=32, proj_tokens=32,
-                                            ffn_tokens=64)), 40, seed=1)
+                                            ffn_tokens=64)), 150, seed=1)
     root = tmp_path_factory.mktemp("vllm")
     (root / "released").mkdir()
     save_official(model, root / "released" / "pytorch_model.bin")
@@ -109,11 +112,23 @@ def grown_folder(tmp_path_factory) -> Path:
     parameter tokens by the exact recipe (Θ factors held at the old √n), trained again."""
     torch.manual_seed(2)
     base = train(TokenFormerLM(byte_config(num_heads=4, qkv_tokens=32, proj_tokens=32,
-                                           ffn_tokens=64)), 30, seed=3)
+                                           ffn_tokens=64)), 120, seed=3)
     grown = train(grow(base, qkv=48, proj=40, ffn=96, strategy="exact",
-                       generator=torch.Generator().manual_seed(4)), 10, seed=5)
+                       generator=torch.Generator().manual_seed(4)), 30, seed=5)
     assert grown.config.qkv_tokens == 48 and grown.config.qkv_scale is not None
     return hf_folder(grown, tmp_path_factory.mktemp("vllm") / "grown")
+
+
+@pytest.fixture(scope="session")
+def sparse_folder(tmp_path_factory) -> Path:
+    """Product keys in the FFN (64 = 8² tokens, 8 read per row) and top-k Q/K/V (16 of 32
+    tokens per row, set after training): the sparse layers run in the project's modules."""
+    torch.manual_seed(8)
+    model = train(TokenFormerLM(byte_config(num_heads=2, qkv_tokens=32, proj_tokens=32,
+                                            ffn_tokens=64, ffn_keys="product",
+                                            ffn_product_k=8)), 150, seed=9)
+    set_pattention_top_k(model, qkv=16)
+    return hf_folder(model, tmp_path_factory.mktemp("vllm") / "sparse")
 
 
 @pytest.fixture(scope="session")
@@ -159,7 +174,8 @@ def assert_no_near_ties(model: TokenFormerLM, prompts: list[list[int]],
         assert float((top.values[:, 0] - top.values[:, 1]).min()) > MARGIN
 
 
-@pytest.mark.parametrize("name", ["trained_folder", "grown_folder", "baseline_folder"])
+@pytest.mark.parametrize("name", ["trained_folder", "grown_folder", "sparse_folder",
+                                  "baseline_folder"])
 def test_greedy_tokens_from_llm_equal_our_generate(name, request):
     folder: Path = request.getfixturevalue(name)
     ours = load_hf(folder).model
