@@ -34,6 +34,7 @@ def test_the_layer_contracts_hold():
     assert "BROKEN" not in done.stdout
     for contract in ("layers: each imports only from the layers below it",
                      "the core never imports transformers",
+                     "nothing but tokenformer.serving imports vllm",
                      "no import cycles",
                      "the CLI imports each experiment through its package, never its modules"):
         assert contract in done.stdout
@@ -72,6 +73,15 @@ def test_the_cli_reaching_into_an_experiment_module_breaks_the_contracts(tmp_pat
     assert "tokenformer.cli.commands.scale -> tokenformer.experiments.frontier.run" in done.stdout
 
 
+def test_a_vllm_import_outside_serving_breaks_the_contracts(tmp_path):
+    """vLLM has a virtualenv of its own (docs/serving.md): the core, the HF layer and the CLI
+    never import it, only the plugin package does."""
+    done = lint_with_an_added_import(tmp_path, "hf/modeling.py", "import vllm")
+    assert done.returncode != 0
+    assert "nothing but tokenformer.serving imports vllm BROKEN" in done.stdout
+    assert "tokenformer.hf.modeling -> vllm" in done.stdout
+
+
 def test_a_cycle_inside_a_folder_breaks_the_contracts(tmp_path):
     """models/official.py importing the LM (models/lm.py imports it, through persistence.py) is a
     cycle between modules of one folder, which the layers alone do not see."""
@@ -96,6 +106,7 @@ DEFERRABLE = {
     "scipy",  # scipy.stats (~1 s to import), for one t-quantile
     "statsmodels",  # Holm and TOST (imports pandas): only when a report answers questions
     "tokenformer.hf", "tokenformer.formats.convert",  # transformers at their top
+    "vllm", "tokenformer.serving.vllm_model",  # the vllm extra's own virtualenv (serving/)
 }
 
 

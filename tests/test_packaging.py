@@ -58,14 +58,27 @@ def test_extras_use_ranges_with_a_floor_and_a_ceiling():
         assert "<" in _requirements(extras["eval"])[name], name
 
 
-def test_all_is_everything_but_dev_and_datasets_is_declared():
+def test_all_is_everything_but_dev_and_vllm_and_datasets_is_declared():
+    """``vllm`` stays out of ``all``: vLLM's CPU build pins torch and transformers itself and
+    lives in a virtualenv of its own (docs/serving.md)."""
     extras = _pyproject()["project"]["optional-dependencies"]
     (all_,) = extras["all"]
     included = set(re.fullmatch(r"tokenformer\[(.*)\]", all_).group(1).split(","))
-    assert included == set(extras) - {"all", "dev"}
+    assert included == set(extras) - {"all", "dev", "vllm"}
     assert "tensorboard" in included
     declared = {name for spec in extras.values() for name in _requirements(spec)}
     assert "datasets" in declared  # `prepare` reads saved HF datasets with it
+
+
+def test_the_vllm_plugin_is_an_entry_point_whose_package_imports_no_vllm():
+    """vLLM finds the model through ``vllm.general_plugins``; the package it names imports
+    neither vLLM nor transformers until vLLM calls ``register`` (docs/serving.md)."""
+    plugins = _pyproject()["project"]["entry-points"]["vllm.general_plugins"]
+    assert plugins == {"tokenformer": "tokenformer.serving:register"}
+    out = run_python("import sys, tokenformer.serving as s\n"
+                     "print(callable(s.register), 'vllm' in sys.modules, "
+                     "'transformers' in sys.modules)")
+    assert out.split() == ["True", "False", "False"]
 
 
 def test_torch_floor_has_every_public_api_the_code_imports():
