@@ -41,6 +41,7 @@ SCRIPTS: dict[str, tuple[str, list[str]]] = {
     "decode": ("decode.py", ["--cpu-time"]),
     "inference": ("inference.py", ["--cpu-time"]),
     "train_throughput": ("train_throughput.py", ["--cpu-time"]),
+    "training_step": ("training_step.py", ["--cpu-time"]),
     "theta_passes": ("theta_passes.py", ["--cpu-time"]),
     "attention": ("attention.py", ["--cpu-time"]),
     "data_pipeline": ("data_pipeline.py", []),

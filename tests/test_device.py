@@ -5,8 +5,10 @@ CUDA is absent). benchmarks/gpu.py runs this file on the GPU first.
 Every CUDA branch of the library is exercised here at toy sizes: each Pattention impl and Θ
 variant against a float64 reference computed on the CPU from the same weights (fp32, bf16
 autocast, training and inference dispatch), cached vs uncached generation, function-preserving
-growth, training with resume, bf16 autocast against fp32, ``torch.compile`` of a training step,
-DDP and FSDP2 in one process (gloo on the CPU, NCCL on CUDA).
+growth, training with resume, the losses read back every few steps (the same records, fewer
+waits for the device), the device's AdamW (fused on CUDA) taking a state saved on the CPU, the
+fused-projection Transformer++ against float64, bf16 autocast against fp32, ``torch.compile``
+of a training step, DDP and FSDP2 in one process (gloo on the CPU, NCCL on CUDA).
 
 ``torch.compile`` runs only with ``--device cuda``: compiling a training step takes tens of
 seconds on a CPU, and CPU compilation is covered by test_kernels.py and benchmarks/compile.py.
@@ -20,7 +22,9 @@ tests are skipped, saying why.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -29,12 +33,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tokenformer import THETA_VARIANTS, Pattention, TokenFormerConfig, TokenFormerLM, grow, theta
 from tokenformer.io.process_group import World
 from tokenformer.io.run_folders import step_dir
+from tokenformer.models.baselines import TransformerConfig, TransformerLM, convert_projections
 from tokenformer.nn.grouped import grouped_attend
 from tokenformer.nn.kernels import triton_theta
 from tokenformer.nn.pattention import PATTENTION_IMPLS
 from tokenformer.training.config import TrainConfig
 from tokenformer.training.distributed import load_sharded_model
 from tokenformer.training.loop import fit
+from tokenformer.training.optim import group_names, make_optimizer, rebuild_optimizer
+from tokenformer.training.readback import READBACK_STEPS
 
 # Normwise relative error of a result against its float64 reference. fp32: a few fp32 roundings
 # (measured <= 3e-7 on the CPU; the bound leaves room for other accumulation orders, not for
@@ -509,6 +516,135 @@ def test_training_resumes_bit_for_bit(device, precision, tmp_path):
     assert resumed.losses == whole.losses[2:], (
         f"max |Δloss| {difference:.3g} (tiny: a CUDA kernel that is not deterministic, not the "
         f"resume)")
+
+
+TIMING = ("train_time", "elapsed", "tokens_per_s", "flops_per_s")  # measured, not computed
+
+
+def test_losses_read_back_every_few_steps_record_what_every_step_does(device):
+    """``fit`` with the device's read-back interval (every READBACK_STEPS steps on CUDA, every
+    step on the CPU) and every 3 steps gives the records of reading every step, bit for bit
+    (the loss, gradient norm, LR, tokens and FLOPs of each step, the evaluations among them);
+    only the measured times differ."""
+    batch_fn = lm_batches(257, 4, 32, device)
+    held_out = batch_fn(99)
+
+    def eval_fn(model):
+        with torch.no_grad():
+            return {"val_loss": model(**held_out).loss.item()}
+
+    records = {}
+    with deterministic(device):
+        for readback in (1, 3, None):
+            torch.manual_seed(0)
+            cfg = train_config(steps=7, eval_interval=5, grad_clip=1.0)
+            result = fit(TokenFormerLM(tiny()), batch_fn, cfg, eval_fn=eval_fn, device=device,
+                         progress=False, readback=readback)
+            records[readback] = [{k: v for k, v in r.items() if k not in TIMING}
+                                 for r in result.records]
+    assert [r["type"] for r in records[1]].count("eval") == 2
+    assert records[3] == records[1] and records[None] == records[1]
+
+
+def test_a_step_does_not_wait_for_the_device(device):
+    """Reading the losses back every 8 steps instead of every step leaves at least 7 fewer
+    synchronizing CUDA calls in 8 steps (torch's sync debug mode counts them): the host queues
+    the next steps while the device runs. CUDA only: a CPU step is done when it returns."""
+    if device.type != "cuda":
+        pytest.skip("the host waits for the device only on CUDA (the CPU computes in the call)")
+    batch_fn = lm_batches(257, 4, 32, device)
+    model = TokenFormerLM(tiny()).to(device)
+    result = fit(model, batch_fn, train_config(steps=2), device=device, progress=False)
+
+    def synchronizing_calls(readback: int) -> int:
+        start = result.step + 8 * readback  # a fresh span of 8 steps each time
+        cfg = train_config(steps=start + 8)
+        torch.cuda.synchronize(device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                fit(result.model, batch_fn, cfg, optimizer=result.optimizer, start_step=start,
+                    device=device, progress=False, readback=readback)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught)
+
+    every, late = synchronizing_calls(1), synchronizing_calls(8)
+    assert late <= every - 7, (every, late)
+    assert READBACK_STEPS >= 8
+
+
+def test_optimizer_is_the_devices_and_takes_a_state_saved_on_the_cpu(device):
+    """AdamW runs torch's fused kernel on CUDA and torch's default (the per-tensor loop) on
+    the CPU, for TokenFormer and the baselines alike; a state saved by the CPU's AdamW, rebuilt
+    on the device, takes the device's implementation (its step counters where that wants them)
+    and steps on as the CPU's does, to fp32 rounding (the same gradients given to both)."""
+    cfg = train_config()
+    want = (False, True) if device.type == "cuda" else (False, False)
+    for model in (TokenFormerLM(tiny()), TransformerLM(TransformerConfig(arch="transformer++"))):
+        groups = make_optimizer(model.to(device), cfg).param_groups
+        assert {(bool(g["foreach"]), bool(g["fused"])) for g in groups} == {want}
+    torch.manual_seed(0)
+    cpu_model = TokenFormerLM(tiny())
+    cpu_opt = make_optimizer(cpu_model, cfg)
+    g = torch.Generator().manual_seed(1)
+    grads = [[torch.randn(p.shape, generator=g) for p in cpu_model.parameters()]
+             for _ in range(2)]
+
+    def step(model, optimizer, grads) -> None:
+        for p, grad in zip(model.parameters(), grads, strict=True):
+            p.grad = grad.to(p.device)
+        optimizer.step()
+
+    step(cpu_model, cpu_opt, grads[0])
+    dev_model = TokenFormerLM(tiny())
+    dev_model.load_state_dict(cpu_model.state_dict())
+    dev_model.to(device)
+    saved = copy.deepcopy(cpu_opt.state_dict())  # as read from a file: no tensor shared
+    dev_opt = rebuild_optimizer(dev_model, group_names(cpu_model, cpu_opt), saved,
+                                "optimizer.safetensors", cfg)
+    assert {(bool(g["foreach"]), bool(g["fused"])) for g in dev_opt.param_groups} == {want}
+    for p in dev_model.parameters():
+        counter = dev_opt.state[p]["step"]
+        assert float(counter) == 1.0
+        assert counter.device.type == (device.type if want[1] else "cpu")
+    step(cpu_model, cpu_opt, grads[1])
+    step(dev_model, dev_opt, grads[1])
+    for (name, a), b in zip(dev_model.named_parameters(), cpu_model.parameters(), strict=True):
+        assert norm_rel(a, b) < TOLERANCE["fp32"], name
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fused_baseline_matches_float64(device, precision):
+    """Transformer++ with fused Q/K/V and gate/up (one GEMM each) holding an unfused model's
+    weights: its logits and gradients against the unfused model's in float64 on the CPU, as
+    close as the unfused model's own on the device, in fp32 and bf16 autocast."""
+    torch.manual_seed(0)
+    config = TransformerConfig(arch="transformer++", vocab_size=257, hidden_size=64,
+                               num_layers=2, num_heads=4, intermediate_size=96, max_seq_len=32)
+    plain = TransformerLM(config)
+    fused = TransformerLM(TransformerConfig(**{**config.to_dict(), "fused_projections": True}))
+    fused.load_state_dict(convert_projections(plain.state_dict(), fused=True))
+    ids = random_ids(257, 2, 32)
+
+    def run(model, device, precision):
+        model = model.to(device)
+        model.zero_grad(set_to_none=True)
+        with autocast(device, precision):
+            out = model(ids.to(device), labels=ids.to(device))
+        out.loss.backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        return out.logits, convert_projections(grads, fused=False)
+
+    truth = run(copy.deepcopy(plain).double(), torch.device("cpu"), "fp32")
+    own = run(plain, device, precision)
+    got = run(fused, device, precision)
+    assert norm_rel(got[0], truth[0]) <= max(2 * norm_rel(own[0], truth[0]),
+                                             TOLERANCE["fp32"])
+    for name, want in truth[1].items():
+        bound = max(2 * norm_rel(own[1][name], want), TOLERANCE["fp32"])
+        assert norm_rel(got[1][name], want) <= bound, (name, precision)
 
 
 @pytest.mark.parametrize("norm", THETA_VARIANTS)

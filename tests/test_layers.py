@@ -34,6 +34,7 @@ def test_the_layer_contracts_hold():
     assert "BROKEN" not in done.stdout
     for contract in ("layers: each imports only from the layers below it",
                      "the core never imports transformers",
+                     "nothing but tokenformer.serving imports vllm",
                      "no import cycles",
                      "cli/commands: the command modules never import each other",
                      "the CLI imports each experiment through its package, never its modules"):
@@ -71,6 +72,15 @@ def test_the_cli_reaching_into_an_experiment_module_breaks_the_contracts(tmp_pat
     assert ("the CLI imports each experiment through its package, never its modules BROKEN"
             in done.stdout)
     assert "tokenformer.cli.commands.scale -> tokenformer.experiments.frontier.run" in done.stdout
+
+
+def test_a_vllm_import_outside_serving_breaks_the_contracts(tmp_path):
+    """vLLM has a virtualenv of its own (docs/serving.md): the core, the HF layer and the CLI
+    never import it, only the plugin package does."""
+    done = lint_with_an_added_import(tmp_path, "hf/modeling.py", "import vllm")
+    assert done.returncode != 0
+    assert "nothing but tokenformer.serving imports vllm BROKEN" in done.stdout
+    assert "tokenformer.hf.modeling -> vllm" in done.stdout
 
 
 def test_one_command_module_importing_another_breaks_the_contracts(tmp_path):
@@ -118,6 +128,7 @@ DEFERRABLE = {
     "scipy",  # scipy.stats (~1 s to import), for one t-quantile
     "statsmodels",  # Holm and TOST (imports pandas): only when a report answers questions
     "tokenformer.hf", "tokenformer.formats.convert",  # transformers at their top
+    "vllm", "tokenformer.serving.vllm_model",  # the vllm extra's own virtualenv (serving/)
 }
 
 

@@ -58,14 +58,27 @@ def test_extras_use_ranges_with_a_floor_and_a_ceiling():
         assert "<" in _requirements(extras["eval"])[name], name
 
 
-def test_all_is_everything_but_dev_and_datasets_is_declared():
+def test_all_is_everything_but_dev_and_vllm_and_datasets_is_declared():
+    """``vllm`` stays out of ``all``: vLLM's CPU build pins torch and transformers itself and
+    lives in a virtualenv of its own (docs/serving.md)."""
     extras = _pyproject()["project"]["optional-dependencies"]
     (all_,) = extras["all"]
     included = set(re.fullmatch(r"tokenformer\[(.*)\]", all_).group(1).split(","))
-    assert included == set(extras) - {"all", "dev"}
+    assert included == set(extras) - {"all", "dev", "vllm"}
     assert "tensorboard" in included
     declared = {name for spec in extras.values() for name in _requirements(spec)}
     assert "datasets" in declared  # `prepare` reads saved HF datasets with it
+
+
+def test_the_vllm_plugin_is_an_entry_point_whose_package_imports_no_vllm():
+    """vLLM finds the model through ``vllm.general_plugins``; the package it names imports
+    neither vLLM nor transformers until vLLM calls ``register`` (docs/serving.md)."""
+    plugins = _pyproject()["project"]["entry-points"]["vllm.general_plugins"]
+    assert plugins == {"tokenformer": "tokenformer.serving:register"}
+    out = run_python("import sys, tokenformer.serving as s\n"
+                     "print(callable(s.register), 'vllm' in sys.modules, "
+                     "'transformers' in sys.modules)")
+    assert out.split() == ["True", "False", "False"]
 
 
 def test_torch_floor_has_every_public_api_the_code_imports():
@@ -89,18 +102,20 @@ def test_constraints_file_pins_the_lowest_tested_versions():
 
 
 # ------------------------------------------------------------------------------ import graph
-CORE = {"tokenformer", "tokenformer.errors", "tokenformer.io", "tokenformer.io.files",
+CORE = {"tokenformer", "tokenformer.errors", "tokenformer.registry", "tokenformer.io", "tokenformer.io.files",
         "tokenformer.io.checkpoint", "tokenformer.io.training_state", "tokenformer.io.tree",
         "tokenformer.io.paths", "tokenformer.io.untrusted",
         "tokenformer.models.memory",
         "tokenformer.nn", "tokenformer.nn.pattention", "tokenformer.nn.theta",
         "tokenformer.nn.kernels",
         "tokenformer.nn.kernels.fused", "tokenformer.nn.kernels.cpu_theta",
-        "tokenformer.nn.kernels.dispatch", "tokenformer.nn.kernels.triton_theta",
+        "tokenformer.nn.kernels.dispatch", "tokenformer.nn.kernels.backends",
+        "tokenformer.nn.kernels.triton_theta",
         "tokenformer.nn.kernels.triton_theta_jit", "tokenformer.nn.grouped",
         "tokenformer.nn.product_keys", "tokenformer.models",
         "tokenformer.models.lm", "tokenformer.models.config", "tokenformer.models.official",
         "tokenformer.models.kv_cache", "tokenformer.models.generation",
+        "tokenformer.models.sampling",
         "tokenformer.models.persistence", "tokenformer.models.checks"}
 
 

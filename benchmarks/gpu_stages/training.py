@@ -160,7 +160,7 @@ def theta_backend(model: torch.nn.Module, device: torch.device) -> str | None:
     layer = next((m for m in model.modules() if isinstance(m, Pattention)), None)
     dtype = torch.bfloat16
     return None if layer is None else select_impl(layer.impl, device, dtype, layer.norm,
-                                                  training=True)
+                                                  training=True).name
 
 
 def train_stage(ctx: StageContext) -> dict[str, Any]:

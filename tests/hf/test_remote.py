@@ -92,10 +92,11 @@ def test_two_modules_defining_one_name_stop_generation(monkeypatch, fresh_genera
     def source(module: str) -> str:
         text = real(module)
         if module == "models.baselines":
-            text += "\n\ndef check_impl():\n    pass\n"  # nn/pattention.py defines check_impl
+            text += "\n\ndef check_impl():\n    pass\n"  # nn/kernels/dispatch.py defines it
         return text
 
     monkeypatch.setattr(remote, "_source", source)
     with pytest.raises(RuntimeError, match=r"'check_impl' is defined in both tokenformer\.nn\."
-                                           r"pattention and tokenformer\.models\.baselines"):
+                                           r"kernels\.dispatch and tokenformer\.models\."
+                                           r"baselines"):
         fresh_generate()

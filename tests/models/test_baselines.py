@@ -1,22 +1,28 @@
 """Transformer baselines: causality, KV cache, parameter/FLOP counts by hand, matched sizes, MLP
-widening."""
+widening, fused Q/K/V and gate/up projections."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenformer import TokenFormerConfig, TokenFormerLM, flops_per_token
-from tokenformer.errors import ConfigError
+from tokenformer import TokenFormerConfig, TokenFormerLM, flops_per_token, grow
+from tokenformer.cli import main as cli
+from tokenformer.errors import ConfigError, GrowthError
 from tokenformer.models.baselines import (
     TransformerConfig,
     TransformerLM,
     build_from_dir_config,
+    convert_projections,
     load_model_dir,
     matched_config,
 )
+from tokenformer.training.config import load_config
+from tokenformer.training.lm import build_model_config
 
 ARCHS = ("transformer", "transformer++")
 
@@ -28,10 +34,12 @@ def tiny(arch: str, **kw) -> TransformerConfig:
     return TransformerConfig(**base)
 
 
-@pytest.fixture(params=ARCHS)
+@pytest.fixture(params=[(arch, fused) for fused in (False, True) for arch in ARCHS],
+                ids=lambda p: p[0] + ("-fused" if p[1] else ""))
 def model(request) -> TransformerLM:
+    arch, fused = request.param
     torch.manual_seed(0)
-    return TransformerLM(tiny(request.param)).eval()
+    return TransformerLM(tiny(arch, fused_projections=fused)).eval()
 
 
 def test_causal(model):
@@ -139,3 +147,102 @@ def test_bad_config():
         TransformerConfig(arch="mamba")
     with pytest.raises(ConfigError, match="divisible"):
         tiny("transformer", num_heads=3)
+
+
+# ------------------------------------------------------------------ fused Q/K/V and gate/up
+def fused_pair(arch: str, dtype: torch.dtype = torch.float64
+               ) -> tuple[TransformerLM, TransformerLM]:
+    """An unfused baseline with random weights and the fused one holding the same weights."""
+    torch.manual_seed(3)
+    plain = TransformerLM(tiny(arch, bias=True)).to(dtype)
+    with torch.no_grad():  # biases and norm weights too, so that no part is trivially zero
+        for p in plain.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    fused = TransformerLM(tiny(arch, bias=True, fused_projections=True)).to(dtype)
+    fused.load_state_dict(convert_projections(plain.state_dict(), fused=True), strict=True)
+    return plain, fused
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_projections_compute_the_same_logits_and_gradients(arch):
+    """A fused model holding an unfused one's weights (float64): the same logits and loss, and
+    gradients that are the unfused ones side by side (Q/K/V rows, gate/up rows), to float64
+    rounding (one GEMM sums in another order than three)."""
+    plain, fused = fused_pair(arch)
+    ids = torch.randint(0, 257, (2, 12), generator=torch.Generator().manual_seed(4))
+    outs = [m(ids, labels=ids) for m in (plain, fused)]
+    torch.testing.assert_close(outs[1].logits, outs[0].logits, rtol=1e-12, atol=1e-12)
+    for out in outs:
+        out.loss.backward()
+    want = convert_projections({n: p.grad for n, p in plain.named_parameters()}, fused=True)
+    got = {n: p.grad for n, p in fused.named_parameters()}
+    assert set(got) == set(want)
+    for name, grad in got.items():
+        torch.testing.assert_close(grad, want[name], rtol=1e-11, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fused_projections_are_one_linear_each_with_the_same_counts(arch):
+    """``attention.qkv`` [3d, d] replaces query/key/value and (SwiGLU only) ``mlp.gate_up``
+    [2f, d] replaces gate/up; the parameters, their count and the FLOPs are the unfused
+    model's; the same seed draws the same weights in either layout."""
+    config = tiny(arch, bias=arch == "transformer")
+    fused_config = dataclasses.replace(config, fused_projections=True)
+    torch.manual_seed(5)
+    plain = TransformerLM(config)
+    torch.manual_seed(5)
+    fused = TransformerLM(fused_config)
+    shapes = {n: tuple(p.shape) for n, p in fused.named_parameters() if n.startswith("layers.0.")}
+    assert shapes["layers.0.attention.qkv.weight"] == (48, 16)
+    assert not any(k in n for n in shapes for k in (".query", ".key", ".value"))
+    if arch == "transformer++":
+        assert shapes["layers.0.mlp.gate_up.weight"] == (64, 16)
+        assert not any(n.endswith(("mlp.gate.weight", "mlp.up.weight")) for n in shapes)
+    else:  # GELU MLP: nothing to fuse; biases are fused like the weights
+        assert shapes["layers.0.mlp.up.weight"] == (32, 16)
+        assert shapes["layers.0.attention.qkv.bias"] == (48,)
+    count = sum(p.numel() for p in plain.parameters())
+    assert sum(p.numel() for p in fused.parameters()) == count == config.num_parameters()
+    assert fused_config.num_parameters() == count
+    assert flops_per_token(fused_config, 32) == flops_per_token(config, 32)
+    want = convert_projections(plain.state_dict(), fused=True)
+    assert set(want) == set(fused.state_dict())
+    assert all(torch.equal(t, want[n]) for n, t in fused.state_dict().items())
+    back = convert_projections(fused.state_dict(), fused=False)
+    assert all(torch.equal(t, back[n]) for n, t in plain.state_dict().items())
+
+
+def test_fused_model_saves_under_its_names_and_loads_back(tmp_path):
+    """config.json carries fused_projections; the weights file holds attention.qkv and
+    mlp.gate_up, and loads into the fused model (the function unchanged)."""
+    _, fused = fused_pair("transformer++", torch.float32)
+    fused.save(tmp_path)
+    assert TransformerConfig.load(tmp_path / "config.json") == fused.config
+    assert fused.config.to_dict()["fused_projections"] is True
+    loaded = load_model_dir(tmp_path)
+    assert loaded.config.fused_projections
+    assert "layers.1.mlp.gate_up.weight" in loaded.state_dict()
+    ids = torch.randint(0, 257, (1, 8))
+    assert torch.equal(loaded(ids).logits, fused(ids).logits)
+
+
+def test_a_fused_baseline_refuses_to_grow_in_one_line():
+    model = TransformerLM(tiny("transformer++", fused_projections=True))
+    for request in ({"ffn": 64}, {"layers": 3}, {"ffn": 40, "widen": "zero"}):
+        with pytest.raises(GrowthError, match=r"^a Transformer baseline with "
+                                              r"fused_projections cannot grow: .* train it with "
+                                              r"fused_projections false"):
+            grow(model, **request)
+
+
+def test_train_sets_fused_projections_from_the_command_line_and_config(capsys):
+    """``--baseline.fused_projections`` is a train flag, and the baseline of a config with it
+    is the matched one, fused."""
+    with pytest.raises(SystemExit):
+        cli(["train", "--help"])
+    assert "--baseline.fused_projections" in capsys.readouterr().out
+    cfg = load_config("tiny", {"arch": "transformer++", "baseline.fused_projections": "true"})
+    config = build_model_config(cfg)
+    assert config.fused_projections
+    plain = build_model_config(load_config("tiny", {"arch": "transformer++"}))
+    assert dataclasses.replace(config, fused_projections=False) == plain

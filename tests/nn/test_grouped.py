@@ -101,9 +101,11 @@ def test_grouped_lm_equals_separate_and_checkpoint_layout_unchanged():
     assert {k: v.shape for k, v in model.state_dict().items()} == keys
 
 
-def test_grouped_inference_matches_separate():
-    """No autograd (the C++ kernel's Θ where it applies) gives the separate layers' outputs."""
-    ps = layers([32, 32, 32])
+@pytest.mark.parametrize("sizes", [[32, 32, 32], [32, 40, 48]], ids=["equal-n", "grown-n"])
+def test_grouped_inference_matches_separate(sizes):
+    """No autograd (the C++ kernel's Θ where it applies, on each segment's strided rows when the
+    n differ) gives the separate layers' outputs."""
+    ps = layers(sizes)
     x = torch.randn(5, 24)
     with torch.no_grad():
         for a, b in zip(grouped_attend(x, ps), [p(x) for p in ps], strict=True):

@@ -54,22 +54,22 @@ def test_select_impl_says_what_runs(monkeypatch):
     monkeypatch.setattr(triton_theta, "_INTERPRET", False)
     monkeypatch.setattr(triton_theta, "_state", {})
     f32, f64 = torch.float32, torch.float64
-    assert select_impl("reference", CUDA, f32, "l2_norm_gelu", training=True) == "reference"
-    assert select_impl("auto", CUDA, f32, "l2_norm_gelu", training=True) == "fused"
-    assert select_impl("auto", CUDA, f32, "l2_norm_gelu", training=False) == "reference"
-    assert select_impl("torch", CPU, f32, "l2_norm_gelu", training=False) == "reference"
-    assert select_impl("fused", CUDA, f32, "softmax", training=False) == "fused"
+    assert select_impl("reference", CUDA, f32, "l2_norm_gelu", training=True).name == "reference"
+    assert select_impl("auto", CUDA, f32, "l2_norm_gelu", training=True).name == "fused"
+    assert select_impl("auto", CUDA, f32, "l2_norm_gelu", training=False).name == "reference_vt"
+    assert select_impl("torch", CPU, f32, "l2_norm_gelu", training=False).name == "reference"
+    assert select_impl("fused", CUDA, f32, "softmax", training=False).name == "fused"
     if triton_theta.available():
-        assert select_impl("triton", CUDA, f32, "gelu_l1_norm", training=False) == "triton"
-        assert select_impl("triton", CUDA, torch.bfloat16, "gelu", training=True) == "triton"
+        assert select_impl("triton", CUDA, f32, "gelu_l1_norm", training=False).name == "triton"
+        assert select_impl("triton", CUDA, torch.bfloat16, "gelu", training=True).name == "triton"
     with pytest.warns(RuntimeWarning, match="impl 'triton' falls back to 'fused'"):
-        assert select_impl("triton", CPU, f32, "l2_norm_gelu", training=False) == "fused"
+        assert select_impl("triton", CPU, f32, "l2_norm_gelu", training=False).name == "fused"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
-        assert select_impl("triton", CUDA, f64, "l2_norm_gelu", training=True) == "fused"
+        assert select_impl("triton", CUDA, f64, "l2_norm_gelu", training=True).name == "fused"
     monkeypatch.setattr(triton_theta, "_INTERPRET", True)
     if triton_theta.available():
-        assert select_impl("triton", CPU, f32, "softmax", training=True) == "triton"
+        assert select_impl("triton", CPU, f32, "softmax", training=True).name == "triton"
 
 
 def test_triton_impl_without_interpreter_computes_the_fused_result(monkeypatch):

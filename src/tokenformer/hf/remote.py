@@ -17,9 +17,9 @@ generation with an error naming the module, the line and what it does):
    module; they are dropped (the names are defined above, in the same file; ``name as alias``
    becomes ``alias = name``). A package module is imported as an object (``from . import x``)
    only when :data:`STUBS` stands in for it (the C++ and Triton Θ kernels: classes named
-   ``cpu_theta``/``triton_theta`` whose ``usable``/``supports`` say no, so ``impl="kernel"`` or
-   ``"triton"`` falls back to the fused PyTorch path, exactly as wherever a kernel is
-   unavailable). From the package itself only ``__version__`` is imported; it becomes the
+   ``cpu_theta``/``triton_theta`` whose ``usable``/``supports``/``available`` say no, so
+   ``impl="kernel"`` or ``"triton"`` falls back to the fused PyTorch path, exactly as wherever a
+   kernel is unavailable). From the package itself only ``__version__`` is imported; it becomes the
    constant.
 3. **One namespace**: no two bundled modules define the same top-level name.
 4. **Deferred package imports** (a relative import inside a function or an ``if TYPE_CHECKING:``
@@ -59,12 +59,18 @@ STUBS = {
         "        return False\n\n"
         "    @staticmethod\n"
         "    def usable(device, dtype, norm):  # impl='auto': the PyTorch paths\n"
+        "        return False\n\n"
+        "    @staticmethod\n"
+        "    def available():  # nothing to build\n"
         "        return False\n"),
     "nn.kernels.triton_theta": (
         "class triton_theta:  # noqa: N801  stands in for tokenformer.nn.kernels.triton_theta\n"
         "    # (Triton kernels, the package's): impl='triton' runs the fused PyTorch path here\n"
         "    @staticmethod\n"
         "    def supports(device, dtype, norm):\n"
+        "        return False\n\n"
+        "    @staticmethod\n"
+        "    def available():\n"
         "        return False\n\n"
         "    @staticmethod\n"
         "    def prepare():\n"

@@ -64,13 +64,15 @@ def barrier(world: World) -> None:
         dist.barrier()
 
 
-def mean_across(value: torch.Tensor, world: World) -> float:
-    """The mean of a scalar over ranks (each rank's loss is the mean over its equal slice)."""
+def mean_across(value: torch.Tensor, world: World) -> torch.Tensor:
+    """The mean of a scalar tensor over ranks (each rank's loss is the mean over its equal
+    slice), on its device: reading it is the caller's choice (a read waits for the device)."""
+    value = value.detach()
     if world.distributed:
-        value = value.detach().clone()
+        value = value.clone()
         dist.all_reduce(value, op=dist.ReduceOp.SUM)
         value /= world.world_size
-    return float(value)
+    return value
 
 
 def max_across(value: int, world: World) -> int:

@@ -18,6 +18,14 @@ output head         tied to the embeddings (as TF)        tied to the embeddings
 
 :func:`matched_config` sizes the MLP so that a baseline has the non-embedding parameters of a given
 TokenFormer config (and so, up to Θ's elementwise work, its FLOPs per token).
+
+``fused_projections`` computes Q, K and V with one Linear (``attention.qkv``: [3d, d], rows
+Q, K, V) and the SwiGLU's gate and up with one (``mlp.gate_up``: [2f, d], rows gate, up), as
+fast Transformer implementations do: the same function, parameters and FLOPs, one GEMM instead of
+three (two), the fair speed baseline for TokenFormer, which computes its Q/K/V in one GEMM too.
+A fused model's weights are saved under those names (its ``config.json`` says
+``fused_projections``); :func:`convert_projections` turns a state dict of one layout into the
+other, and a model built with the same seed holds the same weights in either layout.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import skip_init
 
 from ..errors import CheckpointError, ConfigError
 from ..io.checkpoint import verify_checkpoint
@@ -78,6 +87,9 @@ class TransformerConfig:
     """initialisation standard deviation"""
     eos_token_id: int | None = 0
     """end-of-text token id"""
+    fused_projections: bool = False
+    """one Linear for Q, K and V and one for SwiGLU's gate and up (the same function, parameters
+    and FLOPs; faster); saved under its own names (attention.qkv, mlp.gate_up)"""
     name: str = field(default="custom", compare=False)
     """a label, shown in reports"""
 
@@ -148,9 +160,27 @@ def _linear(n_in: int, n_out: int, bias: bool, std: float) -> nn.Linear:
     return layer
 
 
+def _side_by_side(parts: list[nn.Linear]) -> nn.Linear:
+    """One Linear whose output is the outputs of ``parts`` concatenated, holding their weights
+    (made without drawing from the RNG: the parts drew what the unfused model draws)."""
+    first = parts[0]
+    layer = skip_init(nn.Linear, first.in_features, sum(p.out_features for p in parts),
+                      bias=first.bias is not None)
+    with torch.no_grad():
+        layer.weight.copy_(torch.cat([p.weight for p in parts]))
+        if layer.bias is not None:
+            layer.bias.copy_(torch.cat([p.bias for p in parts]))
+    return layer
+
+
+# Each fused Linear of a fused_projections model: its name and the Linears it holds, in order
+FUSED = {"attention.qkv": ("attention.query", "attention.key", "attention.value"),
+         "mlp.gate_up": ("mlp.gate", "mlp.up")}
+
+
 class LinearAttention(Attention):
     """:class:`tokenformer.models.lm.Attention` (same rotary, cache and SDPA) with Linear
-    Q/K/V/O."""
+    Q/K/V/O; with ``fused_projections`` one Linear ``qkv`` computes Q, K and V."""
 
     def __init__(self, config: TransformerConfig, layer_idx: int) -> None:
         nn.Module.__init__(self)
@@ -158,15 +188,23 @@ class LinearAttention(Attention):
         self.layer_idx = layer_idx
         self.is_causal = True
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
-        self.query = _linear(d, d, b, config.init_std)
-        self.key = _linear(d, d, b, config.init_std)
-        self.value = _linear(d, d, b, config.init_std)
+        qkv = [_linear(d, d, b, config.init_std) for _ in range(3)]
+        self.qkv = _side_by_side(qkv) if config.fused_projections else None
+        if self.qkv is None:
+            self.query, self.key, self.value = qkv
         # Output projections get GPT-NeoX's "wang init", like TokenFormer's value tokens.
         self.proj = _linear(d, d, b, config.value_init_std)
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv is None:
+            return super().project_qkv(x)
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return q, k, v
+
 
 class MLP(nn.Module):
-    """GELU MLP (GPT-NeoX) or SwiGLU (Transformer++)."""
+    """GELU MLP (GPT-NeoX) or SwiGLU (Transformer++); with ``fused_projections`` one Linear
+    ``gate_up`` computes SwiGLU's gate and up."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -174,9 +212,16 @@ class MLP(nn.Module):
         self.gated = config.gated
         self.up = _linear(d, f, b, config.init_std)
         self.gate = _linear(d, f, b, config.init_std) if self.gated else None
+        self.gate_up = None
+        if self.gated and config.fused_projections:
+            self.gate_up = _side_by_side([self.gate, self.up])
+            self.up = self.gate = None
         self.down = _linear(f, d, b, config.value_init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return self.down(F.silu(gate) * up)
         if self.gate is not None:
             return self.down(F.silu(self.gate(x)) * self.up(x))
         return self.down(F.gelu(self.up(x)))
@@ -257,6 +302,28 @@ def matched_config(config: TokenFormerConfig, arch: str = "transformer", *,
     probe.intermediate_size = int(width)
     probe.validate()
     return probe
+
+
+def convert_projections(state: dict[str, torch.Tensor], fused: bool
+                        ) -> dict[str, torch.Tensor]:
+    """A baseline's state dict in the other layout of :data:`FUSED`: ``fused=True`` concatenates
+    each block's Q/K/V (and gate/up) weights and biases into its fused Linear's, ``False`` splits
+    them back. Keys already in the asked layout, and every other key, are kept as they are."""
+    out = dict(state)
+    for key in state:
+        for whole, parts in FUSED.items():
+            for leaf in ("weight", "bias"):
+                if fused and key.endswith(f".{parts[0]}.{leaf}"):
+                    stem = key[:-len(f"{parts[0]}.{leaf}")]
+                    names = [f"{stem}{part}.{leaf}" for part in parts]
+                    if all(n in out for n in names):
+                        out[f"{stem}{whole}.{leaf}"] = torch.cat([out.pop(n) for n in names])
+                elif not fused and key.endswith(f".{whole}.{leaf}"):
+                    stem = key[:-len(f"{whole}.{leaf}")]
+                    chunks = out.pop(key).chunk(len(parts))
+                    out.update({f"{stem}{part}.{leaf}": c.clone()
+                                for part, c in zip(parts, chunks, strict=True)})
+    return out
 
 
 def model_class(arch: str) -> type[TokenFormerLM]:

@@ -95,6 +95,13 @@ class Attention(nn.Module):
         self.proj = _pattention(config, "proj")
         self.qkv_weights = StackedWeights()  # the one-GEMM Q/K/V's weights, kept for inference
 
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K and V of ``x`` [B, T, d], each [B, T, d]."""
+        qkv = (self.query, self.key, self.value)
+        q, k, v = (grouped_attend(x, qkv, self.qkv_weights) if self.grouped_qkv
+                   else (p(x) for p in qkv))
+        return q, k, v
+
     def forward(self, x: torch.Tensor, rotary: RotaryEmbedding, position_ids: torch.Tensor,
                 attention_mask: torch.Tensor | None, cache: Any | None,
                 cache_position: torch.Tensor | None = None) -> torch.Tensor:
@@ -105,9 +112,7 @@ class Attention(nn.Module):
         def heads(t: torch.Tensor) -> torch.Tensor:
             return t.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
 
-        qkv = (self.query, self.key, self.value)
-        q, k, v = (grouped_attend(x, qkv, self.qkv_weights) if self.grouped_qkv
-                   else (p(x) for p in qkv))
+        q, k, v = self.project_qkv(x)
         q, k, v = rotary(heads(q), position_ids), rotary(heads(k), position_ids), heads(v)
         if cache_position is not None:  # a static cache: the whole buffers, masked
             k, v = cache.update(k, v, self.layer_idx, {"cache_position": cache_position})

@@ -11,10 +11,10 @@ It applies only where it computes exactly what the layers would (:func:`groupabl
 :class:`Pattention` layers (no adapters, no parametrizations such as PEFT's, no hooks), dense
 (no top-k), of one input width and ``impl``; anything else runs the layers one by one. Θ
 (variant, factor, eps) may differ per layer: then, as when the n differ, each segment gets its
-own. Θ comes from the Triton op where :func:`select_impl` picks ``triton``, else from
-:func:`tokenformer.nn.theta.theta` under autograd (the C++ kernel's pass at inference); so on a
-CPU it trades the C++ kernel's one-pass Θ for one GEMM in training (docs/performance.md, "One
-GEMM for Q, K and V": opt-in).
+own. Θ comes from the backend :func:`select_impl` picks (its ``theta_segments``, or ``theta``
+per segment): the Triton op for ``triton``, else :func:`tokenformer.nn.theta.theta` under
+autograd (the C++ kernel's pass at inference); so on a CPU it trades the C++ kernel's one-pass Θ
+for one GEMM in training (docs/performance.md, "One GEMM for Q, K and V": opt-in).
 
 **Layout: nothing is copied.** With G segments of equal n the scores are [rows, G·n] (the GEMM's
 output) and Θ is handed to the value product segment-major, [G, rows, n]: the Triton op
@@ -26,9 +26,10 @@ forward and, backward, writes each segment's dΘ = dY·Vᵀ straight into its pl
 Autograd alone would copy twice per step: undoing the transpose clones the whole [rows, G·n]
 score gradient, and the ``unbind`` of the outputs stacks their G gradients
 (tests/test_device.py counts the copies). Unequal segments still concatenate their score
-gradients (the ``split``'s backward): one copy of [rows, Σn]. Under ``torch.compile`` the value
-product's backward stacks its products instead (:func:`_compiled_backward`) and inductor plans
-where they go.
+gradients (the ``split``'s backward): one copy of [rows, Σn]; at inference the C++ kernel,
+which reads contiguous rows, takes a copy of each segment's scores. Under ``torch.compile`` the
+value product's backward stacks its products instead (:func:`_compiled_backward`) and inductor
+plans where they go.
 
 **Inference** reuses the concatenated keys and stacked values (:class:`StackedWeights`) instead
 of making them at every call (a decoding step would copy 3·n·(d_in + d_out) elements per block).
@@ -42,10 +43,9 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from .kernels import triton_theta
 from .kernels.dispatch import select_impl
 from .kernels.fused import no_autocast
-from .pattention import Pattention, theta_by_backend
+from .pattention import Pattention
 
 
 def groupable(layers: Sequence[nn.Module]) -> bool:
@@ -204,28 +204,16 @@ def grouped_attend(x: torch.Tensor, layers: Sequence[nn.Module],
         x2 = x2.to(dtype)
         scores = torch.matmul(x2, key.t())  # [rows, Σn]: one GEMM
         if equal:
-            theta_ = _theta_segments(scores, len(layers), backend, records, first)
+            theta_ = backend.theta_segments(scores, len(layers), first, records)
             outs = (GroupedValues.apply(theta_, value) if records
                     else torch.bmm(theta_, value).unbind(0))
         else:
             outs = []
             sizes = [k.shape[0] for k in keys]
             for m, segment, v in zip(layers, scores.split(sizes, dim=-1), values, strict=True):
-                theta_ = theta_by_backend(segment, backend, records, m.norm, m.scale, m.eps)
+                theta_ = backend.theta(segment, m, records)
                 outs.append(torch.matmul(theta_, v.to(dtype)))
     return [y.reshape(*shape[:-1], y.shape[-1]) for y in outs]
-
-
-def _theta_segments(scores: torch.Tensor, groups: int, backend: str, records: bool,
-                    layer: Pattention) -> torch.Tensor:
-    """Θ (``layer``'s settings) of each of the ``groups`` equal segments of the scores
-    [rows, groups·n], as [groups, rows, n]: contiguous from the Triton op, else the transpose of
-    Θ over the scores' [rows, groups, n] view (module docstring)."""
-    rows, n = scores.shape[0], scores.shape[1] // groups
-    if backend == "triton":
-        return triton_theta.theta_segments(scores, groups, layer.norm, layer.scale, layer.eps)
-    return theta_by_backend(scores.view(rows, groups, n), backend, records, layer.norm,
-                            layer.scale, layer.eps).transpose(0, 1)
 
 
 def set_grouped_qkv(model: nn.Module, enabled: bool) -> None:

@@ -29,22 +29,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .kernels import cpu_theta, triton_theta
-from .kernels.dispatch import select_impl
-from .kernels.fused import fused_pattention
+from .kernels.dispatch import DEFAULT_IMPL, IMPLS, check_impl, choose_impl, select_impl
 from .theta import THETA_VARIANTS as THETA_VARIANTS  # re-exported: callers import them here
-from .theta import check_theta, default_scale, theta
+from .theta import check_theta, default_scale
 from .theta import key_init_std as key_init_std
+from .theta import theta as theta
 
-# The values of a Pattention's ``impl``; which backend each runs on which device, dtype and Θ is
-# decided in one place, tokenformer.nn.kernels.dispatch.select_impl (its docstring lists them).
-# "reference": theta() (nn/theta.py) under plain autograd, the ground truth; "fused": one custom
-# autograd Function (tokenformer.nn.kernels.fused); "kernel": that Function with Θ from the C++
-# CPU kernel; "triton": Θ from the Triton kernels (CUDA; opt-in, unmeasured); "auto" (default):
-# the C++ kernel where it applies, else fused when training and reference otherwise; "torch":
-# auto without the kernel, what the documented experiments ran with. docs/performance.md.
-PATTENTION_IMPLS: tuple[str, ...] = ("auto", "fused", "reference", "kernel", "torch",
-                                     "triton")
+# The values of a Pattention's ``impl``: "reference": theta() (nn/theta.py) under plain autograd,
+# the ground truth; "fused": one custom autograd Function (tokenformer.nn.kernels.fused);
+# "kernel": that Function with Θ from the C++ CPU kernel; "triton": Θ from the Triton kernels
+# (CUDA; opt-in, unmeasured); "auto" (default): the C++ kernel where it applies, else fused when
+# training and reference otherwise; "torch": auto without the kernel, what the documented
+# experiments ran with. Which backend each runs for a call is its rule in
+# tokenformer.nn.kernels.dispatch.IMPLS, applied by select_impl alone. docs/performance.md.
+PATTENTION_IMPLS: tuple[str, ...] = tuple(IMPLS)
 
 # The one map from a TokenFormer block's Pattentions (their names in the block, which are the
 # official checkpoints' names too) to the kind whose token count, Θ factor and top-k the config
@@ -101,22 +99,9 @@ def top_k_pattention(value: torch.Tensor, theta_: torch.Tensor, k: int) -> torch
     return torch.matmul(torch.zeros_like(theta_).scatter(-1, index, weights), value)
 
 
-def _reference(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, norm: str, scale: float,
-               eps: float) -> torch.Tensor:
-    return torch.matmul(theta(torch.matmul(x, key.t()), norm, scale, eps), value)
-
-
-def check_impl(impl: str) -> None:
-    if impl not in PATTENTION_IMPLS:
-        raise ConfigError(f"unknown Pattention impl {impl!r}; choose one of "
-                          f"{', '.join(PATTENTION_IMPLS)}")
-
-
 def set_pattention_impl(module: nn.Module, impl: str) -> None:
     """Switch every Pattention inside ``module`` (e.g. a whole model) to ``impl``."""
-    check_impl(impl)
-    if impl == "triton":  # register its ops now: torch.compile's tracing cannot
-        triton_theta.prepare()
+    check_impl(impl)  # also where there is no Pattention
     for m in module.modules():
         if isinstance(m, Pattention):
             m.impl = impl
@@ -221,20 +206,6 @@ def kind_names(kind: str) -> tuple[str, ...]:
 
 
 
-def theta_by_backend(scores: torch.Tensor, backend: str, records: bool, norm: str,
-                     scale: float, eps: float) -> torch.Tensor:
-    """Θ of ``scores`` (last dimension n) alone, by the backend :func:`select_impl` chose: the
-    C++ kernel's pass at inference (no autograd, no autocast), the Triton Θ, else :func:`theta`
-    (autograd records it). For the paths that need Θ itself: top-k and the one-GEMM Q/K/V."""
-    if (backend == "cpu_kernel" and not records
-            and not torch.is_autocast_enabled(scores.device.type)):
-        return cpu_theta.theta_forward(scores.reshape(-1, scores.shape[-1]), scale,
-                                       eps)[0].view(scores.shape)
-    if backend == "triton":
-        return triton_theta.theta(scores, norm, scale, eps)
-    return theta(scores, norm, scale, eps)
-
-
 class Pattention(nn.Module):
     """Input tokens attend over ``num_tokens`` learnable key/value parameter tokens.
 
@@ -256,15 +227,13 @@ class Pattention(nn.Module):
         value_init_std: float = 0.02,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
-        impl: str = "auto",
+        impl: str = DEFAULT_IMPL,
         top_k: TopK = None,
     ) -> None:
         super().__init__()
         check_theta(norm)
-        check_impl(impl)
+        self.impl = impl
         check_top_k(top_k)
-        if impl == "triton":
-            triton_theta.prepare()
         for name, value in (("in_features", in_features), ("out_features", out_features),
                             ("num_tokens", num_tokens)):
             if not isinstance(value, int) or value <= 0:
@@ -274,7 +243,6 @@ class Pattention(nn.Module):
         self.norm = norm
         self.scale = float(scale) if scale is not None else default_scale(norm, num_tokens)
         self.eps = float(eps)
-        self.impl = impl
         self.top_k = top_k  # a count or fraction (resolved against n at each call: survives growth)
         self.key_init_std = key_init_std
         self.value_init_std = value_init_std
@@ -294,59 +262,26 @@ class Pattention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.attend(x, self.key_param_tokens, self.value_param_tokens)
 
+    @property
+    def impl(self) -> str:
+        """Which implementation computes this layer (:data:`PATTENTION_IMPLS`); setting it checks
+        the name and readies the backend it names (:func:`choose_impl`), wherever it is set."""
+        return self._impl
+
+    @impl.setter
+    def impl(self, impl: str) -> None:
+        self._impl = choose_impl(impl)
+
     def attend(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """This layer's Pattention (Θ, scale, eps, impl, top_k) over the tokens ``key``/``value``:
-        its own parameters, or those with more tokens appended (token adapters)."""
-        if self.top_k is not None:  # the dense default pays no top-k bookkeeping per call
-            k = resolve_top_k(self.top_k, key.shape[0])
-            if k is not None and k < key.shape[0]:
-                return self._top_k_forward(x, key, value, k)
-        backend, records = self._backend(x, key, value)
-        if backend == "reference":
-            if self.impl == "auto":  # "torch" keeps the layout: it reproduces old results exactly
-                value = self._inference_value(value)
-            return _reference(x, key, value, self.norm, self.scale, self.eps)
-        if backend == "triton":
-            return triton_theta.pattention(x, key, value, self.norm, self.scale, self.eps)
-        kernel = backend == "cpu_kernel"
-        if kernel and not records and not torch.is_autocast_enabled(x.device.type):
-            # Inference (decoding: one row per call): as few Python steps as possible.
-            scores = F.linear(x, key)
-            theta_ = cpu_theta.theta_forward(scores.view(-1, scores.shape[-1]), self.scale,
-                                             self.eps)[0]
-            return torch.matmul(theta_.view(scores.shape), self._inference_value(value))
-        return fused_pattention(x, key, value, self.norm, self.scale, self.eps, kernel=kernel)
-
-    def _backend(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor
-                 ) -> tuple[str, bool]:
-        """:func:`select_impl`'s backend for this call, and whether autograd records it."""
-        records = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
-                                               or value.requires_grad)
-        return select_impl(self.impl, x.device, x.dtype, self.norm, training=records), records
-
-    def _top_k_forward(self, x: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       k: int) -> torch.Tensor:
-        """Θ over all n scores (the C++ kernel at inference or the Triton Θ where the dispatch
-        picks them, else ``theta`` under autograd), then :func:`top_k_pattention`."""
-        scores = F.linear(x, key)
-        backend, records = self._backend(x, key, value)
-        return top_k_pattention(value, theta_by_backend(scores, backend, records, self.norm,
-                                                        self.scale, self.eps), k)
-
-    def _inference_value(self, value: torch.Tensor) -> torch.Tensor:
-        """V for a matmul autograd does not record. In bf16/fp16, the CPU's matrix-vector
-        kernels are 1.3–1.5x faster for Θ·V when V [n, d_out] is stored column by column (Vᵀ
-        contiguous, nn.Linear's layout; docs/performance.md, "Inference"): the first such call
-        changes the parameter's memory layout to that, in place. Same values, shape and size;
-        fp32 (where it makes no difference), training and tokens that are not this layer's own
-        parameter are left alone."""
-        if (value is self.value_param_tokens and value.dtype in (torch.bfloat16, torch.float16)
-                and value.device.type == "cpu" and value.dim() == 2 and min(value.shape) > 1
-                and value.stride(1) == 1
-                and not torch.compiler.is_compiling()):
-            with torch.inference_mode(False), torch.no_grad():
-                value.data = value.t().contiguous().t()
-        return value
+        """This layer's Pattention (Θ, scale, eps, impl, top_k) over the tokens ``key``/``value``
+        (its own parameters, or more appended: adapters), by the backend select_impl picks."""
+        training = torch.is_grad_enabled() and (x.requires_grad or key.requires_grad
+                                                or value.requires_grad)  # autograd records it
+        backend = select_impl(self.impl, x.device, x.dtype, self.norm, training=training)
+        k = None if self.top_k is None else resolve_top_k(self.top_k, key.shape[0])
+        if k is not None and k < key.shape[0]:  # Θ over all n scores, then each row's k largest
+            return top_k_pattention(value, backend.theta(F.linear(x, key), self, training), k)
+        return backend.pattention(x, key, value, self, training)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "

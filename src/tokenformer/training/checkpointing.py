@@ -103,12 +103,16 @@ class Checkpointer:
     def after_step(self, done: int, stopper: StopOnSignal, model: nn.Module,
                    optimizer: torch.optim.Optimizer, names: list[list[str]],
                    counters: dict[str, Any], frozen: dict[str, Any] | None = None,
-                   anneal: dict[str, Any] | None = None) -> None:
-        """After ``done`` steps: the final, a periodic or a stop checkpoint when due; a stop then
-        raises :class:`Interrupted`."""
+                   anneal: dict[str, Any] | None = None,
+                   before_save: Callable[[], None] | None = None) -> None:
+        """After ``done`` steps: the final, a periodic or a stop checkpoint when due (after
+        ``before_save``: the records read back, ``counters`` then complete); a stop then raises
+        :class:`Interrupted`."""
         cfg, run_dir, world = self.cfg, self.run_dir, self.world
         signum = stopper.requested(world)  # the same on every rank: all save or none
         periodic = cfg.checkpoint_interval and done % cfg.checkpoint_interval == 0
+        if before_save is not None and (done == cfg.steps or periodic or signum):
+            before_save()
         if done == cfg.steps:
             self.save(done, run_dir / FINAL, model, optimizer, names, counters, frozen,
                       anneal)

@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError
 from ..io.process_group import World
-from ..nn.kernels import cpu_theta
+from ..nn.kernels.dispatch import DEFAULT_IMPL, prepare_impl
 from ..nn.pattention import set_pattention_impl
 from .distributed import blocks, wrap_model
 
@@ -68,15 +68,14 @@ def prepare_module(model: nn.Module, cfg: TrainConfig, world: World,
                    device: torch.device) -> nn.Module:
     """Pattention impl, activation checkpointing per block, DDP/FSDP, torch.compile: the module
     training calls."""
-    if cfg.pattention_impl != "auto":
+    if cfg.pattention_impl != DEFAULT_IMPL:  # the default keeps each layer's own setting
         set_pattention_impl(model, cfg.pattention_impl)
     if cfg.activation_checkpointing:
         for block in blocks(model):
             if not isinstance(block.forward, functools.partial):
                 block.forward = functools.partial(_checkpointed, block.forward)
     module = wrap_model(model, world, device)
-    if cfg.compile and cfg.pattention_impl in ("auto", "kernel"):
-        cpu_theta.available()  # build/load before tracing: a decision made mid-trace breaks graphs
     if not cfg.compile:
         return module
+    prepare_impl(cfg.pattention_impl)  # build the C++ kernel now: mid-trace it breaks graphs
     return torch.compile(module, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)

@@ -278,7 +278,8 @@ def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
             raise ConfigError(f"--grow-at {event.spec!r}: freeze_old and noise_old act on "
                               f"parameter tokens; a {getattr(config, 'arch', 'baseline')} model "
                               f"has none")
-    if not events or not hasattr(config, "qkv_tokens"):
+    if not events or not (hasattr(config, "qkv_tokens")
+                          or getattr(config, "fused_projections", False)):  # plan refuses it
         return
     for event in events:
         try:  # the old-token options change no config: checked here and by grow

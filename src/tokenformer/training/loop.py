@@ -4,16 +4,16 @@
 with ``.loss``; batches are a pure function of the step, so the step *is* the data position and a
 resumed run replays exactly the batches an uninterrupted one sees. The learning rate is a pure
 function of the step too (:mod:`.schedule`). Each step: a growth when one is due
-(:mod:`.growth`), the rate, one optimizer step (:mod:`.step`), its record (:mod:`.recording`),
-Θ's factor for the next step while an anneal runs (:mod:`.anneal`), an evaluation when due
-(:mod:`.evaluation`), a checkpoint when due or asked for by a signal (:mod:`.checkpointing`,
-:mod:`.signals`).
+(:mod:`.growth`), the rate, one optimizer step (:mod:`.step`), its record (:mod:`.recording`;
+its loss read back from the device every few steps, :mod:`.readback`), Θ's factor for the next
+step while an anneal runs (:mod:`.anneal`), an evaluation when due (:mod:`.evaluation`), a
+checkpoint when due or asked for by a signal (:mod:`.checkpointing`, :mod:`.signals`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import ConfigError, DivergedError
+from ..errors import ConfigError
 from ..io.outputs import hold_run_folder
 from ..io.process_group import World
 from ..io.training_state import STATE_NAME
@@ -36,10 +36,11 @@ from .freezing import FrozenRows
 from .growth import grow_in_run
 from .growth_events import GrowthEvent, check_history, run_growth_events
 from .optim import group_names, make_optimizer
+from .readback import Readback, readback_steps
 from .recording import Callback, Recorder
 from .schedule import lr_at, set_lr
 from .signals import StopOnSignal
-from .step import count_tokens, lm_flops, scalar, train_step
+from .step import count_tokens, lm_flops, train_step
 
 Batches = Callable[[int], dict[str, torch.Tensor]]
 FlopsFn = Callable[[nn.Module, dict[str, torch.Tensor]], float]
@@ -108,6 +109,7 @@ def fit(
     freeze: FrozenRows | None = None,
     lr_fn: Callable[[int], float] | None = None,
     anneal: Anneal | None = None,
+    readback: int | None = None,
 ) -> FitResult:
     """Train ``model`` from ``start_step`` to ``cfg.steps``; see the module docstring.
 
@@ -124,7 +126,9 @@ def fit(
     Θ-factor anneal in force at ``start_step`` (a caller whose run spans several ``fit`` calls
     passes on the :class:`FitResult`'s ``anneal`` and ``freeze`` of the call before); each exact
     growth of ``cfg.grow_at`` starts one of ``anneal_steps`` itself, and a checkpoint carries it
-    to the resumed run.
+    to the resumed run. ``readback``: the steps between reads of the losses from the device
+    (:mod:`.readback`; default 1 on the CPU or with ``callbacks``, else
+    :data:`~.readback.READBACK_STEPS`): the records are the same for any value.
 
     With ``out_dir`` the run folder is locked for the call (:mod:`tokenformer.io.outputs`), and
     SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
@@ -138,7 +142,7 @@ def fit(
                     start_step=start_step, out_dir=out_dir, resume_from=resume_from,
                     callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
                     device=device, progress=progress, stopper=stopper, freeze=freeze,
-                    lr_fn=lr_fn, anneal=anneal)
+                    lr_fn=lr_fn, anneal=anneal, readback=readback)
 
 
 def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: EvalFn | None,
@@ -147,7 +151,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
          flops_fn: FlopsFn | None, save_extra: Callable[[Path], None] | None, world: World,
          device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal,
          freeze: FrozenRows | None, lr_fn: Callable[[int], float] | None,
-         anneal: Anneal | None) -> FitResult:
+         anneal: Anneal | None, readback: int | None) -> FitResult:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     flops_fn = flops_fn or lm_flops
     events = run_growth_events(cfg)
@@ -192,6 +196,9 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
     evaluation = Evaluation(eval_fn, cfg, growth_steps, autocast)
     checkpoints = (Checkpointer(run_dir, cfg, world, events, save_extra) if run_dir is not None
                    else None)
+    pending = Readback(recorder, readback if readback is not None else
+                       readback_steps(device, callbacks), device,
+                       lambda loss, done: divergence(loss, done, events))
 
     model.train()
     recorder.start()
@@ -199,6 +206,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
         for step in range(start_step, cfg.steps):
             event = next((e for e in events if e.step == step), None)
             if event is not None:
+                pending.flush(model)
                 model, optimizer, module, record = grow_in_run(
                     model, optimizer, event, cfg, world, device,
                     evaluation if eval_fn is not None else None, recorder.counters)
@@ -215,28 +223,29 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
                 freeze = None  # the old tokens train again (and the saved copy is freed)
             lr = lr_fn(step) if lr_fn is not None else lr_at(step, cfg, stages)
             set_lr(optimizer, lr)
-            t0 = time.perf_counter()
+            started = time.perf_counter()
             batch = batch_fn(step)
             loss, grad_norm = train_step(module, model, optimizer, batch,
                                          grad_accum=cfg.grad_accum, grad_clip=cfg.grad_clip,
                                          world=world, device=device, autocast=autocast,
                                          freeze=freeze)
-            dt = time.perf_counter() - t0
-            tokens = count_tokens(batch) * world.world_size
             done = step + 1
-            recorder.train(done, loss, lr, scalar(grad_norm), tokens,
-                           flops_fn(model, batch) * world.world_size, dt, model)
+            pending.add(done, loss, lr, grad_norm, count_tokens(batch) * world.world_size,
+                        flops_fn(model, batch) * world.world_size, started, model)
             if anneal is not None:  # the factor of the next step, and of an evaluation now
                 anneal.apply(model, done)
-            if not math.isfinite(loss):
-                raise DivergedError(divergence(loss, done, events))
-            recorder.show(loss, lr, tokens / dt)
             if evaluation.due(done):
+                pending.flush(model)
                 recorder.evaluation(done, evaluation(model), model)
             if checkpoints is not None:
                 checkpoints.after_step(done, stopper, model, optimizer, names, recorder.counters,
                                        freeze.to_state() if freeze is not None else None,
-                                       anneal.to_state() if anneal is not None else None)
+                                       anneal.to_state() if anneal is not None else None,
+                                       before_save=functools.partial(pending.flush, model))
+        pending.flush(model)
+    except BaseException:
+        pending.flush_after_error(model)
+        raise
     finally:
         recorder.close()
     c = recorder.counters

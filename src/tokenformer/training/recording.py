@@ -61,12 +61,13 @@ class Recorder:
             callback(record, model)
 
     def train(self, step: int, loss: float, lr: float, grad_norm: float | None, tokens: int,
-              flops: float, seconds: float, model: nn.Module) -> None:
-        """Count one optimizer step and emit its record (``step`` = steps done)."""
+              flops: float, seconds: float, model: nn.Module, at: float | None = None) -> None:
+        """Count one optimizer step and emit its record (``step`` = steps done; ``at``: the
+        ``time.perf_counter()`` it ended at, default now)."""
         self.counters["tokens"] += tokens
         self.counters["flops"] += flops
         self.counters["train_time"] += seconds
-        self.counters["elapsed"] = time.perf_counter() - self.wall_start
+        self.counters["elapsed"] = (time.perf_counter() if at is None else at) - self.wall_start
         self.losses.append(loss)
         self.emit({"type": "train", "step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                    **self.counters, "tokens_per_s": tokens / seconds,

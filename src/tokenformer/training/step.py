@@ -1,6 +1,6 @@
 """One optimizer step: the batch split into micro-batches, forward and backward under autocast (the
-gradient sync skipped but for the last), clipping, the update, and the loss averaged over ranks;
-with the token and FLOP counts of a batch."""
+gradient sync skipped but for the last), clipping, the update, and the loss averaged over ranks,
+left on the device (:mod:`.readback` reads it); with the token and FLOP counts of a batch."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ def train_step(module: nn.Module, model: nn.Module, optimizer: torch.optim.Optim
                batch: dict[str, torch.Tensor], *, grad_accum: int, grad_clip: float,
                world: World, device: torch.device,
                autocast: Callable[[], AbstractContextManager],
-               freeze: FrozenRows | None = None) -> tuple[float, torch.Tensor | None]:
+               freeze: FrozenRows | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One update of ``model`` (through ``module``, its wrapped/compiled form) on ``batch``:
-    the mean loss over ranks and the gradient norm before clipping (None without clipping).
+    the mean loss over ranks and the gradient norm before clipping (None without clipping), 0-d
+    tensors on the device, not read: nothing here waits for the device.
     ``freeze``: rows that get no gradient (before clipping) and no update (restored after it)."""
     micro = micro_batches(batch, grad_accum)
     loss_sum = torch.zeros((), device=device)
@@ -52,17 +53,15 @@ def train_step(module: nn.Module, model: nn.Module, optimizer: torch.optim.Optim
     if freeze is not None:
         freeze.restore()
     optimizer.zero_grad(set_to_none=True)
-    loss_value = mean_across(loss_sum, world)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return loss_value, grad_norm
+    return mean_across(loss_sum, world), _whole(grad_norm)
 
 
-def scalar(value: torch.Tensor | None) -> float | None:
-    """A 0-d tensor (an FSDP DTensor too) as a float; None stays None."""
+def _whole(value: torch.Tensor | None) -> torch.Tensor | None:
+    """A 0-d tensor (an FSDP DTensor gathered now, in step on every rank) detached; None stays
+    None."""
     if value is None:
         return None
-    return float(value.full_tensor() if hasattr(value, "full_tensor") else value)
+    return (value.full_tensor() if hasattr(value, "full_tensor") else value).detach()
 
 
 def count_tokens(batch: dict[str, torch.Tensor]) -> int:

@@ -20,7 +20,7 @@ from ... import __version__
 from ...data.corpora import corpus_info
 from ...errors import ConfigError
 from ...io.files import atomic_write_text
-from ...nn.kernels import cpu_theta as kernels
+from ...nn.kernels.dispatch import describe_impl
 from ...training.config import COMPILE_MODES
 from ..common.arms import fingerprint
 from ..common.machine import machine_summary
@@ -168,17 +168,6 @@ def tune_chains(ctx: Context, chains: list[Run], lr_at: dict[str, dict[int, floa
                     "factor": chosen, "lrs": [x * chosen for x in base[arm]],
                     "at_edge": at_edge}
     return out
-
-
-def pattention_impl(preset: Preset) -> str:
-    """Which Pattention implementation ran: ``auto`` resolves to the C++ Θ kernel where it is
-    built (l2_norm_gelu on the CPU), else the PyTorch paths (see tokenformer.nn.pattention)."""
-    if preset.pattention_impl != "auto":
-        return preset.pattention_impl
-    if kernels.available():
-        return "auto (C++ Θ kernel for l2_norm_gelu on the CPU, fused elsewhere)"
-    return (f"auto (fused in training, reference in evaluation: the C++ kernel is unavailable, "
-            f"{kernels.unavailable_reason()})")
 
 
 def run_frontier(preset: Preset, *, data: str | Path | None = None,
@@ -351,7 +340,7 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
         "schema": SCHEMA, "command": command or f"run_frontier({preset.name!r})",
         "version": __version__, "preset": dataclasses.asdict(preset), "data": data_info,
         "device": ctx.device.type, "dtype": ctx.precision, "compile": ctx.compile,
-        "machine": machine_summary(), "pattention_impl": pattention_impl(preset),
+        "machine": machine_summary(), "pattention_impl": describe_impl(preset.pattention_impl),
         "budgets": preset.budgets, "sizes": list(preset.sizes),
         "protocol": "v4" if horizon else "v3",
         "sweeps": sweeps, "tuning": tuning, "runs": results_runs,

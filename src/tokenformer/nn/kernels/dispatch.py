@@ -1,66 +1,128 @@
-"""Which implementation computes a Pattention: the one place that decides it.
+"""Which backend computes a Pattention: the one place that decides it.
 
-:func:`select_impl` maps a layer's ``impl`` setting and a call's device, dtype, Θ and whether
-autograd records it to one of :data:`BACKENDS`; :meth:`tokenformer.nn.pattention.Pattention.attend`
-runs what it says. The backends live beside this module:
+A Pattention's ``impl`` is one of :data:`IMPLS`, each a rule: for a call that autograd records
+(training) and for one it does not (inference), the backends of
+:data:`~tokenformer.nn.kernels.backends.BACKENDS` to try in order. :func:`select_impl` runs the
+first that covers the call (device, dtype, Θ; built or installed); the last covers every call.
+:meth:`tokenformer.nn.pattention.Pattention.attend` runs what it returns. The rules, as the table
+below writes them:
 
-===============  =================================================  ============================
-backend          what runs                                          module
-===============  =================================================  ============================
-``reference``    ``theta()`` under plain autograd (the ground truth)  ``nn/theta.py``
-``fused``        one autograd Function, analytic backward, PyTorch  ``nn/kernels/fused.py``
-``cpu_kernel``   the fused Function with Θ from the C++ CPU kernel  ``nn/kernels/cpu_theta.py``
-``triton``       Θ as Triton custom ops, the matmuls from torch     ``nn/kernels/triton_theta.py``
-===============  =================================================  ============================
+=============  ======================================  ===================================
+impl           training                                inference
+=============  ======================================  ===================================
+``auto``       cpu_kernel, fused, (reference)          cpu_kernel, reference_vt
+``fused``      fused, (reference)                      fused, (reference)
+``reference``  reference                               reference
+``kernel``     cpu_kernel!, fused, (reference)         cpu_kernel!, fused, (reference)
+``torch``      fused, (reference)                      reference
+``triton``     triton!, fused, (reference)             triton!, fused, (reference)
+=============  ======================================  ===================================
 
-What runs on a GPU: ``auto`` (the default) runs ``fused`` when autograd records the call and
-``reference`` otherwise; ``impl="triton"`` runs the Triton Θ (opt-in: its speed has not been
-measured on a GPU yet, docs/performance.md). On the CPU ``auto`` runs the C++ kernel for
-``l2_norm_gelu`` in float32/bf16/fp16 wherever it can be built.
+* ``!``: the impl names that backend (``named``): where it cannot run a call it would cover
+  (not built, not installed; for Triton also a device or dtype it has no kernels for), one
+  warning says so before the fallback runs; choosing the impl readies that backend
+  (:func:`choose_impl`). ``auto`` takes the C++ kernel silently where it is built.
+* In parentheses: reached only by a Θ without fused closed forms (``THETAS[norm].fused is
+  None``, e.g. one registered with its reference formula alone), which has no fast path: it runs
+  the last backend of the list, silently, whatever ``impl`` says.
+* ``auto`` (the default) never picks Triton (its speed is unmeasured, docs/performance.md); on a
+  GPU it runs ``fused`` in training and the reference at inference (at a few rows per call, as in
+  decoding, the Function's per-call overhead outweighs the pass it saves). ``torch`` is ``auto``
+  without the C++ kernel and without the bf16 value layout: what the documented experiments ran
+  with, bit for bit.
 
 What each backend covers is in the Θ's row of :data:`tokenformer.nn.theta.THETAS` (``fused``,
-``cpu_kernel``, ``triton``); a Θ without fused closed forms (one registered with its reference
-formula alone) runs ``reference`` whatever ``impl`` asks.
+``cpu_kernel``, ``triton``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ...errors import ConfigError
 from ..theta import THETAS
-from . import cpu_theta, triton_theta
+from . import cpu_theta
+from .backends import BACKENDS, ThetaBackend
 
-BACKENDS: tuple[str, ...] = ("reference", "fused", "cpu_kernel", "triton")
+
+@dataclass(frozen=True)
+class Impl:
+    """One value of a Pattention's ``impl``: the backends it tries, in order, for a call that
+    autograd records and for one it does not; ``named``: it asks for its first backend by name
+    (module docstring)."""
+
+    training: tuple[str, ...]
+    inference: tuple[str, ...]
+    named: bool = False
+
+
+# The rules (module docstring), in the order the choices are listed to users.
+IMPLS: dict[str, Impl] = {
+    "auto": Impl(training=("cpu_kernel", "fused", "reference"),
+                 inference=("cpu_kernel", "reference_vt")),
+    "fused": Impl(training=("fused", "reference"), inference=("fused", "reference")),
+    "reference": Impl(training=("reference",), inference=("reference",)),
+    "kernel": Impl(training=("cpu_kernel", "fused", "reference"),
+                   inference=("cpu_kernel", "fused", "reference"), named=True),
+    "torch": Impl(training=("fused", "reference"), inference=("reference",)),
+    "triton": Impl(training=("triton", "fused", "reference"),
+                   inference=("triton", "fused", "reference"), named=True),
+}
+DEFAULT_IMPL = "auto"
 
 
 def select_impl(impl: str, device: torch.device, dtype: torch.dtype, norm: str, *,
-                training: bool) -> str:
-    """The backend (one of :data:`BACKENDS`) that computes a Pattention set to ``impl`` on
-    scores of ``device`` and ``dtype`` with Θ ``norm``; ``training``: autograd records the call.
+                training: bool) -> ThetaBackend:
+    """The backend (of :data:`~tokenformer.nn.kernels.backends.BACKENDS`) that computes a
+    Pattention set to ``impl`` on scores of ``device`` and ``dtype`` with Θ ``norm``;
+    ``training``: autograd records the call. The rule is ``impl``'s row of :data:`IMPLS`."""
+    rule = IMPLS[impl]
+    order = rule.training if training else rule.inference
+    variant = THETAS.get(norm)  # unknown: the last (a reference), whose theta() names the choices
+    if variant is not None and variant.fused is not None:  # else no fast path: the last
+        for position, name in enumerate(order[:-1]):
+            backend = BACKENDS[name]
+            if backend.available(device, dtype, norm, warn=rule.named and position == 0):
+                return backend
+    return BACKENDS[order[-1]]
 
-    * ``reference``: always ``reference``.
-    * ``triton``: ``triton`` where the Triton Θ covers the call (CUDA, or the CPU under Triton's
-      interpreter; float32/bf16/fp16; every Θ) and triton is installed, else ``fused`` after one
-      warning.
-    * ``kernel``: ``cpu_kernel`` where the C++ kernel covers the call and can be built, else
-      ``fused`` after one warning.
-    * ``auto``: ``cpu_kernel`` where it covers the call and can be built (silently otherwise),
-      else ``fused`` when training and ``reference`` when not (at a few rows per call, as in
-      decoding, the Function's per-call overhead outweighs the pass it saves).
-    * ``torch``: that last rule alone (``auto`` without the kernel), what the documented
-      experiments ran with.
-    * ``fused``: ``fused``.
 
-    A Θ that has no fused closed forms (``THETAS[norm].fused is None``) has no fast path either:
-    ``reference``, silently, whatever ``impl`` says.
-    """
-    variant = THETAS.get(norm)  # unknown: reference, whose theta() names the choices
-    if impl == "reference" or variant is None or variant.fused is None:
-        return "reference"
-    if impl == "triton":
-        return "triton" if triton_theta.supports(device, dtype, norm) else "fused"
-    if impl == "auto" and cpu_theta.usable(device, dtype, norm):  # silent fallback
-        return "cpu_kernel"
-    if impl == "kernel" and cpu_theta.supports(device, dtype, norm):  # warns once
-        return "cpu_kernel"
-    return "fused" if training or impl in ("fused", "kernel") else "reference"
+def check_impl(impl: str) -> None:
+    if impl not in IMPLS:
+        raise ConfigError(f"unknown Pattention impl {impl!r}; choose one of "
+                          f"{', '.join(IMPLS)}")
+
+
+def prepare_impl(impl: str) -> None:
+    """Do now, for every backend ``impl`` may run, what ``torch.compile``'s tracing cannot
+    (:meth:`ThetaBackend.prepare`: build the C++ kernel, register the Triton ops): the trainer
+    calls it before compiling."""
+    check_impl(impl)
+    rule = IMPLS[impl]
+    for name in dict.fromkeys((*rule.training, *rule.inference)):
+        BACKENDS[name].prepare()
+
+
+def choose_impl(impl: str) -> str:
+    """``impl`` checked (ConfigError naming the choices) and, when it names a backend
+    (``kernel``, ``triton``), that backend readied (:func:`prepare_impl`), so that a
+    ``torch.compile`` right after traces it: what setting a Pattention's ``impl`` does. ``auto``
+    readies nothing: it would build the C++ kernel (≈ 15 s once per machine) on machines that
+    never run a Pattention on the CPU; the trainer readies it before compiling."""
+    check_impl(impl)
+    if IMPLS[impl].named:
+        prepare_impl(impl)
+    return impl
+
+
+def describe_impl(impl: str) -> str:
+    """``impl`` in words, as a run's results record it: ``auto`` with what it resolves to on this
+    machine (whether the C++ kernel is built), any other as its name."""
+    if impl != DEFAULT_IMPL:
+        return impl
+    if cpu_theta.available():
+        return "auto (C++ Θ kernel for l2_norm_gelu on the CPU, fused elsewhere)"
+    return (f"auto (fused in training, reference in evaluation: the C++ kernel is unavailable, "
+            f"{cpu_theta.unavailable_reason()})")

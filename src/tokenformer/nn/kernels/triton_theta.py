@@ -181,7 +181,8 @@ _OPS: list[tuple] = []
 
 def prepare() -> None:
     """Register the ops now, outside any ``torch.compile`` tracing (which cannot register an
-    op). ``impl="triton"`` calls it (``Pattention(impl=...)``, ``set_pattention_impl``)."""
+    op): the Triton backend's ``prepare``, run when a layer is set to ``impl="triton"``
+    (:func:`tokenformer.nn.kernels.dispatch.choose_impl`)."""
     if available():
         _ops()
 
@@ -191,7 +192,8 @@ def _ops() -> tuple:
     if not _OPS:
         if torch.compiler.is_compiling():
             raise RuntimeError("the Triton Θ ops are registered outside torch.compile: set "
-                               "impl='triton' (or call triton_theta.prepare()) before compiling")
+                               "impl='triton' (or call tokenformer.nn.kernels.dispatch."
+                               "prepare_impl('triton')) before compiling")
         _OPS.append(_register(interpreting()))
     return _OPS[0]
 

@@ -28,6 +28,10 @@ def plan_growth(config: Any, options: GrowthOptions | None = None, /,
     can be refused before any work. The old-token options change no config: grow checks them."""
     opts, unknown = GrowthOptions.of(options, request)
     refuse_unsupported(unknown)
+    if getattr(config, "fused_projections", False):
+        raise GrowthError("a Transformer baseline with fused_projections cannot grow: growth "
+                          "works on separate Q/K/V and gate/up Linears; train it with "
+                          "fused_projections false (the same function and FLOPs) to grow it")
     qkv, proj, ffn, layers, hidden, heads = (opts.qkv, opts.proj, opts.ffn, opts.layers,
                                              opts.hidden, opts.heads)
     how, width_noise, positions = opts.how, opts.width_noise, opts.positions
