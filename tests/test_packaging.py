@@ -102,7 +102,8 @@ def test_constraints_file_pins_the_lowest_tested_versions():
 
 
 # ------------------------------------------------------------------------------ import graph
-CORE = {"tokenformer", "tokenformer.errors", "tokenformer.registry", "tokenformer.io", "tokenformer.io.files",
+CORE = {"tokenformer", "tokenformer.errors", "tokenformer.registry", "tokenformer.io",
+        "tokenformer.io.files",
         "tokenformer.io.checkpoint", "tokenformer.io.training_state", "tokenformer.io.tree",
         "tokenformer.io.paths", "tokenformer.io.untrusted",
         "tokenformer.models.memory",
