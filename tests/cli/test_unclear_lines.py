@@ -178,3 +178,15 @@ def test_a_triton_fallback_is_one_warning_line(capsys, monkeypatch, tmp_path):
                                  "TRITON_INTERPRET=1 before starting to run it on the CPU "
                                  "(Triton's interpreter, slow)"), err
     assert "RuntimeWarning" not in err and "Warning:" not in err, err
+
+
+@pytest.mark.parametrize("kind", ["folder", "parent-file"])
+def test_sparse_study_refuses_a_json_it_cannot_write_before_measuring(capsys, tmp_path, model_dir,
+                                                                     kind):
+    """``sparse-study --json`` naming a folder (or a path under a file) ran the whole measurement
+    and then failed with a raw IsADirectoryError; it is refused before anything is measured."""
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "file").write_text("x")
+    target = tmp_path / "taken" if kind == "folder" else tmp_path / "file" / "out.json"
+    line = one_line(capsys, ["sparse-study", "--json", target, "quality", model_dir])
+    assert str(target) in line and "--json" in line, line

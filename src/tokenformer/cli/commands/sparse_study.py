@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
+from ...errors import OutputError
 from ...experiments import sparse
 from ...experiments.sparse import CompareMLP, PruneCurve, PruneSeeds, Quality, TrainArms
-from ...io.outputs import check_not_input
+from ...io.outputs import check_creatable, check_not_input
 from ..options import positive
 from ..runs import command_line
 
@@ -21,8 +23,11 @@ DESCRIPTION = ("One part of the sparse study per subcommand; prints a markdown s
 def sparse_study(args: argparse.Namespace) -> int:
     """Measure one part of the study, print it as a RESULTS.md section, save ``--json``."""
     inputs = _inputs(args)
-    if args.json:
+    if args.json:  # a file written after the measurement: refused now, not after it
         check_not_input(args.json, inputs, "--json")
+        if os.path.isdir(args.json):
+            raise OutputError(f"--json {args.json} is a folder: name the file to write")
+        check_creatable(args.json, "--json")
     if getattr(args, "out", None):  # a plot, or train's model folders
         check_not_input(args.out, inputs)
     if args.what == "plot":
