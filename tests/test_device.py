@@ -388,7 +388,7 @@ def test_static_cache_generation_matches_dynamic(device, compiled):
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = grow(TokenFormerLM(tiny()), qkv="2x", ffn="3x", strategy="paper",
+    model = grow(TokenFormerLM(tiny()), qkv="2x", ffn="3x", recipe="paper",
                  generator=torch.Generator().manual_seed(1))
     assert len({layer.num_tokens for layer in model.pattentions().values()}) == 3
     for layer in model.layers:
@@ -463,7 +463,7 @@ def test_growth_preserves_function(device, norm):
     torch.manual_seed(0)
     model = TokenFormerLM(tiny(norm=norm)).to(device).eval()
     ids = random_ids(model.config.vocab_size, 2, 24).to(device)
-    grown = grow(model, qkv="2x", proj="2x", ffn="2x", layers=3, strategy="exact",
+    grown = grow(model, qkv="2x", proj="2x", ffn="2x", layers=3, recipe="exact",
                  generator=torch.Generator().manual_seed(1)).eval()
     assert next(grown.parameters()).device.type == device.type
     assert (grown.config.ffn_tokens, grown.config.num_layers) == (256, 3)
@@ -698,7 +698,7 @@ def test_compiled_training_step_matches_eager(device, precision, mode):
     for compiled in (False, True):
         torch.manual_seed(0)
         cfg = train_config(steps=5, precision=precision, compile=compiled, compile_mode=mode,
-                           grow_at=["2:ffn=192,strategy=paper"], eval_interval=2)
+                           grow_at=["2:ffn=192,recipe=paper"], eval_interval=2)
         runs[compiled] = fit(TokenFormerLM(tiny()), batch_fn, cfg, eval_fn=eval_fn,
                              device=device, progress=False)
     rel = 1e-3 if precision == "bf16" else 1e-5

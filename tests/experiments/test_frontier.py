@@ -19,13 +19,13 @@ from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
 from tokenformer.experiments.frontier import analysis, report, report_markdown
+from tokenformer.experiments.frontier import arms as arms_
 from tokenformer.experiments.frontier import chains as chains_
 from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
-from tokenformer.experiments.frontier import recipes as recipes_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier import schedule as schedule_
 from tokenformer.experiments.frontier.plan import plan
@@ -624,7 +624,7 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
         final = run.branches[-1]
         assert final.budget_index == max(env)  # the chain reads the largest budget
         assert schedule_.size_at(run.stages, final.decay_start - 1).size == env[max(env)]
-        recipe = recipes_.RECIPES[run.arm]
+        recipe = arms_.ARMS[run.arm]
         if recipe.shape != "size":  # stack / clone: one growth, from a half copy of the final
             first, last = run.stages
             c, h = last.config, first.config
@@ -639,7 +639,7 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
             stage = schedule_.size_at(run.stages, b.decay_start - 1)
             assert b.steps - stage.start >= preset.min_stage_share * b.steps
         assert run.lr_from == presets_.size_key(run.family, env[max(env)])
-    families = {a: recipes_.RECIPES[a].family for a in preset.recipes}
+    families = {a: arms_.ARMS[a].family for a in preset.recipes}
     expected = {a for a, f in families.items() if len(set(chains_.chain_targets(
         measured[f], presets_.family_sizes(preset, f)).values())) > 1}
     assert {r.arm for r in chains} == expected  # a flat envelope asks for no chain
@@ -839,11 +839,11 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     keys = model.layers[0].mlp.key_param_tokens
     assert float(keys.detach().std()) == pytest.approx(1 / math.sqrt(preset.hidden_size), rel=0.1)
     optimizer = make_optimizer(model, TrainConfig(steps=1, lr=1e-3))
-    recipe = recipes_.RECIPES["chain-gelu"]
+    recipe = arms_.ARMS["chain-gelu"]
     c = configs["S1"]
     grown, _ = grow_with_optimizer(model, optimizer, generator=torch.Generator().manual_seed(0),
                                    qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens,
-                                   strategy=recipe.method)
+                                   recipe=recipe.method)
     assert grown.config.ffn_tokens == c.ffn_tokens and recipe.family == "tokenformer-gelu"
     ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -101,7 +101,7 @@ def test_a_state_of_an_earlier_version_resumes_without_growing_twice(dataset_dir
         model, optimizer, new_row_moments=preset.new_row_moments,
         generator=torch.Generator().manual_seed(run["seed"] * 1_000_003 + growth_step),
         qkv=stage["qkv_tokens"], proj=stage["proj_tokens"], ffn=stage["ffn_tokens"],
-        strategy="exact")
+        recipe="exact")
     state.update(model=grown.state_dict(), optimizer=optimizer.state_dict(),
                  param_groups=group_names(grown, optimizer),
                  config=dataclasses.asdict(grown.config))

@@ -1,4 +1,4 @@
-"""Frontier arms with old-token options (issue 24): a :class:`Recipe` carries ``freeze_old`` /
+"""Frontier arms with old-token options (issue 24): a :class:`GrowingArm` carries ``freeze_old`` /
 ``noise_old``, the presets' arms are unchanged, and a chain whose old tokens stay frozen keeps
 them bitwise across its saved states."""
 
@@ -13,40 +13,40 @@ from test_frontier import TINY  # rootdir-relative, as the other test folders im
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import run as run_
+from tokenformer.experiments.frontier.arms import ARMS, GrowingArm
 from tokenformer.experiments.frontier.presets import PRESETS, get_preset
-from tokenformer.experiments.frontier.recipes import RECIPES, Recipe
 from tokenformer.training.freezing import FrozenRows
 
 
 def test_old_token_arms_carry_their_options_and_the_presets_arms_are_unchanged():
-    assert RECIPES["chain-exact-frozen"].freeze_old == "forever"
-    assert RECIPES["chain-exact-noised"].noise_old == 0.01
+    assert ARMS["chain-exact-frozen"].freeze_old == "forever"
+    assert ARMS["chain-exact-noised"].noise_old == 0.01
     for preset in PRESETS.values():  # no preset trains them until a question asks
-        assert not any(RECIPES[arm].freeze_old is not None or RECIPES[arm].noise_old
+        assert not any(ARMS[arm].freeze_old is not None or ARMS[arm].noise_old
                        for arm in preset.recipes)
     chosen = get_preset("quick", recipes=("chain-exact-frozen",), questions=()).recipes
     assert chosen == ("chain-exact-frozen",)
 
 
 @pytest.mark.parametrize("recipe, message", [
-    (Recipe("stack-frozen", "tokenformer", "chain", "stack", shape="stack", freeze_old=5),
+    (GrowingArm("stack-frozen", "tokenformer", "chain", "stack", shape="stack", freeze_old=5),
      "a growth of tokens keeps"),
-    (Recipe("widen-frozen", "transformer++", "widen", "zero", freeze_old=5),
+    (GrowingArm("widen-frozen", "transformer++", "widen", "zero", freeze_old=5),
      "a growth of tokens keeps"),
-    (Recipe("chain-clone", "tokenformer", "chain", "duplicate", shape="clone"),
+    (GrowingArm("chain-clone", "tokenformer", "chain", "duplicate", shape="clone"),
      "Transformer\\+\\+ arm here"),
-    (Recipe("chain-final", "tokenformer", "chain", "paper", lr_policy="final"),
+    (GrowingArm("chain-final", "tokenformer", "chain", "paper", lr_policy="final"),
      "LR policy 'final' is not available"),
 ])
 def test_bad_old_token_arms_are_refused(monkeypatch, recipe, message):
-    monkeypatch.setitem(RECIPES, recipe.arm, recipe)
+    monkeypatch.setitem(ARMS, recipe.arm, recipe)
     with pytest.raises(ConfigError, match=message):
         get_preset("full", recipes=(recipe.arm,), questions=())
 
 
 def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir, tmp_path,
                                                                      monkeypatch):
-    monkeypatch.setitem(RECIPES, "chain-frozen-noised", Recipe(
+    monkeypatch.setitem(ARMS, "chain-frozen-noised", GrowingArm(
         "chain-frozen-noised", "tokenformer", "chain", "exact", freeze_old="forever",
         noise_old=0.05))
     preset = dataclasses.replace(TINY, name="frozen", seeds=1, families=("tokenformer",),

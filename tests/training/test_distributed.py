@@ -30,7 +30,7 @@ def common(dataset_dir: Path) -> list[str]:
 
 # DDP also grows the model mid-run (random new tokens and noise on the old ones: every rank must
 # draw the same; frozen old tokens: every rank restores the same rows).
-GROWTH = {"ddp": ["3:qkv=2x,ffn=2x,layers=3,strategy=paper,freeze_old=forever,noise_old=0.01"],
+GROWTH = {"ddp": ["3:qkv=2x,ffn=2x,layers=3,recipe=paper,freeze_old=forever,noise_old=0.01"],
           "fsdp": []}
 
 

@@ -137,7 +137,7 @@ def test_a_freeze_may_not_outlast_the_next_growth_unless_that_one_freezes_longer
 # ------------------------------------------------------------------------------ recipes
 def test_official_released_resets_the_optimizer_and_restarts_warmup_and_decay():
     cfg = quiet(steps=10, warmup_steps=2, schedule="wsd", decay_fraction=0.25,
-                grow_at=["6:ffn=2x,strategy=official-released"])
+                grow_at=["6:ffn=2x,recipe=official-released"])
     result = fit(tiny_lm(), batches, cfg, progress=False)
     lrs = [r["lr"] for r in result.records if r["type"] == "train"]
     # stage 1 (steps 0-5): warmup 2, decay over round(0.25*6) = 2 steps; stage 2 (steps 6-9):
@@ -145,18 +145,18 @@ def test_official_released_resets_the_optimizer_and_restarts_warmup_and_decay():
     assert lrs == pytest.approx([5e-3, 1e-2, 1e-2, 1e-2, 5.5e-3, 1e-3, 5e-3, 1e-2, 1e-2, 1e-3])
     # a fresh AdamW at step 6: four steps since (a carried one would count ten)
     assert {float(s["step"]) for s in result.optimizer.state.values()} == {4.0}
-    carried = fit(tiny_lm(), batches, quiet(steps=10, grow_at=["6:ffn=2x,strategy=official-init"]),
+    carried = fit(tiny_lm(), batches, quiet(steps=10, grow_at=["6:ffn=2x,recipe=official-init"]),
                   progress=False)
     assert {float(s["step"]) for s in carried.optimizer.state.values()} == {10.0}
 
 
 def test_official_is_still_official_init_with_a_note(tmp_path, dataset_dir):
-    def run(name, strategy):
+    def run(name, recipe):
         lines = []
         cfg = load_config("tiny", {"data": str(dataset_dir), "out": str(tmp_path / name),
                                    "threads": 1, "samples": 0, "eval_batches": 1, "steps": 4,
                                    "eval_interval": 0,
-                                   "grow_at": [f"2:ffn=2x,strategy={strategy}"]})
+                                   "grow_at": [f"2:ffn=2x,recipe={recipe}"]})
         return train(cfg, progress=False, print_fn=lines.append).losses, lines
 
     old, old_lines = run("old", "official")
@@ -199,12 +199,12 @@ def test_grow_at_keys():
     event = parse_grow_at("100:hidden=2x,heads=8,layers=2x,how=stack,recipe=official-released,"
                           "freeze_old=forever,noise_old=1e-2,lr=3e-4,lr_ramp=50")
     assert event.kwargs == {"hidden": "2x", "heads": 8, "layers": "2x", "how": "stack",
-                            "strategy": "official-released", "freeze_old": "forever",
+                            "recipe": "official-released", "freeze_old": "forever",
                             "noise_old": 0.01}
     assert (event.lr, event.lr_ramp, event.note) == (3e-4, 50, "")
     assert event.stage.restart and event.stage.lr == 3e-4 and event.stage.ramp == 50
-    old = parse_grow_at("7:ffn=2x,strategy=official")
-    assert old.kwargs["strategy"] == "official-init" and "'official-init'" in old.note
+    old = parse_grow_at("7:ffn=2x,recipe=official")
+    assert old.kwargs["recipe"] == "official-init" and "'official-init'" in old.note
     assert not old.stage.restart and old.stage.lr is None
 
 
@@ -216,7 +216,7 @@ def test_grow_at_keys():
     ("10:ffn=2x,freeze_old=soon", "freeze_old='soon' must be a number of steps or forever"),
     ("10:ffn=2x,noise_old=-1", "noise_old='-1' must be a number >= 0"),
     ("10:ffn=2x,recipe=exact,strategy=paper", "name the same thing"),
-    ("10:ffn=2x,strategy=official-releasd", "unknown strategy 'official-releasd'"),
+    ("10:ffn=2x,recipe=official-releasd", "unknown recipe 'official-releasd'"),
     ("10:hidden=0.5x", "would shrink the model"),
     ("10:how=Stack!", "must be a word"),
     ("10:ffn=2x,width=2x", "malformed"),
@@ -242,11 +242,11 @@ def test_width_and_depth_arguments_reach_grow(monkeypatch):
         return model, optimizer
 
     monkeypatch.setattr(growth_in_run, "grow_with_optimizer", fake)
-    cfg = quiet(steps=3, grow_at=["1:hidden=2x,heads=4,layers=2x,how=stack,strategy=exact"])
+    cfg = quiet(steps=3, grow_at=["1:hidden=2x,heads=4,layers=2x,how=stack,recipe=exact"])
     fit(tiny_lm(), batches, cfg, progress=False)
     assert len(seen) == 1
-    assert {k: seen[0][k] for k in ("hidden", "heads", "layers", "how", "strategy")} == {
-        "hidden": "2x", "heads": 4, "layers": "2x", "how": "stack", "strategy": "exact"}
+    assert {k: seen[0][k] for k in ("hidden", "heads", "layers", "how", "recipe")} == {
+        "hidden": "2x", "heads": 4, "layers": "2x", "how": "stack", "recipe": "exact"}
 
 
 def test_width_and_stacking_run_inside_fit_and_preserve_what_they_claim():
@@ -269,7 +269,7 @@ def test_width_and_stacking_run_inside_fit_and_preserve_what_they_claim():
 
     growth_in_run.grow_with_optimizer, saved = spy, growth_in_run.grow_with_optimizer
     try:
-        cfg = quiet(steps=4, grow_at=["2:hidden=2x,layers=2x,how=stack,strategy=exact"])
+        cfg = quiet(steps=4, grow_at=["2:hidden=2x,layers=2x,how=stack,recipe=exact"])
         result = fit(tiny_lm(), batches, cfg, progress=False)
     finally:
         growth_in_run.grow_with_optimizer = saved
@@ -341,7 +341,7 @@ def test_killed_inside_a_freeze_resumes_bit_for_bit(tmp_path, dataset_dir):
     args = ["--config", "tiny", "--data", str(dataset_dir), "--steps", "12",
             "--checkpoint-interval", "2", "--eval-interval", "0", "--threads", "1",
             "--samples", "0", "--eval-batches", "1", "--no-progress", "--schedule", "wsd",
-            "--grow-at", "5:ffn=2x,qkv=2x,strategy=official-released,freeze_old=6,"
+            "--grow-at", "5:ffn=2x,qkv=2x,recipe=official-released,freeze_old=6,"
                          "noise_old=0.05,lr=2e-3,lr_ramp=3"]
     # the old tokens are frozen for steps 5..10: die after a checkpoint inside that window
     full, _, a = kill_and_resume(args, tmp_path, kill_after=8)

@@ -52,7 +52,7 @@ def test_reading_back_every_few_steps_records_what_reading_every_step_does(tmp_p
     and grow records), metrics.jsonl, the checkpoints' counters and the trained weights are
     those of reading every step, bit for bit; only the measured times differ."""
     cfg = quiet(steps=7, eval_interval=2, checkpoint_interval=4,
-                grow_at=["3:qkv=2x,ffn=2x,strategy=exact"])
+                grow_at=["3:qkv=2x,ffn=2x,recipe=exact"])
     runs = {}
     for k in (1, readback):
         runs[k] = fit(tiny_lm(), batches, cfg, eval_fn=held_out, out_dir=tmp_path / f"k{k}",

@@ -98,10 +98,10 @@ def test_bad_config_values(overrides, message):
 
 
 def test_parse_grow_at():
-    event = parse_grow_at("100:qkv=2x,proj=128,ffn=1.5x,layers=4,strategy=paper")
+    event = parse_grow_at("100:qkv=2x,proj=128,ffn=1.5x,layers=4,recipe=paper")
     assert event.step == 100
     assert event.kwargs == {"qkv": "2x", "proj": 128, "ffn": "1.5x", "layers": 4,
-                            "strategy": "paper"}
+                            "recipe": "paper"}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -193,7 +193,7 @@ def test_growth_inside_a_run(tmp_path, dataset_dir):
     pytest.importorskip("tokenformer.ops.growth")
     out = tmp_path / "run"
     cfg = cfg_for(dataset_dir, out, steps=8, eval_interval=0,
-                  grow_at=["4:qkv=2x,proj=2x,ffn=2x,layers=3,strategy=exact"],
+                  grow_at=["4:qkv=2x,proj=2x,ffn=2x,layers=3,recipe=exact"],
                   growth_lr="restart", warmup_steps=2, eval_after_growth=[1])
     result = train(cfg, progress=False, print_fn=lambda s: None)
     records = read_metrics(out)
@@ -217,7 +217,7 @@ def test_growth_inside_a_run(tmp_path, dataset_dir):
     assert TokenFormerLM.load(out / "final").config.num_layers == 3
     # a growth that does not preserve the function shows it in the post-growth evaluation
     paper = cfg_for(dataset_dir, tmp_path / "paper", steps=6, eval_interval=0,
-                    grow_at=["4:ffn=4x,strategy=paper"])
+                    grow_at=["4:ffn=4x,recipe=paper"])
     result = train(paper, progress=False, print_fn=lambda s: None)
     grow = next(r for r in result.records if r["type"] == "grow")
     assert abs(grow["after"]["val_loss"] - grow["before"]["val_loss"]) > 1e-3
@@ -307,7 +307,7 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, dataset_dir):
     args = ["--config", "tiny", "--data", str(dataset_dir), "--steps", "24",
             "--checkpoint-interval", "4", "--keep-last", "2", "--eval-interval", "8",
             "--threads", "1", "--samples", "0", "--eval-batches", "2", "--no-progress",
-            "--grow-at", "12:ffn=2x,strategy=exact"]
+            "--grow-at", "12:ffn=2x,recipe=exact"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     full, killed = tmp_path / "full", tmp_path / "killed"
     # the uninterrupted reference runs in this process (same threads: same arithmetic)

@@ -87,7 +87,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     """clip the global gradient norm to this (0: off)"""
     grow_at: list[str] = field(default_factory=list)
-    """growth inside the run: STEP:qkv=..,proj=..,ffn=..,layers=..,strategy=..,lr=.. (--grow-at,
+    """growth inside the run: STEP:qkv=..,proj=..,ffn=..,layers=..,recipe=..,lr=.. (--grow-at,
     docs/training.md)"""
     growth_lr: str = "continue"
     """continue: one schedule over the run; restart: warmup + decay per stage"""
@@ -101,7 +101,7 @@ class TrainConfig:
     """every growth's noise_old unless its --grow-at sets one: noise added to the old parameter
     tokens, a std relative to each tensor's rms (0: none)"""
     anneal_steps: int = 0
-    """after each exact growth (--grow-at ...strategy=exact), Θ's factor moves linearly from the
+    """after each exact growth (--grow-at ...recipe=exact), Θ's factor moves linearly from the
     value that kept the grown model exact to √n over this many steps (the paper's Θ-factor
     anneal; 0: off)"""
     # execution

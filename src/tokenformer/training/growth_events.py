@@ -1,14 +1,15 @@
 """The ``--grow-at`` mini-language: ``STEP:key=value,...`` specs become checked growth events.
 
-``500:qkv=2x,proj=2x,ffn=512,layers=6,strategy=exact`` is a :class:`GrowthEvent`, checked against
+``500:qkv=2x,proj=2x,ffn=512,layers=6,recipe=exact`` is a :class:`GrowthEvent`, checked against
 the run's steps and, before the first step, against the model (:func:`check_growth_plan`). Keys:
 
 * sizes, passed to :func:`tokenformer.ops.growth.grow`: ``qkv``, ``proj``, ``ffn``, ``layers``,
   ``hidden``, ``heads`` (a count or a multiplier like ``2x``), ``how`` (``identity``, ``stack``),
   ``width_noise`` (zero-sum noise on duplicated units, std relative to each tensor's rms),
   ``widen`` (a Transformer baseline's MLP: ``duplicate``, ``zero``, ``net2net``);
-* ``strategy`` (or ``recipe``): ``exact``, ``paper``, ``official-init``, ``official-released``
-  (``official``: the old name of ``official-init``);
+* ``recipe``: ``exact``, ``paper``, ``official-init``, ``official-released`` (``official``: the
+  old name of ``official-init``; ``strategy=``, the key's old name, still works, with a
+  deprecation warning);
 * old tokens: ``freeze_old`` (steps, or ``forever``), ``noise_old`` (std relative to each tensor's
   rms);
 * the schedule: ``lr`` (the peak of the stages from this growth on) and ``lr_ramp`` (steps over
@@ -28,15 +29,17 @@ from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..models.memory import check_memory
 from ..ops.growth import (
     FOREVER,
+    OLD_RECIPE_KEY,
     OLD_TOKEN_KEYS,
-    STRATEGY,
+    RECIPES,
     TEXT_KEYS,
     canonical_recipe,
     freeze_request,
     plan_growth,
     recipe_alias_note,
+    recipe_names,
     resets_optimizer,
-    strategy_names,
+    warn_old_recipe_name,
     widen_names,
 )
 from .schedule import Stage
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
     from .config import TrainConfig
 
 # Other names of a key (each listed after it), and the keys a growth sets in the run's schedule.
-KEY_ALIASES = {"strategy": ("recipe",)}
+KEY_ALIASES = {"recipe": (OLD_RECIPE_KEY,)}
 SCHEDULE_KEYS = ("lr", "lr_ramp")
 # The growth's own keys are GrowthOptions' fields that have a key=value form.
 GROW_KEYS = (*(k for key in TEXT_KEYS for k in (key, *KEY_ALIASES.get(key, ()))),
@@ -69,7 +72,7 @@ class GrowthEvent:
     @property
     def stage(self) -> Stage:
         """What this growth does to the schedule: a restart for ``official-released``."""
-        return Stage(self.step, resets_optimizer(self.kwargs.get("strategy", "exact")), self.lr,
+        return Stage(self.step, resets_optimizer(self.kwargs.get("recipe", "exact")), self.lr,
                      self.lr_ramp)
 
     @property
@@ -80,23 +83,26 @@ class GrowthEvent:
         return math.inf if freeze == FOREVER else self.step + (freeze or 0)
 
 
-def parse_grow_at(spec: str) -> GrowthEvent:
-    """``"STEP:qkv=2x,ffn=512,layers=6,strategy=exact,lr=5e-4"`` → GrowthEvent."""
+def parse_grow_at(spec: str, *, recorded: bool = False) -> GrowthEvent:
+    """``"STEP:qkv=2x,ffn=512,layers=6,recipe=exact,lr=5e-4"`` → GrowthEvent. ``recorded``: a
+    spec a run recorded (its trainer state), read without the old key's deprecation warning."""
     usage = (f"--grow-at {spec!r} is malformed: expected STEP:key=value,... with keys "
-             f"{', '.join(GROW_KEYS)} (e.g. 500:qkv=2x,proj=2x,ffn=2x,strategy=exact)")
+             f"{', '.join(GROW_KEYS)} (e.g. 500:qkv=2x,proj=2x,ffn=2x,recipe=exact)")
     step_text, sep, rest = str(spec).partition(":")
     if not sep or not step_text.strip().isdecimal() or not rest.strip():
         raise ConfigError(usage)
     kwargs = parse_options(rest, f"--grow-at {spec!r}", GROW_KEYS, usage)
     note = ""
-    if "recipe" in kwargs:
-        if "strategy" in kwargs:
-            raise ConfigError(f"--grow-at {spec!r}: recipe and strategy name the same thing; "
-                              f"give one")
-        kwargs["strategy"] = kwargs.pop("recipe")
-    if kwargs.get("strategy", "exact") not in STRATEGY:  # an old name (_value knew it)
-        note = recipe_alias_note(kwargs["strategy"])
-        kwargs["strategy"] = canonical_recipe(kwargs["strategy"], warn=False)
+    if OLD_RECIPE_KEY in kwargs:
+        if "recipe" in kwargs:
+            raise ConfigError(f"--grow-at {spec!r}: recipe and strategy (its old name) name the "
+                              f"same thing; give recipe")
+        kwargs["recipe"] = kwargs.pop(OLD_RECIPE_KEY)
+        if not recorded:
+            warn_old_recipe_name("--grow-at ...,strategy=", "recipe=")
+    if kwargs.get("recipe", "exact") not in RECIPES:  # an old name (_value knew it)
+        note = recipe_alias_note(kwargs["recipe"])
+        kwargs["recipe"] = canonical_recipe(kwargs["recipe"], warn=False)
     lr, ramp = kwargs.pop("lr", None), kwargs.pop("lr_ramp", 0)
     if ramp and lr is None:
         raise ConfigError(f"--grow-at {spec!r}: lr_ramp needs lr= (the peak to ramp to)")
@@ -117,10 +123,10 @@ def parse_options(text: str, where: str, keys: Sequence[str], usage: str) -> dic
 
 
 def _value(key: str, value: str, where: str) -> Any:
-    if key in ("strategy", "recipe"):
-        if value not in strategy_names():
+    if key in ("recipe", OLD_RECIPE_KEY):
+        if value not in recipe_names():
             raise ConfigError(f"{where}: unknown {key} {value!r}; choose one of "
-                              f"{', '.join(STRATEGY)}")
+                              f"{', '.join(RECIPES)}")
         return value
     if key == "widen":
         if value not in widen_names():
@@ -250,13 +256,14 @@ def check_history(events: Sequence[GrowthEvent], applied: object, step: int,
         raise CheckpointError(f"{where}: growth is {applied!r}, expected a list of --grow-at "
                               f"specs")
     try:
-        done = [parse_grow_at(spec) for spec in applied]
+        done = [parse_grow_at(spec, recorded=True) for spec in applied]
     except ConfigError:
         raise CheckpointError(f"{where}: growth holds a malformed spec ({applied!r})") from None
 
     def same(planned: list[GrowthEvent]) -> bool:  # the specs as given: no run-wide defaults
         return len(planned) == len(done) and all(
-            _same(parse_grow_at(e.spec), d) for e, d in zip(planned, done, strict=True))
+            _same(parse_grow_at(e.spec, recorded=True), d)
+            for e, d in zip(planned, done, strict=True))
 
     if not (same([e for e in events if e.step < step])
             or same([e for e in events if e.step <= step])):
@@ -269,7 +276,7 @@ def check_history(events: Sequence[GrowthEvent], applied: object, step: int,
 
 def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
     """Apply every growth to the model config in order, before the first step: a shrink, an
-    unknown strategy, an impossible multiple, old-token options on a growth that keeps no
+    unknown recipe, an impossible multiple, old-token options on a growth that keeps no
     tokens, or a model too large for memory fails now, not after the steps before it."""
     for event in events:
         if not _old_token_options(event):

@@ -107,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="continue RUN_DIR from its newest checkpoint, bit for bit")
     p.add_argument("--grow-at", action="append", default=None, metavar="STEP:SPEC",
                    help="grow the model after STEP steps, e.g. "
-                        "500:qkv=2x,proj=2x,ffn=2x,layers=6,strategy=exact (repeatable); more "
+                        "500:qkv=2x,proj=2x,ffn=2x,layers=6,recipe=exact (repeatable); more "
                         "keys: hidden, heads, how, recipe, freeze_old, noise_old, lr, lr_ramp "
                         "(docs/training.md)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

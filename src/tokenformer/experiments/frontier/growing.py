@@ -11,8 +11,8 @@ from typing import Any
 
 from ...nn.pattention import pattention_kind
 from ...ops.growth import old_tokens
-from . import recipes as recipes_
 from . import schedule as schedule_
+from .arms import ARMS
 from .presets import Preset
 from .schedule import Run
 
@@ -31,23 +31,23 @@ def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> str:
     """The ``--grow-at`` spec of ``run``'s growth from a model of ``config`` into ``stage``:
     its recipe's operator (tokens, MLP widening, stacking or duplication), sizes and old-token
     options."""
-    recipe = recipes_.RECIPES[run.recipe]
+    growing = ARMS[run.recipe]
     c = stage.config
     request: dict[str, Any]
-    if recipe.shape == "stack":  # G_stack, into the final size
+    if growing.shape == "stack":  # G_stack, into the final size
         request = {"layers": c.num_layers, "how": "stack"}
-    elif recipe.shape == "clone":  # HyperCloning, into the final size
+    elif growing.shape == "clone":  # HyperCloning, into the final size
         request = {"hidden": c.hidden_size, "heads": c.num_heads,
-                   "width_noise": recipe.width_noise,
+                   "width_noise": growing.width_noise,
                    # v4's width-scaled Transformer++ doubles its MLP with the hidden size
                    "ffn": c.intermediate_size if config.intermediate_size
                    != c.intermediate_size else None}
-    elif recipe.kind == "widen":
-        request = {"ffn": c.intermediate_size, "widen": recipe.method}
-    else:
+    elif growing.kind == "widen":
+        request = {"ffn": c.intermediate_size, "widen": growing.method}
+    else:  # the recipe under the key the frontier's specs have always been written with
         request = {"qkv": c.qkv_tokens, "proj": c.proj_tokens, "ffn": c.ffn_tokens,
-                   "strategy": recipe.method, "freeze_old": recipe.freeze_old,
-                   "noise_old": recipe.noise_old}
+                   "strategy": growing.method, "freeze_old": growing.freeze_old,
+                   "noise_old": growing.noise_old}
     options = ",".join(f"{key}={value!r}" if isinstance(value, float) else f"{key}={value}"
                        for key, value in request.items() if value not in (None, 0.0))
     return f"{stage.start}:{options}"
@@ -58,18 +58,18 @@ def growth_settings(preset: Preset, run: Run, grows: bool) -> dict[str, Any]:
     the carried AdamW state of new rows (the preset's ``new_row_moments``; an MLP widening
     starts its new units' moments at zero, the only form an MLP widening has) and, for
     an annealing recipe, the anneal of Θ's factor that its exact growth starts."""
-    recipe = recipes_.RECIPES.get(run.recipe or "")
-    if recipe is None:
+    growing = ARMS.get(run.recipe or "")
+    if growing is None:
         return {}
-    widening = recipe.kind == "widen" and recipe.shape == "size"
+    widening = growing.kind == "widen" and growing.shape == "size"
     mean = preset.new_row_moments == "mean" and not widening
     return {"growth_optimizer": "carry-mean" if mean else "carry",
-            "anneal_steps": preset.anneal_steps if recipe.anneal and grows else 0}
+            "anneal_steps": preset.anneal_steps if growing.anneal and grows else 0}
 
 
 def _grows_tokens(run: Run) -> bool:
-    recipe = recipes_.RECIPES.get(run.recipe or "")
-    return recipe is not None and recipe.kind == "chain" and recipe.shape == "size"
+    growing = ARMS.get(run.recipe or "")
+    return growing is not None and growing.kind == "chain" and growing.shape == "size"
 
 
 def _row_norm(t: Any) -> float:

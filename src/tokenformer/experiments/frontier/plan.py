@@ -1,6 +1,6 @@
 """The frontier experiment's plan: presets → the list of runs (pure data, nothing is trained).
 
-Presets (:mod:`.presets`), growing arms (:mod:`.recipes`), questions (:mod:`.questions`), a
+Presets (:mod:`.presets`), growing arms (:mod:`.arms`), questions (:mod:`.questions`), a
 run's stages, branches and LR schedule (:mod:`.schedule`), a family's model configs
 (:mod:`.configs`) and the chains' stages on the envelope (:mod:`.chains`) live beside this
 module; here they become the list of runs, with the refusals made before anything trains. Time
@@ -25,10 +25,10 @@ import itertools
 from typing import Any
 
 from ...errors import ConfigError
+from .arms import ARMS
 from .chains import Envelope, chain_stages, predicted_envelope, reads_budget
 from .configs import _stage, model_configs
 from .presets import MAX_EPOCHS, SWEEP_SEED, Preset, family_sizes, size_key
-from .recipes import RECIPES
 from .schedule import Branch, Run, Stage, branch_for, decay_start
 
 
@@ -103,11 +103,11 @@ def check_epochs(preset: Preset, runs: list[Run], train_tokens: int) -> None:
 
 
 def chain_run(preset: Preset, arm: str, stages: tuple[Stage, ...], seed: int) -> Run:
-    recipe = RECIPES[arm]
+    growing = ARMS[arm]
     return dataclasses.replace(
-        _with_branches(preset, arm, recipe.kind, recipe.family, seed, stages, preset.budgets,
-                       size_key(recipe.family, stages[-1].size), arm),
-        lr_policy=recipe.lr_policy)
+        _with_branches(preset, arm, growing.kind, growing.family, seed, stages, preset.budgets,
+                       size_key(growing.family, stages[-1].size), arm),
+        lr_policy=growing.lr_policy)
 
 
 # ------------------------------------------------------------------ v4: tuning vs held-out
@@ -215,8 +215,8 @@ def _refuse_edge_of_grid(preset: Preset, vocab_size: int) -> None:
     "trend". (The run's measured envelope can still end at an edge: the report flags it.)"""
     for q in preset.questions:
         families = dict.fromkeys(
-            t.split(":", 1)[1] if t.startswith("envelope:") else RECIPES[t].family
-            for t in q.terms() if t.startswith("envelope:") or t in RECIPES)
+            t.split(":", 1)[1] if t.startswith("envelope:") else ARMS[t].family
+            for t in q.terms() if t.startswith("envelope:") or t in ARMS)
         for family in families:
             best = predicted_envelope(preset, family, vocab_size)
             order = list(family_sizes(preset, family))
@@ -260,7 +260,7 @@ def _with_branches(preset: Preset, arm: str, kind: str, family: str, seed: int,
                      and reads_budget(stages, b, preset))
     if not branches:
         raise ConfigError(f"frontier: {arm} has no budget of >= {preset.min_steps} steps")
-    if len(stages) > 1 and recipe is not None and RECIPES[recipe].anneal:
+    if len(stages) > 1 and recipe is not None and ARMS[recipe].anneal:
         gaps = [b.start - a.start for a, b in itertools.pairwise(stages)]
         if min(gaps) <= preset.anneal_steps:
             raise ConfigError("frontier: anneal_steps must be shorter than every chain stage")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..common.report import markdown_table
-from .recipes import RECIPES
+from .arms import ARMS
 
 # how a question reads the budgets: "final", "all", "trend" (Question's docstring)
 BUDGET_READINGS = ("final", "all", "trend")
@@ -69,7 +69,7 @@ GROWTH_ARMS = ("chain-paper", "chain-official-init", "chain-official-released",
                "chain-exact-anneal", "chain-stack", "widen-zero", "widen-net2net", "widen-stack",
                "widen-duplicate")
 GROWTH_QUESTIONS = tuple(
-    versus_envelope(f"G{i}", arm, RECIPES[arm].family, "growth")
+    versus_envelope(f"G{i}", arm, ARMS[arm].family, "growth")
     for i, arm in enumerate(GROWTH_ARMS, start=1))
 LR_POLICY_QUESTIONS = (
     Question("L1", "Does training each stage at its own size's tuned LR (per-stage) end lower, "

@@ -20,8 +20,8 @@ from typing import Any
 from ...ops.growth import resets_optimizer
 from ...training.config import TrainConfig
 from ...training.schedule import lr_at
+from .arms import ARMS
 from .presets import SCHEDULE_FAMILY, Preset, size_key
-from .recipes import RECIPES
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Run:
     branches: tuple[Branch, ...]
     lr: float | None  # sweeps: the grid value; otherwise the chosen LR of ``lr_from``
     lr_from: str  # "<family>-<size>": whose sweep sets the LR
-    recipe: str | None = None  # chains: growth recipe (or widening)
+    recipe: str | None = None  # chains: the growing arm (a key of arms.ARMS)
     schedule: str = SCHEDULE_FAMILY
     lr_policy: str = "final-size"  # chains: LR_POLICIES (a one-stage run has one LR anyway)
 
@@ -149,9 +149,9 @@ def horizon_stage_lrs(run: Run, lr_at: dict[str, dict[int, float]]) -> tuple[flo
 
 def restarts(run: Run) -> bool:
     """Whether the run's growths restart the optimizer and the warmup (official-released)."""
-    recipe = RECIPES.get(run.recipe or "")
-    return (recipe is not None and recipe.kind == "chain" and recipe.shape == "size"
-            and resets_optimizer(recipe.method))
+    growing = ARMS.get(run.recipe or "")
+    return (growing is not None and growing.kind == "chain" and growing.shape == "size"
+            and resets_optimizer(growing.method))
 
 
 def run_lr(run: Run, lrs: tuple[float, ...], step: int, steps: int, preset: Preset) -> float:
