@@ -407,7 +407,7 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
                                                     monkeypatch):
     reference = _strip_timing(json.loads((tiny_run[0] / "results.json").read_text()))
     out = tmp_path / "killed"
-    real = one_run_._checkpoint
+    real = one_run_.save_state
 
     def killed(where, nth):
         """Save, then die: the nth checkpoint of a run whose id contains ``where``."""
@@ -423,15 +423,15 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
 
     quiet = dict(data=dataset_dir, out=out, print_fn=lambda line: None)
     # killed inside an LR-sweep run, then inside a chain after its first growth; then finished
-    monkeypatch.setattr(one_run_, "_checkpoint", killed("sweep__tokenformer-S2", 1))
+    monkeypatch.setattr(one_run_, "save_state", killed("sweep__tokenformer-S2", 1))
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(TINY, **quiet)
     assert list((out / "state").glob("*.pt"))  # the run in progress left its state
-    monkeypatch.setattr(one_run_, "_checkpoint", killed("chain-exact-anneal__seed1", 2))
+    monkeypatch.setattr(one_run_, "save_state", killed("chain-exact-anneal__seed1", 2))
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(TINY, **quiet)
     assert (out / "state" / "chain-exact-anneal__seed1.pt").is_file()
-    monkeypatch.setattr(one_run_, "_checkpoint", real)
+    monkeypatch.setattr(one_run_, "save_state", real)
     resumed = run_.run_frontier(TINY, **quiet)
     assert resumed["timing"]["resumed"]
     assert _strip_timing(json.loads((out / "results.json").read_text())) == reference
@@ -477,7 +477,8 @@ def test_gpu_presets_run_a_few_steps_on_cpu(name, dataset_dir, tmp_path, monkeyp
                                 follow="predicted", tokens_per_parameter=1e-3,
                                 corpus="pysource:tokenformer" if gpu.corpus else None)
     configs = configs_.model_configs(small, "tokenformer", 256)
-    per_step = configs_._stage(small, small.sizes[0], configs[small.sizes[0]], 0).flops_per_step
+    first = small.sizes[0]
+    per_step = configs_.sized_stage(small, first, configs[first], 0).flops_per_step
     small = dataclasses.replace(small, max_budget=12 * per_step)
     data = None if gpu.corpus else dataset_dir
     results = run_.run_frontier(small, data=data, out=tmp_path / "gpu",
@@ -624,7 +625,7 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
         final = run.branches[-1]
         assert final.budget_index == max(env)  # the chain reads the largest budget
         assert schedule_.size_at(run.stages, final.decay_start - 1).size == env[max(env)]
-        recipe = arms_.ARMS[run.arm]
+        recipe = arms_.GROWING_ARMS[run.arm]
         if recipe.shape != "size":  # stack / clone: one growth, from a half copy of the final
             first, last = run.stages
             c, h = last.config, first.config
@@ -639,7 +640,7 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
             stage = schedule_.size_at(run.stages, b.decay_start - 1)
             assert b.steps - stage.start >= preset.min_stage_share * b.steps
         assert run.lr_from == presets_.size_key(run.family, env[max(env)])
-    families = {a: arms_.ARMS[a].family for a in preset.recipes}
+    families = {a: arms_.GROWING_ARMS[a].family for a in preset.recipes}
     expected = {a for a, f in families.items() if len(set(chains_.chain_targets(
         measured[f], presets_.family_sizes(preset, f)).values())) > 1}
     assert {r.arm for r in chains} == expected  # a flat envelope asks for no chain
@@ -839,7 +840,7 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     keys = model.layers[0].mlp.key_param_tokens
     assert float(keys.detach().std()) == pytest.approx(1 / math.sqrt(preset.hidden_size), rel=0.1)
     optimizer = make_optimizer(model, TrainConfig(steps=1, lr=1e-3))
-    recipe = arms_.ARMS["chain-gelu"]
+    recipe = arms_.GROWING_ARMS["chain-gelu"]
     c = configs["S1"]
     grown, _ = grow_with_optimizer(model, optimizer, generator=torch.Generator().manual_seed(0),
                                    qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens,

@@ -79,7 +79,7 @@ def test_a_state_of_an_earlier_version_resumes_without_growing_twice(dataset_dir
         preset, out=tmp_path / "whole", **quiet))))
     (run_id, run), = [(k, r) for k, r in reference["runs"].items() if r["arm"] == "chain-exact"]
     growth_step = run["stages"][1]["start"]
-    real = one_run_._checkpoint
+    real = one_run_.save_state
 
     def killed(path, state):
         real(path, state)
@@ -87,13 +87,13 @@ def test_a_state_of_an_earlier_version_resumes_without_growing_twice(dataset_dir
             raise KeyboardInterrupt("killed")
 
     out = tmp_path / "killed"
-    monkeypatch.setattr(one_run_, "_checkpoint", killed)
+    monkeypatch.setattr(one_run_, "save_state", killed)
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(preset, out=out, **quiet)
     (path,) = (out / "state").glob("chain-exact*.pt")
     state = safe_torch_load(path, foreign=False)
     # the state as an earlier version wrote it: the model grown by the same event
-    model = one_run_._build("tokenformer", TokenFormerConfig(**state["config"]), 0, "cpu")
+    model = one_run_.build_model("tokenformer", TokenFormerConfig(**state["config"]), 0, "cpu")
     model.load_state_dict(state["model"])
     optimizer = rebuild_optimizer(model, state["param_groups"], state["optimizer"], str(path))
     stage = run["stages"][1]["config"]
@@ -106,7 +106,7 @@ def test_a_state_of_an_earlier_version_resumes_without_growing_twice(dataset_dir
                  param_groups=group_names(grown, optimizer),
                  config=dataclasses.asdict(grown.config))
     torch.save(state, path)
-    monkeypatch.setattr(one_run_, "_checkpoint", real)
+    monkeypatch.setattr(one_run_, "save_state", real)
     grew = []
     real_grow_at = one_run_.grow_at
     monkeypatch.setattr(one_run_, "grow_at", lambda *a: grew.append(a[1].start) or

@@ -111,14 +111,14 @@ V3 = dataclasses.replace(
 
 
 def test_every_new_arm_kind_trains_into_its_planned_size(dataset_dir, tmp_path, monkeypatch):
-    saved, real = {}, one_run_._checkpoint
+    saved, real = {}, one_run_.save_state
 
     def keep(path, state):  # each state: its step, model config and AdamW's step count
         steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
         saved.setdefault(path.name, []).append((state["cursor"], state["config"], steps))
         real(path, state)
 
-    monkeypatch.setattr(one_run_, "_checkpoint", keep)
+    monkeypatch.setattr(one_run_, "save_state", keep)
     results = run_.run_frontier(V3, data=dataset_dir, out=tmp_path / "out",
                                 print_fn=lambda line: None, plots=False)
     runs = results["runs"]

@@ -1,7 +1,7 @@
-"""The frontier's growing arms: one :class:`GrowingArm` per arm, all in :data:`ARMS`.
+"""The frontier's growing arms: one :class:`GrowingArm` per arm, all in :data:`GROWING_ARMS`.
 
-A growing arm is an entry of :data:`ARMS` (a :class:`GrowingArm`): its family, its operator and
-growth recipe or widening (``method``), and its old-token options (``freeze_old``,
+A growing arm is an entry of :data:`GROWING_ARMS` (a :class:`GrowingArm`): its family, its
+operator and growth recipe or widening (``method``), and its old-token options (``freeze_old``,
 ``noise_old``: issue 24's, as in ``--grow-at``). ``chain-official-init`` is the released
 initialisation with the optimizer carried; ``chain-official-released`` adds the released run's
 restart at each growth: a fresh AdamW and a linear warmup again over ``warmup_steps``. The
@@ -11,8 +11,8 @@ counterpart is each budget's cooldown, which every arm gets. ``chain-stack``/``w
 size-walking chains, from that size at half depth or half width, at a branch point of their own
 stages by the same rule (:func:`.chains.reshaped_chain`; their LR: :func:`.schedule.run_lr`).
 
-A new growing arm is one entry of :data:`ARMS`: the extension point for growth operators (see
-the comment above it).
+A new growing arm is one entry of :data:`GROWING_ARMS`: the extension point for growth operators
+(see the comment above it).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class GrowingArm:
 # keeps the other arms unchanged. Every chain runs each stage at its own size's LR ("per-stage")
 # unless it says otherwise.
 HYPERCLONING_NOISE = 0.32  # the HyperCloning release's symmetry-breaking noise (SNR 10 dB)
-ARMS: dict[str, GrowingArm] = {a.arm: a for a in (
+GROWING_ARMS: dict[str, GrowingArm] = {a.arm: a for a in (
     GrowingArm("chain-paper", "tokenformer", "chain", "paper",
                label="paper: new keys zero, new values initialised, Θ's factor follows n"),
     GrowingArm("chain-paper-final-lr", "tokenformer", "chain", "paper", lr_policy="final-size",

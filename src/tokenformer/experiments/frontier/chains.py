@@ -33,8 +33,8 @@ import math
 from typing import Any
 
 from ...errors import ConfigError
-from .arms import ARMS, GrowingArm
-from .configs import _stage, model_configs
+from .arms import GROWING_ARMS, GrowingArm
+from .configs import model_configs, sized_stage
 from .presets import Preset
 from .schedule import Branch, Stage, branch_for, size_at
 
@@ -50,7 +50,7 @@ def predicted_envelope(preset: Preset, family: str, vocab_size: int) -> Envelope
     for j, budget in enumerate(preset.budgets):
         ratios = {}
         for size, config in configs.items():
-            b = branch_for((_stage(preset, size, config, 0),), j, budget, preset)
+            b = branch_for((sized_stage(preset, size, config, 0),), j, budget, preset)
             if b is not None:
                 tokens = b.steps * preset.tokens_per_step
                 ratios[size] = abs(math.log(tokens / config.num_parameters(non_embedding=True)
@@ -76,14 +76,14 @@ def follow_envelope(preset: Preset, configs: dict[str, Any], best: Envelope
     targets = chain_targets(best, order)
     js = sorted(targets)
     budgets = preset.budgets
-    stages = [_stage(preset, targets[js[0]], configs[targets[js[0]]], 0)]
+    stages = [sized_stage(preset, targets[js[0]], configs[targets[js[0]]], 0)]
     for prev, j in itertools.pairwise(js):
         size = targets[j]
         if size == stages[-1].size:
             continue
 
         def with_growth(step: int, size: str = size) -> tuple[Stage, ...]:
-            return (*stages, _stage(preset, size, configs[size], step))
+            return (*stages, sized_stage(preset, size, configs[size], step))
 
         def has_share(step: int, j: int = j) -> bool:
             b = branch_for(with_growth(step), j, budgets[j], preset)
@@ -101,7 +101,7 @@ def follow_envelope(preset: Preset, configs: dict[str, Any], best: Envelope
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if has_share(mid) else (lo, mid - 1)
             step = lo
-        stages.append(_stage(preset, size, configs[size], step))
+        stages.append(sized_stage(preset, size, configs[size], step))
     return tuple(stages)
 
 
@@ -160,7 +160,7 @@ def chain_stages(preset: Preset, vocab_size: int, envelopes: dict[str, Envelope]
     configs = {f: model_configs(preset, f, vocab_size) for f in preset.families}
     chains = {}
     for arm in preset.recipes:
-        growing = ARMS[arm]
+        growing = GROWING_ARMS[arm]
         best = (envelopes or {}).get(growing.family) or predicted_envelope(
             preset, growing.family, vocab_size)
         stages = follow_envelope(preset, configs[growing.family], best)

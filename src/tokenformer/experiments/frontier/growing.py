@@ -12,7 +12,7 @@ from typing import Any
 from ...nn.pattention import pattention_kind
 from ...ops.growth import old_tokens
 from . import schedule as schedule_
-from .arms import ARMS
+from .arms import GROWING_ARMS
 from .presets import Preset
 from .schedule import Run
 
@@ -31,7 +31,7 @@ def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> str:
     """The ``--grow-at`` spec of ``run``'s growth from a model of ``config`` into ``stage``:
     its recipe's operator (tokens, MLP widening, stacking or duplication), sizes and old-token
     options."""
-    growing = ARMS[run.recipe]
+    growing = GROWING_ARMS[run.recipe]
     c = stage.config
     request: dict[str, Any]
     if growing.shape == "stack":  # G_stack, into the final size
@@ -58,7 +58,7 @@ def growth_settings(preset: Preset, run: Run, grows: bool) -> dict[str, Any]:
     the carried AdamW state of new rows (the preset's ``new_row_moments``; an MLP widening
     starts its new units' moments at zero, the only form an MLP widening has) and, for
     an annealing recipe, the anneal of Θ's factor that its exact growth starts."""
-    growing = ARMS.get(run.recipe or "")
+    growing = GROWING_ARMS.get(run.recipe or "")
     if growing is None:
         return {}
     widening = growing.kind == "widen" and growing.shape == "size"
@@ -67,8 +67,8 @@ def growth_settings(preset: Preset, run: Run, grows: bool) -> dict[str, Any]:
             "anneal_steps": preset.anneal_steps if growing.anneal and grows else 0}
 
 
-def _grows_tokens(run: Run) -> bool:
-    growing = ARMS.get(run.recipe or "")
+def grows_tokens(run: Run) -> bool:
+    growing = GROWING_ARMS.get(run.recipe or "")
     return growing is not None and growing.kind == "chain" and growing.shape == "size"
 
 
@@ -76,11 +76,11 @@ def _row_norm(t: Any) -> float:
     return float(t.detach().float().norm(dim=1).mean()) if t.shape[0] else math.nan
 
 
-def _diagnose_growth(run: Run, model: Any, step: int) -> dict[str, Any]:
+def diagnose_growth(run: Run, model: Any, step: int) -> dict[str, Any]:
     """Right after a growth of tokens: the old rows' (those the growth kept, as it recorded
     them: :func:`tokenformer.ops.growth.old_tokens`) and new rows' mean L2 norm per Pattention
     kind and tensor, and a copy of the tokens to measure the first step's update against
-    (:func:`_finish_diagnosis`)."""
+    (:func:`finish_diagnosis`)."""
     sizes = schedule_.size_at(run.stages, step - 1).size, schedule_.size_at(run.stages, step).size
     kept = old_tokens(model)
     if kept is None:
@@ -98,7 +98,7 @@ def _diagnose_growth(run: Run, model: Any, step: int) -> dict[str, Any]:
     return {"step": step, "from": sizes[0], "to": sizes[1], "tensors": tensors, "snap": snap}
 
 
-def _finish_diagnosis(model: Any, pending: dict[str, Any]) -> dict[str, Any]:
+def finish_diagnosis(model: Any, pending: dict[str, Any]) -> dict[str, Any]:
     """The mean |Δ| of the first optimizer step after the growth, old and new rows."""
     deltas: dict[str, list[tuple[float, float]]] = {}
     for name, m in model.pattentions().items():

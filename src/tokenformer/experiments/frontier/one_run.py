@@ -32,22 +32,22 @@ from ...training.loop import fit
 from ...training.optim import group_names, make_optimizer
 from ..common.report import to_json
 from . import schedule as schedule_
-from .growing import _diagnose_growth, _finish_diagnosis, _grows_tokens, grow_at, same_size
+from .growing import diagnose_growth, finish_diagnosis, grow_at, grows_tokens, same_size
 from .presets import Preset
 from .schedule import Branch, Run
 from .state import (
     Context,
-    _anneal,
-    _build,
-    _checkpoint,
-    _load_state,
-    _restore,
-    _result_path,
-    _saved,
-    _state_path,
-    _train_config,
+    anneal_in_force,
+    build_model,
     context,
+    load_state,
     lr_record,
+    restore_state,
+    result_path,
+    save_state,
+    saved_result,
+    state_path,
+    train_config,
 )
 
 
@@ -60,15 +60,15 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     lr = lr_record(lrs)
     stage_at = {s.start: s for s in run.stages[1:]}
     stops = sorted({b.decay_start for b in run.branches} | set(stage_at))
-    state = _load_state(ctx, run, lr)
+    state = load_state(ctx, run, lr)
     if state is None:
         stage0 = run.stages[0]
-        model = _build(run.family, stage0.config, run.seed, ctx.device)
-        optimizer = make_optimizer(model, _train_config(ctx, run, lrs[0], 1, "constant"))
+        model = build_model(run.family, stage0.config, run.seed, ctx.device)
+        optimizer = make_optimizer(model, train_config(ctx, run, lrs[0], 1, "constant"))
         state = {"cursor": 0, "counters": {"tokens": 0, "flops": 0.0}, "branches": [],
                  "anneal": None, "lr": lr, "timing": {"train_time": 0.0, "step_time": {}}}
     else:
-        model, optimizer = _restore(ctx, run, lrs[0], state)
+        model, optimizer = restore_state(ctx, run, lrs[0], state)
     bar = _bar(ctx, run)
     if bar is not None:
         bar.update(state["cursor"])
@@ -84,7 +84,7 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
                       if stage is not None and not same_size(model.config, stage.config)
                       else None)
             # fit's lr_fn (schedule.run_lr) sets every step's LR; the config's lr only seeds AdamW
-            cfg = _train_config(ctx, run, lrs[0], stop, "constant", growth)
+            cfg = train_config(ctx, run, lrs[0], stop, "constant", growth)
             result = _segment(ctx, run, lrs, model, optimizer, cfg, start, state, bar,
                               schedule_steps=max(b.steps for b in run.branches))
             model, optimizer = result.model, result.optimizer
@@ -101,7 +101,7 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
             state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
                          param_groups=group_names(model, optimizer),
                          config=dataclasses.asdict(model.config))
-            _checkpoint(_state_path(ctx, run), state)
+            save_state(state_path(ctx, run), state)
     finally:
         if bar is not None:
             bar.close()
@@ -128,14 +128,14 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
             if not same_size(current.config, stage.config):
                 raise AssertionError(f"{run.id}: grown to {current.config}, planned "
                                      f"{stage.config}")
-            if _grows_tokens(run):
-                state["pending"] = _diagnose_growth(run, current, record["step"])
+            if grows_tokens(run):
+                state["pending"] = diagnose_growth(run, current, record["step"])
             return
         if record["type"] != "train":
             return
         pending = state.get("pending")
         if pending is not None and eval_fn is None and record["step"] == pending["step"] + 1:
-            state.setdefault("diagnostics", []).append(_finish_diagnosis(current, pending))
+            state.setdefault("diagnostics", []).append(finish_diagnosis(current, pending))
             state["pending"] = None
         size = schedule_.size_at(run.stages, record["step"] - 1).size
         # seconds of this step: its tokens over its measured tokens/s
@@ -148,12 +148,12 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
 
     # frozen old tokens (a chain's freeze_old), for the steps of this segment that need it
     frozen = state.get("frozen_rows")  # absent from states written before chains had options
-    freeze = FrozenRows.from_state(frozen, str(_state_path(ctx, run))) if frozen else None
+    freeze = FrozenRows.from_state(frozen, str(state_path(ctx, run))) if frozen else None
     result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
                  device=ctx.device, progress=False, callbacks=[on_record],
                  freeze=freeze if freeze is not None and freeze.active(start) else None,
                  lr_fn=lambda step: schedule_.run_lr(run, lrs, step, schedule_steps, ctx.preset),
-                 anneal=_anneal(ctx, run, state))
+                 anneal=anneal_in_force(ctx, run, state))
     timing["train_time"] += result.train_time
     return result
 
@@ -161,7 +161,7 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
 def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
             branch: Branch, state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
-    cfg = _train_config(ctx, run, lrs[0], branch.steps, "wsd")  # lr_fn sets the LR
+    cfg = train_config(ctx, run, lrs[0], branch.steps, "wsd")  # lr_fn sets the LR
     b_model = copy.deepcopy(model)
     b_opt = copy_optimizer(model, optimizer, b_model)
     result = _segment(ctx, run, lrs, b_model, b_opt, cfg, branch.decay_start, state, None,
@@ -187,7 +187,7 @@ def _bar(ctx: Context, run: Run) -> Any:
 def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     """A run's results at peak LRs ``lrs`` (one per stage): loaded when an earlier invocation
     finished it, else trained (resuming from its state file) and saved atomically."""
-    saved = _saved(ctx, run, lrs)
+    saved = saved_result(ctx, run, lrs)
     if saved is not None:
         _count(ctx, run)
         return saved
@@ -203,12 +203,12 @@ def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
                                 "size": run.stages[-1].size, "loss": math.inf,
                                 "bpb": math.inf} for b in run.branches]}
     result["timing"]["wall"] = time.perf_counter() - t0
-    path = _result_path(ctx, run)
+    path = result_path(ctx, run)
     path.parent.mkdir(parents=True, exist_ok=True)
     check_parent()
     atomic_write_text(path, to_json(result) if "diverged" not in result else
                       json.dumps(result, allow_nan=True))
-    _state_path(ctx, run).unlink(missing_ok=True)
+    state_path(ctx, run).unlink(missing_ok=True)
     _announce(ctx, run, lrs, result)
     return result
 
@@ -256,10 +256,10 @@ def prefetch(ctx: Context, jobs: list[tuple[Run, tuple[float, ...]]]) -> None:
     matter; a run killed in a worker resumes from its state file like any other."""
     if ctx.jobs <= 1:
         return
-    todo = [(run, lr) for run, lr in jobs if _saved(ctx, run, lr) is None]
+    todo = [(run, lr) for run, lr in jobs if saved_result(ctx, run, lr) is None]
     if len(todo) < 2:
         return
-    if ctx.pool is None:  # spawned: no forked torch state; closed by _workers
+    if ctx.pool is None:  # spawned: no forked torch state; closed by closing_workers
         ctx.pool = worker_pool(ctx.jobs)  # workers die with this process: never write after
         # its run-folder lock is gone
     pending = {run.id: (run, lr) for run, lr in todo}
@@ -274,7 +274,7 @@ def _work_item(item: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _workers(ctx: Context) -> Any:
+def closing_workers(ctx: Context) -> Any:
     """Close the worker processes after the experiment; on an error or an interrupt, stop
     them at once (a run killed in a worker keeps its last state file, as anywhere)."""
     try:

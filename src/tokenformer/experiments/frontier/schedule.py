@@ -20,7 +20,7 @@ from typing import Any
 from ...ops.growth import resets_optimizer
 from ...training.config import TrainConfig
 from ...training.schedule import lr_at
-from .arms import ARMS
+from .arms import GROWING_ARMS
 from .presets import SCHEDULE_FAMILY, Preset, size_key
 
 
@@ -60,7 +60,7 @@ class Run:
     branches: tuple[Branch, ...]
     lr: float | None  # sweeps: the grid value; otherwise the chosen LR of ``lr_from``
     lr_from: str  # "<family>-<size>": whose sweep sets the LR
-    recipe: str | None = None  # chains: the growing arm (a key of arms.ARMS)
+    recipe: str | None = None  # chains: the growing arm (a key of arms.GROWING_ARMS)
     schedule: str = SCHEDULE_FAMILY
     lr_policy: str = "final-size"  # chains: LR_POLICIES (a one-stage run has one LR anyway)
 
@@ -149,7 +149,7 @@ def horizon_stage_lrs(run: Run, lr_at: dict[str, dict[int, float]]) -> tuple[flo
 
 def restarts(run: Run) -> bool:
     """Whether the run's growths restart the optimizer and the warmup (official-released)."""
-    growing = ARMS.get(run.recipe or "")
+    growing = GROWING_ARMS.get(run.recipe or "")
     return (growing is not None and growing.kind == "chain" and growing.shape == "size"
             and resets_optimizer(growing.method))
 
