@@ -38,6 +38,7 @@ from tokenformer.models.config import (
     TokenFormerConfig,
     flops_per_token,
 )
+from tokenformer.training.schedule import lr_at
 
 KJV_TRAIN_TOKENS = 4_000_000  # below the embedded corpus' training split (a safe lower bound)
 
@@ -76,7 +77,7 @@ def test_every_run_of_every_preset_uses_one_wsd_family(name):
             one = dataclasses.replace(run, recipe=None)  # no restart: the plain WSD shape
 
             def at(step, b=b, one=one, lrs=lrs):
-                return schedule_.run_lr(one, lrs, step, b.steps, preset)
+                return lr_at(step, schedule_.run_schedule(one, lrs, b.steps, preset))
 
             assert at(w - 1) == lr  # warmup ends at the peak
             for step in (w, (w + b.decay_start) // 2, b.decay_start - 1):  # stable

@@ -106,7 +106,7 @@ def test_a_registered_recipe_reaches_grow_at_and_the_optimizer_reset() -> None:
     register_recipe(Recipe("paper-fresh", zero_key_tokens, resets_optimizer=True))
     try:
         event = parse_grow_at("5:ffn=2x,recipe=paper-fresh")
-        assert event.kwargs == {"ffn": "2x", "recipe": "paper-fresh"} and event.stage.restart
+        assert event.kwargs == {"ffn": "2x", "recipe": "paper-fresh"} and event.lr_stage.restart
         model = tiny()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         ids = torch.randint(0, 97, (2, 16), generator=gen(1))

@@ -106,7 +106,7 @@ def test_a_spec_with_the_old_key_is_the_same_growth_and_a_recorded_one_is_silent
         old = parse_grow_at("4:ffn=2x,strategy=official-released")
     new = parse_grow_at("4:ffn=2x,recipe=official-released")
     assert old.kwargs == new.kwargs == {"ffn": "2x", "recipe": "official-released"}
-    assert old.stage == new.stage and old.stage.restart
+    assert old.lr_stage == new.lr_stage and old.lr_stage.restart
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         recorded = parse_grow_at("4:ffn=2x,strategy=official-released", recorded=True)

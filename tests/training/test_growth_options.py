@@ -27,7 +27,6 @@ from tokenformer.training.growth_events import (
     check_growth_plan,
     growth_events,
     parse_grow_at,
-    run_growth_events,
 )
 from tokenformer.training.lm import train
 from tokenformer.training.loop import fit
@@ -129,7 +128,7 @@ def test_a_freeze_may_not_outlast_the_next_growth_unless_that_one_freezes_longer
               growth_freeze_old="forever")
     cfg = quiet(steps=20, grow_at=["5:ffn=2x", "8:ffn=2x,noise_old=0"], growth_freeze_old="12",
                 growth_noise_old=0.01)
-    first, second = run_growth_events(cfg)
+    first, second = cfg.growth_events()
     assert first.kwargs == {"ffn": "2x", "freeze_old": 12, "noise_old": 0.01}
     assert second.kwargs == {"ffn": "2x", "freeze_old": 12, "noise_old": 0.0}
 
@@ -174,19 +173,17 @@ def test_per_stage_peak_lr_is_piecewise_what_the_plan_says():
                           "5:ffn=2x,lr=0.5",                      # a jump
                           "10:ffn=2x,lr=0.8,lr_ramp=4",           # a ramp 0.5 -> 0.8 over 4
                           "15:ffn=2x,recipe=official-released,lr=0.3"])  # restart at 0.3
-    stages = [e.stage for e in run_growth_events(cfg)]
     # by hand: [0, 15) is one WSD run of 15 steps (warmup 2, decay over the last 3, from 12),
     # [15, 20) another of 5 (warmup 2, decay over the last 1). Peaks: 1 until 5, 0.5 until 10,
     # 0.575, 0.65, 0.725, 0.8 on 10..13, 0.3 from 15.
     expected = [0.5, 1, 1, 1, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.575, 0.65,
                 0.725 - (0.725 - 0.1) / 3, 0.8 - 2 * (0.8 - 0.1) / 3, 0.1,
                 0.15, 0.3, 0.3, 0.3, 0.1]
-    assert [lr_at(s, cfg, stages) for s in range(20)] == pytest.approx(expected)
+    assert [lr_at(s, cfg.lr_schedule()) for s in range(20)] == pytest.approx(expected)
     # growth_lr: restart restarts at every growth, whatever the recipe
     restart = TrainConfig(steps=20, warmup_steps=2, lr=1.0, min_lr=0.1, schedule="constant",
                           growth_lr="restart", grow_at=["5:ffn=2x,lr=0.5"])
-    stages = [e.stage for e in run_growth_events(restart)]
-    assert [lr_at(s, restart, stages) for s in (4, 5, 6, 19)] == [1.0, 0.25, 0.5, 0.5]
+    assert [lr_at(s, restart.lr_schedule()) for s in (4, 5, 6, 19)] == [1.0, 0.25, 0.5, 0.5]
 
 
 def test_a_stage_lr_below_min_lr_is_refused():
@@ -202,10 +199,10 @@ def test_grow_at_keys():
                             "recipe": "official-released", "freeze_old": "forever",
                             "noise_old": 0.01}
     assert (event.lr, event.lr_ramp, event.note) == (3e-4, 50, "")
-    assert event.stage.restart and event.stage.lr == 3e-4 and event.stage.ramp == 50
+    assert event.lr_stage.restart and event.lr_stage.lr == 3e-4 and event.lr_stage.ramp == 50
     old = parse_grow_at("7:ffn=2x,recipe=official")
     assert old.kwargs["recipe"] == "official-init" and "'official-init'" in old.note
-    assert not old.stage.restart and old.stage.lr is None
+    assert not old.lr_stage.restart and old.lr_stage.lr is None
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -296,7 +293,7 @@ def test_old_token_options_with_stacking_or_width_are_refused_before_the_first_s
     the same request too, for Python callers."""
     for spec in ("1:layers=2x,how=stack,freeze_old=5", "1:hidden=2x,noise_old=0.1"):
         with pytest.raises(ConfigError, match="freeze_old and noise_old"):
-            check_growth_plan(tiny_lm().config, growth_events([spec], 3))
+            check_growth_plan(tiny_lm().config, growth_events([parse_grow_at(spec)], 3))
         with pytest.raises(GrowthError, match="freeze_old and noise_old"):
             fit(tiny_lm(), batches, quiet(steps=3, grow_at=[spec]), progress=False)
 

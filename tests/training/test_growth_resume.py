@@ -169,12 +169,12 @@ def test_a_plan_of_absurd_depth_is_refused_at_once():
     import time
 
     from tokenformer.errors import ConfigError
-    from tokenformer.training.growth_events import check_growth_plan, growth_events
+    from tokenformer.training.growth_events import check_growth_plan, growth_events, parse_grow_at
 
     started = time.perf_counter()
     with pytest.raises(ConfigError, match=r"--grow-at '6:layers=20000000' \(step 6.*GiB"):
         check_growth_plan(TokenFormerConfig.from_name("tiny"),
-                          growth_events(["6:layers=20000000"], 12))
+                          growth_events([parse_grow_at("6:layers=20000000")], 12))
     assert time.perf_counter() - started < 5
 
 

@@ -27,8 +27,8 @@ from ..models.config import NON_NEGATIVE, SEED, FieldRule, TokenFormerConfig, ch
 from ..nn.pattention import PATTENTION_IMPLS
 from .anneal import check_anneal
 from .execution import parse_device
-from .growth_events import run_growth_events
-from .schedule import SCHEDULES
+from .growth_events import GrowthEvent, growth_events, parse_grow_at
+from .schedule import SCHEDULES, LrSchedule
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 RUN_CONFIG = "config.json"  # the run folder's copy of its TrainConfig
@@ -86,9 +86,9 @@ class TrainConfig:
     """AdamW ε"""
     grad_clip: float = 1.0
     """clip the global gradient norm to this (0: off)"""
-    grow_at: list[str] = field(default_factory=list)
+    grow_at: list[GrowthEvent] = field(default_factory=list)
     """growth inside the run: STEP:qkv=..,proj=..,ffn=..,layers=..,recipe=..,lr=.. (--grow-at,
-    docs/training.md)"""
+    docs/training.md); each spec is parsed once into its GrowthEvent, which code may also give"""
     growth_lr: str = "continue"
     """continue: one schedule over the run; restart: warmup + decay per stage"""
     growth_optimizer: str = "carry"
@@ -157,6 +157,9 @@ class TrainConfig:
     """sampling temperature of the samples (0: greedy)"""
 
     def __post_init__(self) -> None:
+        if isinstance(self.grow_at, (list, tuple)):  # each spec parsed once, into its event
+            self.grow_at = [e if isinstance(e, GrowthEvent) else parse_grow_at(e)
+                            for e in self.grow_at]
         self.validate()
 
     def validate(self) -> None:
@@ -197,15 +200,32 @@ class TrainConfig:
         if not isinstance(self.model, dict) or not isinstance(self.baseline, dict):
             raise ConfigError("model and baseline must be mappings of config keys")
         # a malformed --grow-at fails here, before anything is written
-        events = run_growth_events(self)
+        events = self.growth_events()
         for event in events:
             if event.lr is not None and event.lr < self.min_lr:
                 raise ConfigError(f"--grow-at {event.spec!r}: lr {event.lr:g} is below min_lr "
                                   f"{self.min_lr:g}, where every decay ends")
         check_anneal(self.anneal_steps, self.arch, events)
 
+    def growth_events(self) -> list[GrowthEvent]:
+        """The run's growths by step, each with the run-wide ``growth_freeze_old`` /
+        ``growth_noise_old`` it does not set itself (:func:`.growth_events.growth_events`)."""
+        return growth_events(self.grow_at, self.steps, freeze_old=self.growth_freeze_old,
+                             noise_old=self.growth_noise_old)
+
+    def lr_schedule(self) -> LrSchedule:
+        """The run's learning-rate schedule (:func:`.schedule.lr_at`): the peak ``lr``, its
+        warmup and shape, and what each growth does to it."""
+        return LrSchedule(self.lr, self.min_lr, self.steps, self.warmup_steps, self.schedule,
+                          self.decay_fraction, tuple(e.lr_stage for e in self.grow_at),
+                          restart_all=self.growth_lr == "restart")
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as JSON holds it (the run folder's ``config.json``, a checkpoint's
+        trainer state): each growth as its ``--grow-at`` spec."""
+        data = dataclasses.asdict(self)
+        data["grow_at"] = [e.spec for e in self.grow_at]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -308,10 +328,13 @@ def config_path(spec: str | Path) -> Path:
 
 
 def load_config(spec: str | Path | None = None,
-                overrides: dict[str, Any] | None = None) -> TrainConfig:
+                overrides: dict[str, Any] | None = None, *, recorded: bool = False
+                ) -> TrainConfig:
     """Load a YAML config (a path or shipped name; ``None`` = defaults) and apply ``overrides``:
     ``{"lr": "3e-4", "model.ffn_tokens": 512}`` (dotted keys reach into ``model`` / ``baseline``;
-    string values are parsed as the field's type)."""
+    string values are parsed as the field's type). ``recorded``: the file is a run's record (its
+    ``config.json``), whose ``--grow-at`` specs are read without the deprecation warning of an
+    old spelling (:func:`.growth_events.parse_grow_at`)."""
     data: dict[str, Any] = {}
     if spec is not None:
         path = config_path(spec)
@@ -326,6 +349,9 @@ def load_config(spec: str | Path | None = None,
         if not isinstance(data, dict):
             raise ConfigError(f"config {path} must be a mapping of keys to values")
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    if recorded and isinstance(data.get("grow_at"), list):
+        data["grow_at"] = [parse_grow_at(g, recorded=True) if isinstance(g, str) else g
+                           for g in data["grow_at"]]
     for key, value in (overrides or {}).items():
         if "." in key:
             outer, inner = key.split(".", 1)

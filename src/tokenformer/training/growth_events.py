@@ -1,7 +1,10 @@
 """The ``--grow-at`` mini-language: ``STEP:key=value,...`` specs become checked growth events.
 
-``500:qkv=2x,proj=2x,ffn=512,layers=6,recipe=exact`` is a :class:`GrowthEvent`, checked against
-the run's steps and, before the first step, against the model (:func:`check_growth_plan`). Keys:
+``500:qkv=2x,proj=2x,ffn=512,layers=6,recipe=exact`` is a :class:`GrowthEvent`, parsed once (a
+TrainConfig's ``grow_at`` holds the events; code that plans growths, such as the frontier,
+builds them directly), checked against the run's steps and, before the first step, against the
+model (:func:`check_growth_plan`). The spec text stays with the event for records (the trainer
+state's ``growth``, the ``grow`` record) and messages. Keys:
 
 * sizes, passed to :func:`tokenformer.ops.growth.grow`: ``qkv``, ``proj``, ``ffn``, ``layers``,
   ``hidden``, ``heads`` (a count or a multiplier like ``2x``), ``how`` (``identity``, ``stack``),
@@ -18,12 +21,13 @@ the run's steps and, before the first step, against the model (:func:`check_grow
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..models.memory import check_memory
@@ -42,10 +46,7 @@ from ..ops.growth import (
     warn_old_recipe_name,
     widen_names,
 )
-from .schedule import Stage
-
-if TYPE_CHECKING:
-    from .config import TrainConfig
+from .schedule import LrStage
 
 # Other names of a key (each listed after it), and the keys a growth sets in the run's schedule.
 KEY_ALIASES = {"recipe": (OLD_RECIPE_KEY,)}
@@ -59,8 +60,10 @@ _WORD = re.compile(r"^[a-z][a-z_-]*$")
 @dataclass(frozen=True)
 class GrowthEvent:
     """One growth of a run: before optimizer step ``step``, ``grow_with_optimizer(**kwargs)``;
-    ``lr``/``lr_ramp``: the peak learning rate from then on (None: unchanged); ``note``: a line
-    for the user (an old recipe name)."""
+    ``spec``: its ``--grow-at`` text (what records and messages show); ``lr``/``lr_ramp``: the
+    peak learning rate from then on (None: unchanged); ``note``: a line for the user (an old
+    recipe name); ``run_wide``: the keys of ``kwargs`` the run's ``growth_freeze_old`` /
+    ``growth_noise_old`` filled in (:func:`growth_events`)."""
 
     step: int
     kwargs: dict[str, Any]
@@ -68,12 +71,18 @@ class GrowthEvent:
     lr: float | None = None
     lr_ramp: int = 0
     note: str = ""
+    run_wide: tuple[str, ...] = ()
 
     @property
-    def stage(self) -> Stage:
+    def lr_stage(self) -> LrStage:
         """What this growth does to the schedule: a restart for ``official-released``."""
-        return Stage(self.step, resets_optimizer(self.kwargs.get("recipe", "exact")), self.lr,
-                     self.lr_ramp)
+        return LrStage(self.step, resets_optimizer(self.kwargs.get("recipe", "exact")), self.lr,
+                       self.lr_ramp)
+
+    def as_given(self) -> GrowthEvent:
+        """The event as its spec gives it, without the run-wide options."""
+        return dataclasses.replace(self, kwargs={k: v for k, v in self.kwargs.items()
+                                                 if k not in self.run_wide}, run_wide=())
 
     @property
     def freeze_end(self) -> float:
@@ -171,23 +180,23 @@ def _float(text: str) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def growth_events(specs: Sequence[str], steps: int, *, freeze_old: str = "0",
+def growth_events(given: Sequence[GrowthEvent], steps: int, *, freeze_old: str = "0",
                   noise_old: float = 0.0) -> list[GrowthEvent]:
-    """The ``--grow-at`` specs of a run of ``steps`` steps as events, by step, each without its
-    own ``freeze_old``/``noise_old`` given the run's (``growth_freeze_old``/``growth_noise_old``).
-    Refused: a step outside the run, two growths at one step, a freeze that would outlast the
-    next growth (which ends it) unless that growth freezes at least as long."""
+    """The growths of a run of ``steps`` steps, by step, each without its own
+    ``freeze_old``/``noise_old`` given the run's (``growth_freeze_old``/``growth_noise_old``;
+    the ``given`` events are left as they are). Refused: a step outside the run, two growths at
+    one step, a freeze that would outlast the next growth (which ends it) unless that growth
+    freezes at least as long."""
     defaults = parse_options(f"freeze_old={freeze_old},noise_old={noise_old}",
                              "growth_freeze_old/growth_noise_old", OLD_TOKEN_KEYS,
                              f"growth_freeze_old must be a number of steps or {FOREVER}, and "
                              f"growth_noise_old a number >= 0")
     defaults = {k: v for k, v in defaults.items() if v}  # 0: off, as if not given
     events = []
-    for spec in specs:
-        event = parse_grow_at(spec)
-        for key, value in defaults.items():
-            event.kwargs.setdefault(key, value)
-        events.append(event)
+    for event in given:
+        added = {k: v for k, v in defaults.items() if k not in event.kwargs}
+        events.append(dataclasses.replace(event, kwargs={**event.kwargs, **added},
+                                          run_wide=tuple(added)) if added else event)
     events.sort(key=lambda e: e.step)
     for event in events:
         if not 0 < event.step < steps:
@@ -201,12 +210,6 @@ def growth_events(specs: Sequence[str], steps: int, *, freeze_old: str = "0",
                 f"which ends it; freeze for at most {b.step - a.step} steps, or give the growth "
                 f"at {b.step} a freeze_old at least as long (it freezes every older token)")
     return events
-
-
-def run_growth_events(cfg: TrainConfig) -> list[GrowthEvent]:
-    """:func:`growth_events` of a training config."""
-    return growth_events(cfg.grow_at, cfg.steps, freeze_old=cfg.growth_freeze_old,
-                         noise_old=cfg.growth_noise_old)
 
 
 def _same(a: GrowthEvent, b: GrowthEvent) -> bool:
@@ -262,8 +265,7 @@ def check_history(events: Sequence[GrowthEvent], applied: object, step: int,
 
     def same(planned: list[GrowthEvent]) -> bool:  # the specs as given: no run-wide defaults
         return len(planned) == len(done) and all(
-            _same(parse_grow_at(e.spec, recorded=True), d)
-            for e, d in zip(planned, done, strict=True))
+            _same(e.as_given(), d) for e, d in zip(planned, done, strict=True))
 
     if not (same([e for e in events if e.step < step])
             or same([e for e in events if e.step <= step])):

@@ -31,7 +31,7 @@ from .config import RUN_CONFIG, TrainConfig
 from .distributed import consolidate_checkpoint
 from .evaluation import lm_evaluator
 from .execution import resolve_device
-from .growth_events import check_growth_plan, run_growth_events
+from .growth_events import check_growth_plan
 from .loop import FitResult, fit
 from .recording import METRICS
 from .report import report
@@ -120,7 +120,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "
                               f"{model_config.max_seq_len}")
         dataset.check_model(model_config.vocab_size, cfg.seq_len)
-        events = run_growth_events(cfg)
+        events = cfg.growth_events()
         if not resume:  # a resumed run's plan is checked against its checkpoint, below
             check_growth_plan(model_config, events)
         if world.is_main:

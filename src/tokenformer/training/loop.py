@@ -34,11 +34,11 @@ from .evaluation import EvalFn, Evaluation
 from .execution import autocast_for, prepare_module
 from .freezing import FrozenRows
 from .growth import grow_in_run
-from .growth_events import GrowthEvent, check_history, run_growth_events
+from .growth_events import GrowthEvent, check_history
 from .optim import group_names, make_optimizer
 from .readback import Readback, readback_steps
 from .recording import Callback, Recorder
-from .schedule import lr_at, set_lr
+from .schedule import LrSchedule, lr_at, set_lr
 from .signals import StopOnSignal
 from .step import count_tokens, lm_flops, train_step
 
@@ -107,7 +107,7 @@ def fit(
     device: torch.device | str | None = None,
     progress: bool | None = None,
     freeze: FrozenRows | None = None,
-    lr_fn: Callable[[int], float] | None = None,
+    schedule: LrSchedule | None = None,
     anneal: Anneal | None = None,
     readback: int | None = None,
 ) -> FitResult:
@@ -120,9 +120,10 @@ def fit(
     checkpoint directory) restores model, optimizer, RNG, step and counters, and ``model``'s class
     loads it. ``callbacks`` see every metrics record and the current model. ``freeze`` keeps
     rows of ``model`` unchanged until its step (:mod:`.freezing`; a growth with ``freeze_old``
-    replaces it, and a checkpoint carries it to the resumed run). ``lr_fn(step)``: the learning
-    rate of each step instead of ``cfg``'s schedule (a caller whose schedule spans several
-    ``fit`` calls, e.g. the frontier's stable runs and cooldown branches). ``anneal``: the
+    replaces it, and a checkpoint carries it to the resumed run). ``schedule``: the learning-rate
+    schedule of every step instead of ``cfg``'s (:meth:`TrainConfig.lr_schedule`; a caller
+    whose schedule spans several ``fit`` calls, e.g. the frontier's stable runs and cooldown
+    branches). ``anneal``: the
     Θ-factor anneal in force at ``start_step`` (a caller whose run spans several ``fit`` calls
     passes on the :class:`FitResult`'s ``anneal`` and ``freeze`` of the call before); each exact
     growth of ``cfg.grow_at`` starts one of ``anneal_steps`` itself, and a checkpoint carries it
@@ -142,7 +143,7 @@ def fit(
                     start_step=start_step, out_dir=out_dir, resume_from=resume_from,
                     callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
                     device=device, progress=progress, stopper=stopper, freeze=freeze,
-                    lr_fn=lr_fn, anneal=anneal, readback=readback)
+                    schedule=schedule, anneal=anneal, readback=readback)
 
 
 def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: EvalFn | None,
@@ -150,16 +151,17 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
          resume_from: str | Path | None, callbacks: Sequence[Callback],
          flops_fn: FlopsFn | None, save_extra: Callable[[Path], None] | None, world: World,
          device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal,
-         freeze: FrozenRows | None, lr_fn: Callable[[int], float] | None,
+         freeze: FrozenRows | None, schedule: LrSchedule | None,
          anneal: Anneal | None, readback: int | None) -> FitResult:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     flops_fn = flops_fn or lm_flops
-    events = run_growth_events(cfg)
+    events = cfg.growth_events()
     if (events or freeze is not None) and world.strategy == "fsdp":
         raise ConfigError("growth inside a run (and frozen rows) is not supported with strategy "
                           "fsdp; use ddp")
     growth_steps = [e.step for e in events]
-    stages = [e.stage for e in events]
+    if schedule is None:
+        schedule = cfg.lr_schedule()
     run_dir = Path(out_dir) if out_dir is not None else None
     model = model.to(device)
     counters = None
@@ -221,7 +223,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
                 recorder.emit(record, model)
             if freeze is not None and not freeze.active(step):
                 freeze = None  # the old tokens train again (and the saved copy is freed)
-            lr = lr_fn(step) if lr_fn is not None else lr_at(step, cfg, stages)
+            lr = lr_at(step, schedule)
             set_lr(optimizer, lr)
             started = time.perf_counter()
             batch = batch_fn(step)

@@ -82,7 +82,7 @@ def run_train(args: argparse.Namespace) -> int:
         if not has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
             raise ConfigError(f"{run_dir} is not a training run directory (no {RUN_CONFIG})")
         overrides["out"] = str(run_dir)
-        cfg = load_config(run_dir / RUN_CONFIG, overrides)
+        cfg = load_config(run_dir / RUN_CONFIG, overrides, recorded=True)
         if _finished(run_dir, cfg.steps):
             return 0
     else:

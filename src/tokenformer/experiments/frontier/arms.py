@@ -9,7 +9,7 @@ released run's new cosine has no place in the one WSD family every run here foll
 counterpart is each budget's cooldown, which every arm gets. ``chain-stack``/``widen-stack``
 (G_stack) and ``widen-duplicate`` (HyperCloning) grow once, into the same final size as the
 size-walking chains, from that size at half depth or half width, at a branch point of their own
-stages by the same rule (:func:`.chains.reshaped_chain`; their LR: :func:`.schedule.run_lr`).
+stages by the same rule (:func:`.chains.reshaped_chain`; their LR: :func:`.schedule.run_schedule`).
 
 A new growing arm is one entry of :data:`GROWING_ARMS`: the extension point for growth operators
 (see the comment above it).

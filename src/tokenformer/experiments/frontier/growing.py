@@ -1,8 +1,9 @@
-"""A chain's growths in the frontier, as ``--grow-at`` events that ``fit`` applies
-(:mod:`tokenformer.training.growth`, the one way a run grows): each recipe's growth into a stage
-written as the spec ``tokenformer train --grow-at`` takes (:func:`grow_at`), the run-wide
-growth options that go with it (:func:`growth_settings`), and the growth diagnostics (old vs new
-tokens' norms and their first update)."""
+"""A chain's growths in the frontier, as the growth events that ``fit`` applies
+(:mod:`tokenformer.training.growth`, the one way a run grows): each arm's growth into a stage as
+a :class:`~tokenformer.training.growth_events.GrowthEvent`, whose spec is the one ``tokenformer
+train --grow-at`` takes (:func:`grow_at`), the run-wide growth options that go with it
+(:func:`growth_settings`), and the growth diagnostics (old vs new tokens' norms and their first
+update)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import math
 from typing import Any
 
 from ...nn.pattention import pattention_kind
-from ...ops.growth import old_tokens
+from ...ops.growth import OLD_RECIPE_KEY, old_tokens
+from ...training.growth_events import GrowthEvent
 from . import schedule as schedule_
 from .arms import GROWING_ARMS
 from .presets import Preset
@@ -27,10 +29,11 @@ def same_size(a: Any, b: Any) -> bool:
     return all(getattr(a, f, None) == getattr(b, f, None) for f in SIZE_FIELDS)
 
 
-def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> str:
-    """The ``--grow-at`` spec of ``run``'s growth from a model of ``config`` into ``stage``:
-    its recipe's operator (tokens, MLP widening, stacking or duplication), sizes and old-token
-    options."""
+def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> GrowthEvent:
+    """The growth event of ``run``'s growth from a model of ``config`` into ``stage``: its arm's
+    operator (tokens, MLP widening, stacking or duplication), sizes and old-token options. Its
+    spec is the ``--grow-at`` text a user would write, as the frontier has always written it
+    (the recipe under ``strategy=``, its old key): what a record or a message shows."""
     growing = GROWING_ARMS[run.recipe]
     c = stage.config
     request: dict[str, Any]
@@ -44,13 +47,15 @@ def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> str:
                    != c.intermediate_size else None}
     elif growing.kind == "widen":
         request = {"ffn": c.intermediate_size, "widen": growing.method}
-    else:  # the recipe under the key the frontier's specs have always been written with
+    else:
         request = {"qkv": c.qkv_tokens, "proj": c.proj_tokens, "ffn": c.ffn_tokens,
-                   "strategy": growing.method, "freeze_old": growing.freeze_old,
+                   "recipe": growing.method, "freeze_old": growing.freeze_old,
                    "noise_old": growing.noise_old}
-    options = ",".join(f"{key}={value!r}" if isinstance(value, float) else f"{key}={value}"
-                       for key, value in request.items() if value not in (None, 0.0))
-    return f"{stage.start}:{options}"
+    kwargs = {key: value for key, value in request.items() if value not in (None, 0.0)}
+    spec = ",".join(f"{OLD_RECIPE_KEY if key == 'recipe' else key}="
+                    + (repr(value) if isinstance(value, float) else str(value))
+                    for key, value in kwargs.items())
+    return GrowthEvent(stage.start, kwargs, f"{stage.start}:{spec}")
 
 
 def growth_settings(preset: Preset, run: Run, grows: bool) -> dict[str, Any]:

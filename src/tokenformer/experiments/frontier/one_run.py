@@ -3,8 +3,9 @@
 trained in parallel worker processes (:func:`prefetch`).
 
 Every segment is trained by :func:`tokenformer.training.fit` with the run's own schedule
-(``lr_fn``: :func:`schedule.run_lr`, the WSD schedule over the branch's total steps whose peak is
-the LR of the stage in force), so no approximation slips in when a run is cut into segments.
+(``schedule``: :func:`schedule.run_schedule`, the WSD schedule over the branch's total steps
+whose peak is the LR of the stage in force), so no approximation slips in when a run is cut into
+segments.
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ from ...errors import DivergedError, TokenFormerError
 from ...io.files import atomic_write_text
 from ...io.workers import check_parent, worker_pool
 from ...ops.growth.optimizer import copy_optimizer
+from ...training.config import TrainConfig
 from ...training.freezing import FrozenRows
 from ...training.lm import lm_batches
 from ...training.loop import fit
 from ...training.optim import group_names, make_optimizer
+from ...training.schedule import LrSchedule
 from ..common.report import to_json
 from . import schedule as schedule_
 from .growing import diagnose_growth, finish_diagnosis, grow_at, grows_tokens, same_size
@@ -64,11 +67,15 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     if state is None:
         stage0 = run.stages[0]
         model = build_model(run.family, stage0.config, run.seed, ctx.device)
-        optimizer = make_optimizer(model, train_config(ctx, run, lrs[0], 1, "constant"))
+        optimizer = make_optimizer(model, train_config(ctx, run, 1))
         state = {"cursor": 0, "counters": {"tokens": 0, "flops": 0.0}, "branches": [],
                  "anneal": None, "lr": lr, "timing": {"train_time": 0.0, "step_time": {}}}
     else:
-        model, optimizer = restore_state(ctx, run, lrs[0], state)
+        model, optimizer = restore_state(ctx, run, state)
+    longest = max(b.steps for b in run.branches)  # the stable phase runs on its schedule
+    schedule = schedule_.run_schedule(run, lrs, longest, ctx.preset)
+    if run.steps > schedule_.decay_start(longest, ctx.preset):
+        raise AssertionError("a stable segment runs into the cooldown")
     bar = _bar(ctx, run)
     if bar is not None:
         bar.update(state["cursor"])
@@ -83,10 +90,8 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
             growth = (grow_at(run, stage, model.config)
                       if stage is not None and not same_size(model.config, stage.config)
                       else None)
-            # fit's lr_fn (schedule.run_lr) sets every step's LR; the config's lr only seeds AdamW
-            cfg = train_config(ctx, run, lrs[0], stop, "constant", growth)
-            result = _segment(ctx, run, lrs, model, optimizer, cfg, start, state, bar,
-                              schedule_steps=max(b.steps for b in run.branches))
+            cfg = train_config(ctx, run, stop, growth)
+            result = _segment(ctx, run, schedule, model, optimizer, cfg, start, state, bar)
             model, optimizer = result.model, result.optimizer
             state["counters"]["tokens"] += result.tokens
             state["counters"]["flops"] += result.flops
@@ -112,13 +117,11 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     return out
 
 
-def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
-             cfg: Any, start: int, state: dict[str, Any], bar: Any, schedule_steps: int,
+def _segment(ctx: Context, run: Run, schedule: LrSchedule, model: Any, optimizer: Any,
+             cfg: TrainConfig, start: int, state: dict[str, Any], bar: Any,
              eval_fn: Any = None) -> Any:
-    """Train [start, cfg.steps) on the run's schedule for a branch of ``schedule_steps``
-    (growing first when ``cfg.grow_at`` holds the growth at ``start``)."""
-    if cfg.schedule == "constant" and cfg.steps > schedule_.decay_start(schedule_steps, ctx.preset):
-        raise AssertionError("a stable segment runs into the cooldown")
+    """Train [start, cfg.steps) on the run's ``schedule`` (:func:`schedule.run_schedule`),
+    growing first when ``cfg.grow_at`` holds the growth at ``start``."""
     timing = state["timing"]
     batch_fn = lm_batches(ctx.dataset, cfg.batch_size, cfg.seq_len, run.seed, ctx.device)
 
@@ -152,8 +155,7 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
     result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
                  device=ctx.device, progress=False, callbacks=[on_record],
                  freeze=freeze if freeze is not None and freeze.active(start) else None,
-                 lr_fn=lambda step: schedule_.run_lr(run, lrs, step, schedule_steps, ctx.preset),
-                 anneal=anneal_in_force(ctx, run, state))
+                 schedule=schedule, anneal=anneal_in_force(ctx, run, state))
     timing["train_time"] += result.train_time
     return result
 
@@ -161,11 +163,11 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
 def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
             branch: Branch, state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
-    cfg = train_config(ctx, run, lrs[0], branch.steps, "wsd")  # lr_fn sets the LR
+    schedule = schedule_.run_schedule(run, lrs, branch.steps, ctx.preset)
     b_model = copy.deepcopy(model)
     b_opt = copy_optimizer(model, optimizer, b_model)
-    result = _segment(ctx, run, lrs, b_model, b_opt, cfg, branch.decay_start, state, None,
-                      schedule_steps=branch.steps, eval_fn=ctx.eval_fn)
+    result = _segment(ctx, run, schedule, b_model, b_opt, train_config(ctx, run, branch.steps),
+                      branch.decay_start, state, None, eval_fn=ctx.eval_fn)
     final = result.final_eval
     if final is None:
         raise TokenFormerError(f"{run.id}: the branch at budget {branch.budget_index} has no "

@@ -34,6 +34,7 @@ from ...training.anneal import Anneal
 from ...training.config import TrainConfig
 from ...training.evaluation import lm_evaluator
 from ...training.execution import resolve_device
+from ...training.growth_events import GrowthEvent
 from ...training.optim import rebuild_optimizer
 from ..common.saved import damaged, read_saved_json
 from .configs import arch
@@ -106,15 +107,16 @@ def build_model(family: str, config: Any, seed: int, device: Any) -> Any:
     return model_class(arch(family))(config).to(device)
 
 
-def train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str,
-                  growth: str | None = None) -> Any:
-    """A segment's training config; ``growth``: the ``--grow-at`` spec of the growth it starts
-    with (:func:`.growing.grow_at`), with the growth options of the run's recipe."""
+def train_config(ctx: Context, run: Run, steps: int, growth: GrowthEvent | None = None
+                 ) -> TrainConfig:
+    """A segment's training config, to step ``steps``; ``growth``: the growth it starts with
+    (:func:`.growing.grow_at`), with the growth options of the run's arm. The learning rate is
+    none of it: ``fit`` takes the run's schedule (:func:`.schedule.run_schedule`), which sets
+    every step's (an optimizer built from this config gets the config's ``lr`` only until its
+    first step)."""
     p = ctx.preset
     return TrainConfig(arch=arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
-                       steps=steps, lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
-                       warmup_steps=p.warmup_steps, decay_fraction=p.decay_fraction,
-                       weight_decay=p.weight_decay, grad_clip=p.grad_clip,
+                       steps=steps, weight_decay=p.weight_decay, grad_clip=p.grad_clip,
                        precision=ctx.precision, seed=run.seed, eval_interval=0,
                        eval_batches=p.eval_batches, samples=0, device=str(ctx.device),
                        pattention_impl=p.pattention_impl, grow_at=[growth] if growth else [],
@@ -187,7 +189,7 @@ def load_state(ctx: Context, run: Run, lr: float | list[float]) -> dict[str, Any
     return state
 
 
-def restore_state(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> tuple[Any, Any]:
+def restore_state(ctx: Context, run: Run, state: dict[str, Any]) -> tuple[Any, Any]:
     """Model and optimizer of a loaded state; :func:`damaged` if they do not rebuild from it."""
     try:
         config = _config_class(run.family)(**state["config"])
@@ -195,7 +197,7 @@ def restore_state(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> t
         model.load_state_dict(state["model"])
         optimizer = rebuild_optimizer(model, state["param_groups"], state["optimizer"],
                                       state_path(ctx, run),
-                                      train_config(ctx, run, lr, 1, "constant"))
+                                      train_config(ctx, run, 1))
         anneal_in_force(ctx, run, state)  # a malformed anneal is a damaged state too
     except (TokenFormerError, AttributeError, KeyError, TypeError, ValueError,
             RuntimeError) as exc:
