@@ -1,7 +1,8 @@
 """Rules of the package's modules that import-linter cannot hold (issue 44), read from the source
-with ``ast``: no module imports a private name of another (a name two modules share is an
-interface, and says so by having no underscore), and each registry's name means one thing
-across the package."""
+with ``ast``: no import cycle among the modules of a folder even counting the imports made only
+for type checking (import-linter is told to skip those, ``exclude_type_checking_imports``); no
+module imports a private name of another (a name two modules share is an interface, and says so
+by having no underscore); and each registry's name means one thing across the package."""
 
 from __future__ import annotations
 
@@ -16,6 +17,84 @@ PACKAGE = ROOT / "src" / "tokenformer"
 def _modules() -> list[tuple[str, ast.Module]]:
     return [(path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text(encoding="utf-8")))
             for path in sorted(PACKAGE.rglob("*.py"))]
+
+
+def _name(rel: str) -> str:
+    """``training/config.py`` → ``tokenformer.training.config`` (a package: its ``__init__``)."""
+    parts = ["tokenformer", *rel.removesuffix(".py").split("/")]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(modules: list[tuple[str, ast.Module]]) -> dict[str, set[str]]:
+    """Module → the package's modules it imports anywhere in its text: at the top, in functions
+    and under ``if TYPE_CHECKING:`` alike (``from .x import y`` imports ``x.y`` when that is a
+    module, else ``x``)."""
+    known = {_name(rel) for rel, _ in modules}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for rel, tree in modules:
+        name = _name(rel)
+        package = name.split(".") if rel.endswith("__init__.py") else name.split(".")[:-1]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                targets = [f"{module}.{a.name}" if f"{module}.{a.name}" in known else module
+                           for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in known and t != name}
+    return graph
+
+
+def sibling_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles among the modules of one folder (strongly connected components of more
+    than one module, the edges between siblings only)."""
+    def folder(name: str) -> str:
+        return name.rsplit(".", 1)[0]
+
+    order, low, stack, cycles = {}, {}, [], []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if folder(w) != folder(v):
+                continue
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in order:
+            visit(v)
+    return cycles
+
+
+def test_no_folder_has_an_import_cycle_counting_type_checking_imports() -> None:
+    """training/config.py once imported anneal, execution, growth_events and schedule, each of
+    which imported it back for its type hints."""
+    graph = imports(_modules())
+    assert "tokenformer.training.config" in graph["tokenformer.training.loop"]  # the scan reads
+    assert sibling_cycles(graph) == []
+
+
+def test_the_scan_sees_a_cycle_made_for_type_checking() -> None:
+    config = ast.parse("from .schedule import SCHEDULES\n")
+    schedule = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                         "    from .config import TrainConfig\n")
+    graph = imports([("training/config.py", config), ("training/schedule.py", schedule)])
+    assert sibling_cycles(graph) == [["tokenformer.training.config",
+                                      "tokenformer.training.schedule"]]
 
 
 def _private(name: str) -> bool:

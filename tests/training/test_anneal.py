@@ -19,6 +19,7 @@ from tokenformer.io.training_state import read_state
 from tokenformer.models.baselines import model_class
 from tokenformer.training.anneal import Anneal
 from tokenformer.training.config import TrainConfig
+from tokenformer.training.growth import growth_plan
 from tokenformer.training.loop import fit
 
 
@@ -194,11 +195,12 @@ def test_bad_anneal_steps_are_refused_in_one_line(capsys, tmp_path, value, grow,
 
 def test_a_growth_inside_an_anneal_is_refused():
     with pytest.raises(ConfigError, match=r"comes 3 steps after the exact growth") as err:
-        TrainConfig(steps=20, grow_at=["4:qkv=2x", "7:ffn=2x"], anneal_steps=5)
+        growth_plan(TrainConfig(steps=20, grow_at=["4:qkv=2x", "7:ffn=2x"], anneal_steps=5))
     assert "\n" not in str(err.value)
-    TrainConfig(steps=20, grow_at=["4:qkv=2x", "9:ffn=2x"], anneal_steps=5)  # ends at 9: fine
+    growth_plan(TrainConfig(steps=20, grow_at=["4:qkv=2x", "9:ffn=2x"], anneal_steps=5))  # fine
     with pytest.raises(ConfigError, match="arch transformer"):
-        TrainConfig(arch="transformer", steps=20, grow_at=["4:layers=2x"], anneal_steps=5)
+        growth_plan(TrainConfig(arch="transformer", steps=20, grow_at=["4:layers=2x"],
+                                anneal_steps=5))
 
 
 # ------------------------------------------------------------------------------ resume

@@ -1,7 +1,9 @@
-"""Configuration as data (issue 44): a run's growths are parsed once, into GrowthEvent objects
-that code (the frontier) may hand over as objects, the spec text kept for records; the learning
-rate is a function of the step and one small frozen record, LrSchedule, whatever plans it (a
-TrainConfig, the frontier), with the one post-growth warmup rule of training/schedule.py."""
+"""Configuration as data (issue 44): a TrainConfig checks its own fields and calls none of its
+consumers (the growth plan and the anneal are checked where they run, before anything is
+written); a run's growths are parsed once, into GrowthEvent objects that code (the frontier)
+may hand over as objects, the spec text kept for records; the learning rate is a function of the
+step and one small frozen record, LrSchedule, whatever plans it (a TrainConfig, the frontier),
+with the post-growth warmup rules of training/schedule.py."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ import pytest
 import torch
 
 from tokenformer import TokenFormerConfig, TokenFormerLM
+from tokenformer.errors import ConfigError
 from tokenformer.training import growth_events as growth_events_
 from tokenformer.training.config import TrainConfig
+from tokenformer.training.growth import growth_plan
 from tokenformer.training.growth_events import GrowthEvent, parse_grow_at
 from tokenformer.training.loop import fit
 from tokenformer.training.schedule import LrSchedule, LrStage, lr_at
@@ -50,7 +54,7 @@ def test_a_spec_is_parsed_once_per_run_and_recorded_as_given(monkeypatch):
     (event,) = cfg.grow_at
     assert isinstance(event, GrowthEvent) and event.spec == SPEC
     assert event.kwargs == {"ffn": "2x", "recipe": "paper"}  # the run-wide noise is the run's
-    assert cfg.growth_events()[0].kwargs == {"ffn": "2x", "recipe": "paper", "noise_old": 0.01}
+    assert growth_plan(cfg)[0].kwargs == {"ffn": "2x", "recipe": "paper", "noise_old": 0.01}
     assert cfg.grow_at[0].kwargs == {"ffn": "2x", "recipe": "paper"}  # left as it was
     assert json.loads(json.dumps(cfg.to_dict()))["grow_at"] == [SPEC]  # the record: the text
     result = fit(tiny_lm(), batches, cfg, progress=False)
@@ -100,3 +104,18 @@ def test_the_post_growth_warmup_rules_of_one_schedule():
 def test_a_spec_parsed_from_a_record_keeps_its_text():
     event = parse_grow_at("4:ffn=2x,recipe=official", recorded=True)
     assert event.spec == "4:ffn=2x,recipe=official" and event.kwargs["recipe"] == "official-init"
+
+
+def test_a_config_checks_its_own_fields_and_the_plan_is_checked_where_it_runs(tmp_path):
+    """An anneal with no exact growth to follow, or a freeze outlasting the next growth, is a
+    plan the anneal and growth logic refuse: at fit's start, before the run folder is touched;
+    the config itself holds only fields of the right types and ranges."""
+    for cfg in (quiet(anneal_steps=3),
+                quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=4", "8:ffn=2x"])):
+        with pytest.raises(ConfigError, match=r"anneal_steps 3 anneals|outlasts") as err:
+            fit(tiny_lm(), batches, cfg, out_dir=tmp_path / "run", progress=False)
+        assert "\n" not in str(err.value) and not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match=r"the step must be in 1\.\.4"):  # its own fields
+        quiet(grow_at=["5:ffn=2x"])
+    with pytest.raises(ConfigError, match=r"growth_freeze_old.*must be a number of steps"):
+        quiet(growth_freeze_old="soon")

@@ -23,6 +23,7 @@ from tokenformer.ops.growth import grow_with_optimizer, old_tokens
 from tokenformer.training import growth as growth_in_run
 from tokenformer.training.config import TrainConfig, load_config
 from tokenformer.training.freezing import FrozenRows
+from tokenformer.training.growth import growth_plan
 from tokenformer.training.growth_events import (
     check_growth_plan,
     growth_events,
@@ -118,17 +119,19 @@ def test_freeze_forever_inside_a_run_and_what_it_records():
 
 
 def test_a_freeze_may_not_outlast_the_next_growth_unless_that_one_freezes_longer():
+    """The plan is checked where it runs (growth_plan: fit's and train's start)."""
     with pytest.raises(ConfigError, match="outlasts the growth at step 8"):
-        quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=4", "8:ffn=2x"])
-    quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=3", "8:ffn=2x"])  # ends at the growth
-    quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=forever", "8:ffn=2x,freeze_old=forever"])
+        growth_plan(quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=4", "8:ffn=2x"]))
+    growth_plan(quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=3", "8:ffn=2x"]))  # ends at 8
+    growth_plan(quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=forever",
+                                         "8:ffn=2x,freeze_old=forever"]))
     # the run-wide setting applies to every growth that does not set its own
     with pytest.raises(ConfigError, match="outlasts"):  # 8 turns it off: 5's would outlast it
-        quiet(steps=20, grow_at=["5:ffn=2x", "8:ffn=2x,freeze_old=0"],
-              growth_freeze_old="forever")
+        growth_plan(quiet(steps=20, grow_at=["5:ffn=2x", "8:ffn=2x,freeze_old=0"],
+                          growth_freeze_old="forever"))
     cfg = quiet(steps=20, grow_at=["5:ffn=2x", "8:ffn=2x,noise_old=0"], growth_freeze_old="12",
                 growth_noise_old=0.01)
-    first, second = cfg.growth_events()
+    first, second = growth_plan(cfg)
     assert first.kwargs == {"ffn": "2x", "freeze_old": 12, "noise_old": 0.01}
     assert second.kwargs == {"ffn": "2x", "freeze_old": 12, "noise_old": 0.0}
 
@@ -293,7 +296,7 @@ def test_old_token_options_with_stacking_or_width_are_refused_before_the_first_s
     the same request too, for Python callers."""
     for spec in ("1:layers=2x,how=stack,freeze_old=5", "1:hidden=2x,noise_old=0.1"):
         with pytest.raises(ConfigError, match="freeze_old and noise_old"):
-            check_growth_plan(tiny_lm().config, growth_events([parse_grow_at(spec)], 3))
+            check_growth_plan(tiny_lm().config, growth_events([parse_grow_at(spec)]))
         with pytest.raises(GrowthError, match="freeze_old and noise_old"):
             fit(tiny_lm(), batches, quiet(steps=3, grow_at=[spec]), progress=False)
 

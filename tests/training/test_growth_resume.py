@@ -174,7 +174,7 @@ def test_a_plan_of_absurd_depth_is_refused_at_once():
     started = time.perf_counter()
     with pytest.raises(ConfigError, match=r"--grow-at '6:layers=20000000' \(step 6.*GiB"):
         check_growth_plan(TokenFormerConfig.from_name("tiny"),
-                          growth_events([parse_grow_at("6:layers=20000000")], 12))
+                          growth_events([parse_grow_at("6:layers=20000000")]))
     assert time.perf_counter() - started < 5
 
 

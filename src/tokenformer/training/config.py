@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from ..errors import ConfigError
@@ -25,10 +26,24 @@ from ..io.process_group import STRATEGIES
 from ..models.baselines import ARCHS, TransformerConfig
 from ..models.config import NON_NEGATIVE, SEED, FieldRule, TokenFormerConfig, check_fields
 from ..nn.pattention import PATTENTION_IMPLS
-from .anneal import check_anneal
-from .execution import parse_device
-from .growth_events import GrowthEvent, growth_events, parse_grow_at
+from .growth_events import GrowthEvent, check_steps, parse_grow_at, run_options
 from .schedule import SCHEDULES, LrSchedule
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def parse_device(spec: str) -> torch.device:
+    """``spec`` as a torch device of a type this package runs on (:data:`DEVICE_TYPES`), else one
+    ConfigError line (torch's own error lists every device type it knows). Whether CUDA is there
+    is :func:`.execution.resolve_device`'s question."""
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in DEVICE_TYPES:
+        raise ConfigError(f"unknown device {spec!r} (use cpu, cuda, cuda:N or mps)")
+    return device
+
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 RUN_CONFIG = "config.json"  # the run folder's copy of its TrainConfig
@@ -199,19 +214,11 @@ class TrainConfig:
                               f"{self.grad_accum}")
         if not isinstance(self.model, dict) or not isinstance(self.baseline, dict):
             raise ConfigError("model and baseline must be mappings of config keys")
-        # a malformed --grow-at fails here, before anything is written
-        events = self.growth_events()
-        for event in events:
-            if event.lr is not None and event.lr < self.min_lr:
-                raise ConfigError(f"--grow-at {event.spec!r}: lr {event.lr:g} is below min_lr "
-                                  f"{self.min_lr:g}, where every decay ends")
-        check_anneal(self.anneal_steps, self.arch, events)
-
-    def growth_events(self) -> list[GrowthEvent]:
-        """The run's growths by step, each with the run-wide ``growth_freeze_old`` /
-        ``growth_noise_old`` it does not set itself (:func:`.growth_events.growth_events`)."""
-        return growth_events(self.grow_at, self.steps, freeze_old=self.growth_freeze_old,
-                             noise_old=self.growth_noise_old)
+        # a malformed --grow-at fails here (each spec parsed at construction), before anything
+        # is written; the plan as a whole (freezes, the anneal) where it runs:
+        # training.growth.growth_plan, at the start of fit and train
+        run_options(self.growth_freeze_old, self.growth_noise_old)
+        check_steps(self.grow_at, self.steps, self.min_lr)
 
     def lr_schedule(self) -> LrSchedule:
         """The run's learning-rate schedule (:func:`.schedule.lr_at`): the peak ``lr``, its

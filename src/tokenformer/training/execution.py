@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,26 +16,8 @@ from ..errors import ConfigError
 from ..io.process_group import World
 from ..nn.kernels import cpu_theta
 from ..nn.pattention import set_pattention_impl
+from .config import TrainConfig, parse_device
 from .distributed import blocks, wrap_model
-
-if TYPE_CHECKING:
-    from .config import TrainConfig
-
-
-DEVICE_TYPES = ("cpu", "cuda", "mps")
-
-
-def parse_device(spec: str) -> torch.device:
-    """``spec`` as a torch device of a type this package runs on (:data:`DEVICE_TYPES`), else one
-    ConfigError line (torch's own error lists every device type it knows). Whether CUDA is there
-    is :func:`resolve_device`'s question."""
-    try:
-        device = torch.device(spec)
-    except (RuntimeError, ValueError, TypeError):
-        device = None
-    if device is None or device.type not in DEVICE_TYPES:
-        raise ConfigError(f"unknown device {spec!r} (use cpu, cuda, cuda:N or mps)")
-    return device
 
 
 def resolve_device(spec: str, world: World | None = None) -> torch.device:

@@ -180,29 +180,43 @@ def _float(text: str) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def growth_events(given: Sequence[GrowthEvent], steps: int, *, freeze_old: str = "0",
+def run_options(freeze_old: str = "0", noise_old: float = 0.0) -> dict[str, Any]:
+    """A run's ``growth_freeze_old`` / ``growth_noise_old`` as the options every growth without
+    its own gets (none when 0: off, as if not given); one ConfigError line if malformed."""
+    options = parse_options(f"freeze_old={freeze_old},noise_old={noise_old}",
+                            "growth_freeze_old/growth_noise_old", OLD_TOKEN_KEYS,
+                            f"growth_freeze_old must be a number of steps or {FOREVER}, and "
+                            f"growth_noise_old a number >= 0")
+    return {k: v for k, v in options.items() if v}
+
+
+def check_steps(events: Sequence[GrowthEvent], steps: int, min_lr: float) -> None:
+    """The growths fit a run of ``steps`` steps whose decays end at ``min_lr``: each inside the
+    run, none at the step of another, no stage peak below ``min_lr``. One ConfigError line."""
+    for event in events:
+        if not 0 < event.step < steps:
+            raise ConfigError(f"--grow-at {event.spec!r}: the step must be in 1..{steps - 1}")
+    if len({e.step for e in events}) != len(events):
+        raise ConfigError("--grow-at: two growths at the same step; merge them into one")
+    for event in events:
+        if event.lr is not None and event.lr < min_lr:
+            raise ConfigError(f"--grow-at {event.spec!r}: lr {event.lr:g} is below min_lr "
+                              f"{min_lr:g}, where every decay ends")
+
+
+def growth_events(given: Sequence[GrowthEvent], *, freeze_old: str = "0",
                   noise_old: float = 0.0) -> list[GrowthEvent]:
-    """The growths of a run of ``steps`` steps, by step, each without its own
-    ``freeze_old``/``noise_old`` given the run's (``growth_freeze_old``/``growth_noise_old``;
-    the ``given`` events are left as they are). Refused: a step outside the run, two growths at
-    one step, a freeze that would outlast the next growth (which ends it) unless that growth
-    freezes at least as long."""
-    defaults = parse_options(f"freeze_old={freeze_old},noise_old={noise_old}",
-                             "growth_freeze_old/growth_noise_old", OLD_TOKEN_KEYS,
-                             f"growth_freeze_old must be a number of steps or {FOREVER}, and "
-                             f"growth_noise_old a number >= 0")
-    defaults = {k: v for k, v in defaults.items() if v}  # 0: off, as if not given
+    """The growths of a run, by step, each without its own ``freeze_old``/``noise_old`` given the
+    run's (``growth_freeze_old``/``growth_noise_old``, :func:`run_options`; the ``given`` events
+    are left as they are). Refused: a freeze that would outlast the next growth (which ends it)
+    unless that growth freezes at least as long."""
+    defaults = run_options(freeze_old, noise_old)
     events = []
     for event in given:
         added = {k: v for k, v in defaults.items() if k not in event.kwargs}
         events.append(dataclasses.replace(event, kwargs={**event.kwargs, **added},
                                           run_wide=tuple(added)) if added else event)
     events.sort(key=lambda e: e.step)
-    for event in events:
-        if not 0 < event.step < steps:
-            raise ConfigError(f"--grow-at {event.spec!r}: the step must be in 1..{steps - 1}")
-    if len({e.step for e in events}) != len(events):
-        raise ConfigError("--grow-at: two growths at the same step; merge them into one")
     for a, b in itertools.pairwise(events):
         if a.freeze_end > b.step and b.freeze_end < a.freeze_end:
             raise ConfigError(

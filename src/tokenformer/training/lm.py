@@ -31,6 +31,7 @@ from .config import RUN_CONFIG, TrainConfig
 from .distributed import consolidate_checkpoint
 from .evaluation import lm_evaluator
 from .execution import resolve_device
+from .growth import growth_plan
 from .growth_events import check_growth_plan
 from .loop import FitResult, fit
 from .recording import METRICS
@@ -100,6 +101,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
 
     ``resume=True`` continues the run in ``cfg.out`` from its newest checkpoint, bit for bit.
     """
+    events = growth_plan(cfg)  # before any work: a bad plan is one line, nothing written
     world = World()
     stack = contextlib.ExitStack()
     try:
@@ -120,7 +122,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "
                               f"{model_config.max_seq_len}")
         dataset.check_model(model_config.vocab_size, cfg.seq_len)
-        events = cfg.growth_events()
         if not resume:  # a resumed run's plan is checked against its checkpoint, below
             check_growth_plan(model_config, events)
         if world.is_main:

@@ -33,7 +33,7 @@ from .config import TrainConfig
 from .evaluation import EvalFn, Evaluation
 from .execution import autocast_for, prepare_module
 from .freezing import FrozenRows
-from .growth import grow_in_run
+from .growth import grow_in_run, growth_plan
 from .growth_events import GrowthEvent, check_history
 from .optim import group_names, make_optimizer
 from .readback import Readback, readback_steps
@@ -136,6 +136,7 @@ def fit(
     (:class:`~tokenformer.training.signals.Interrupted`); a second signal stops at once.
     """
     world = world or World()
+    events = growth_plan(cfg)  # before the run folder is locked: a bad plan writes nothing
     lock = (hold_run_folder(out_dir, command="train", world=world)
             if out_dir is not None else contextlib.nullcontext())
     with lock, StopOnSignal(enabled=out_dir is not None) as stopper:
@@ -143,7 +144,7 @@ def fit(
                     start_step=start_step, out_dir=out_dir, resume_from=resume_from,
                     callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
                     device=device, progress=progress, stopper=stopper, freeze=freeze,
-                    schedule=schedule, anneal=anneal, readback=readback)
+                    schedule=schedule, anneal=anneal, readback=readback, events=events)
 
 
 def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: EvalFn | None,
@@ -152,10 +153,10 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
          flops_fn: FlopsFn | None, save_extra: Callable[[Path], None] | None, world: World,
          device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal,
          freeze: FrozenRows | None, schedule: LrSchedule | None,
-         anneal: Anneal | None, readback: int | None) -> FitResult:
+         anneal: Anneal | None, readback: int | None,
+         events: list[GrowthEvent]) -> FitResult:
     device = torch.device(device) if device is not None else next(model.parameters()).device
     flops_fn = flops_fn or lm_flops
-    events = cfg.growth_events()
     if (events or freeze is not None) and world.strategy == "fsdp":
         raise ConfigError("growth inside a run (and frozen rows) is not supported with strategy "
                           "fsdp; use ddp")
