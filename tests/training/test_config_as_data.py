@@ -7,6 +7,7 @@ with the post-growth warmup rules of training/schedule.py."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 
@@ -17,9 +18,10 @@ from tokenformer import TokenFormerConfig, TokenFormerLM
 from tokenformer.errors import ConfigError
 from tokenformer.training import growth_events as growth_events_
 from tokenformer.training.config import TrainConfig
+from tokenformer.training.execution import Execution
 from tokenformer.training.growth import growth_plan
 from tokenformer.training.growth_events import GrowthEvent, parse_grow_at
-from tokenformer.training.loop import fit
+from tokenformer.training.loop import RunState, fit
 from tokenformer.training.schedule import LrSchedule, LrStage, lr_at
 
 SPEC = "3:ffn=2x,recipe=paper,lr=5e-4"
@@ -119,3 +121,22 @@ def test_a_config_checks_its_own_fields_and_the_plan_is_checked_where_it_runs(tm
         quiet(grow_at=["5:ffn=2x"])
     with pytest.raises(ConfigError, match=r"growth_freeze_old.*must be a number of steps"):
         quiet(growth_freeze_old="soon")
+
+
+def test_fit_takes_its_run_state_and_execution_as_records():
+    """fit took 18 parameters (the run state, the device and the process group one by one, and
+    _fit repeated them); now at most 10: where the call starts is a RunState, where it computes
+    an Execution. A RunState cannot both resume a checkpoint and carry an optimizer."""
+    assert len(inspect.signature(fit).parameters) <= 10
+    assert {"start", "execution"} <= set(inspect.signature(fit).parameters)
+    with pytest.raises(ConfigError, match="either an optimizer or resume_from"):
+        RunState(optimizer=torch.optim.SGD(tiny_lm().parameters(), lr=0.1), resume_from="x")
+    five = quiet(steps=5)
+    whole = fit(tiny_lm(), batches, five, progress=False)
+    # three steps on the five-step run's schedule, then the rest: the frontier's segments
+    first = fit(tiny_lm(), batches, quiet(steps=3), start=RunState(schedule=five.lr_schedule()),
+                progress=False)
+    rest = fit(first.model, batches, five,
+               start=RunState(step=first.step, optimizer=first.optimizer),
+               execution=Execution(device="cpu", readback=2), progress=False)
+    assert first.losses + rest.losses == whole.losses  # a run continued bit for bit

@@ -30,7 +30,7 @@ from tokenformer.training.growth_events import (
     parse_grow_at,
 )
 from tokenformer.training.lm import train
-from tokenformer.training.loop import fit
+from tokenformer.training.loop import RunState, fit
 from tokenformer.training.schedule import lr_at
 
 VOCAB = 61
@@ -76,8 +76,9 @@ def test_frozen_old_tokens_and_their_moments_are_bitwise_unchanged_while_new_one
     assert any(m.any() for m in old_m.values())  # carried moments: AdamW would move the rows
     other = {n: p.detach().clone() for n, p in grown.named_parameters() if n not in freeze.rows}
 
-    result = fit(grown, batches, quiet(steps=6), optimizer=optimizer, start_step=3,
-                 freeze=freeze, progress=False)  # three steps, all frozen
+    result = fit(grown, batches, quiet(steps=6),
+                 start=RunState(step=3, optimizer=optimizer, freeze=freeze),
+                 progress=False)  # three steps, all frozen
     assert result.model is grown and result.optimizer is optimizer
     for name, n in freeze.rows.items():
         assert torch.equal(params[name][:n], old_w[name]), name  # bitwise, weight decay on
@@ -88,7 +89,7 @@ def test_frozen_old_tokens_and_their_moments_are_bitwise_unchanged_while_new_one
     assert all(not torch.equal(p, other[n]) for n, p in grown.named_parameters()
                if n not in freeze.rows)  # the embedding and the final norm train
 
-    fit(grown, batches, quiet(steps=7), optimizer=optimizer, start_step=6, freeze=freeze,
+    fit(grown, batches, quiet(steps=7), start=RunState(step=6, optimizer=optimizer, freeze=freeze),
         progress=False)  # step 6: the freeze is over
     assert all(not torch.equal(params[n][:r], old_w[n]) for n, r in freeze.rows.items())
 

@@ -24,7 +24,7 @@ from tokenformer.io.training_state import load_optimizer_state
 from tokenformer.training.config import TrainConfig, load_config
 from tokenformer.training.growth_events import parse_grow_at
 from tokenformer.training.lm import train
-from tokenformer.training.loop import FitResult, fit
+from tokenformer.training.loop import FitResult, RunState, fit
 from tokenformer.training.optim import make_optimizer
 from tokenformer.training.schedule import LrSchedule, lr_at
 
@@ -413,13 +413,14 @@ def test_fit_schedule_replaces_the_configs():
     before = [p.detach().clone() for p in model.parameters()]
     cfg = TrainConfig(steps=6, lr=0.1, warmup_steps=0, weight_decay=0.1)
     zero = LrSchedule(0.0, 0.0, 6, 0, "constant")
-    fit(wrapped, batch_fn, cfg, progress=False, schedule=zero, flops_fn=lambda m, b: 1.0,
+    fit(wrapped, batch_fn, cfg, progress=False, start=RunState(schedule=zero),
+        flops_fn=lambda m, b: 1.0,
         callbacks=[lambda r, m: seen.append(r["lr"]) if r["type"] == "train" else None])
     assert seen == [0.0] * 6
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     seen.clear()
     ramp = LrSchedule(6e-3, 0.0, 6, 6, "constant")  # a warmup over all 6 steps: 1e-3 * (s + 1)
-    fit(wrapped, batch_fn, cfg, progress=False, schedule=ramp,
+    fit(wrapped, batch_fn, cfg, progress=False, start=RunState(schedule=ramp),
         flops_fn=lambda m, b: 1.0,
         callbacks=[lambda r, m: seen.append(r["lr"]) if r["type"] == "train" else None])
     assert seen == pytest.approx([1e-3 * (s + 1) for s in range(6)])

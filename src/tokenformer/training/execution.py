@@ -1,11 +1,13 @@
 """Where and how a run computes: the device, bf16 autocast, and the module the step calls (the
-Pattention implementation, activation checkpointing per block, DDP/FSDP, ``torch.compile``)."""
+Pattention implementation, activation checkpointing per block, DDP/FSDP, ``torch.compile``);
+what ``fit`` is told of it is one record, :class:`Execution`."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +20,18 @@ from ..nn.kernels import cpu_theta
 from ..nn.pattention import set_pattention_impl
 from .config import TrainConfig, parse_device
 from .distributed import blocks, wrap_model
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Where ``fit`` computes: the process group (``world``; None: this process alone), the
+    device (None: the model's) and the steps between reads of the losses from it (``readback``,
+    :mod:`.readback`; None: 1 on the CPU or with callbacks, else ``READBACK_STEPS``; the records
+    are the same for any value)."""
+
+    world: World | None = None
+    device: torch.device | str | None = None
+    readback: int | None = None
 
 
 def resolve_device(spec: str, world: World | None = None) -> torch.device:

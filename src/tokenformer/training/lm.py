@@ -30,10 +30,10 @@ from .checkpointing import (
 from .config import RUN_CONFIG, TrainConfig
 from .distributed import consolidate_checkpoint
 from .evaluation import lm_evaluator
-from .execution import resolve_device
+from .execution import Execution, resolve_device
 from .growth import growth_plan
 from .growth_events import check_growth_plan
-from .loop import FitResult, fit
+from .loop import FitResult, RunFolder, RunState, fit
 from .recording import METRICS
 from .report import report
 from .signals import Interrupted
@@ -179,9 +179,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
                      f"{cfg.seq_len} tokens on {world.world_size}× {device.type} "
                      f"({world.strategy}, {cfg.precision})")
         try:
-            result = fit(model, batch_fn, cfg, eval_fn=eval_fn, out_dir=run_dir,
-                         resume_from=resume_from, save_extra=tokenizer.save, world=world,
-                         device=device, progress=show, optimizer=optimizer)
+            result = fit(model, batch_fn, cfg, eval_fn=eval_fn,
+                         start=RunState(optimizer=optimizer, resume_from=resume_from),
+                         out_dir=RunFolder(run_dir, tokenizer.save), progress=show,
+                         execution=Execution(world, device))
         except Interrupted as exc:
             exc.args = (f"{exc}; continue with: tokenformer train --resume {run_dir}",)
             raise

@@ -28,9 +28,10 @@ from ...io.files import atomic_write_text
 from ...io.workers import check_parent, worker_pool
 from ...ops.growth.optimizer import copy_optimizer
 from ...training.config import TrainConfig
+from ...training.execution import Execution
 from ...training.freezing import FrozenRows
 from ...training.lm import lm_batches
-from ...training.loop import fit
+from ...training.loop import RunState, fit
 from ...training.optim import group_names, make_optimizer
 from ...training.schedule import LrSchedule
 from ..common.report import to_json
@@ -152,10 +153,11 @@ def _segment(ctx: Context, run: Run, schedule: LrSchedule, model: Any, optimizer
     # frozen old tokens (a chain's freeze_old), for the steps of this segment that need it
     frozen = state.get("frozen_rows")  # absent from states written before chains had options
     freeze = FrozenRows.from_state(frozen, str(state_path(ctx, run))) if frozen else None
-    result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
-                 device=ctx.device, progress=False, callbacks=[on_record],
-                 freeze=freeze if freeze is not None and freeze.active(start) else None,
-                 schedule=schedule, anneal=anneal_in_force(ctx, run, state))
+    in_force = RunState(step=start, optimizer=optimizer,
+                        freeze=freeze if freeze is not None and freeze.active(start) else None,
+                        anneal=anneal_in_force(ctx, run, state), schedule=schedule)
+    result = fit(model, batch_fn, cfg, eval_fn=eval_fn, start=in_force, callbacks=[on_record],
+                 progress=False, execution=Execution(device=ctx.device))
     timing["train_time"] += result.train_time
     return result
 
