@@ -164,9 +164,10 @@ def fit(
     folder = (out_dir if isinstance(out_dir, RunFolder) or out_dir is None
               else RunFolder(Path(out_dir)))
     execution = execution or Execution()
-    world = execution.world or World()
+    if execution.world is None:  # this process alone
+        execution = dataclasses.replace(execution, world=World())
     events = growth_plan(cfg)  # before the run folder is locked: a bad plan writes nothing
-    lock = (hold_run_folder(folder.path, command="train", world=world)
+    lock = (hold_run_folder(folder.path, command="train", world=execution.world)
             if folder is not None else contextlib.nullcontext())
     with lock, StopOnSignal(enabled=folder is not None) as stopper:
         return _fit(model, batch_fn, cfg, start, folder, execution, events, stopper,
@@ -194,7 +195,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, start: RunState,
          folder: RunFolder | None, execution: Execution, events: list[GrowthEvent],
          stopper: StopOnSignal, *, eval_fn: EvalFn | None, flops_fn: FlopsFn | None,
          callbacks: Sequence[Callback], progress: bool | None) -> FitResult:
-    world = execution.world or World()
+    world = execution.world
     device = (torch.device(execution.device) if execution.device is not None
               else next(model.parameters()).device)
     flops_fn = flops_fn or lm_flops
