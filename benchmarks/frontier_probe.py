@@ -34,6 +34,7 @@ from tokenformer.experiments.frontier.configs import arch, model_configs
 from tokenformer.experiments.frontier.presets import get_preset
 from tokenformer.models.baselines import model_class
 from tokenformer.training.config import TrainConfig
+from tokenformer.training.execution import Execution
 from tokenformer.training.loop import fit
 
 MODES = ("eager", "compiled", "graphs")
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         released[0] = True
 
     start = time.perf_counter()
-    result = fit(model, lambda step: {"input_ids": ids, "labels": ids}, cfg, device=device,
+    result = fit(model, lambda step: {"input_ids": ids, "labels": ids}, cfg,
+                 execution=Execution(device=device),
                  progress=False, callbacks=[wait_for_go])
     seconds = [cfg.batch_size * cfg.seq_len / r["tokens_per_s"] for r in result.records
                if r["type"] == "train"]

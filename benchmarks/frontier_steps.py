@@ -38,11 +38,11 @@ from common import (
     machine,
 )
 
+from tokenformer.experiments.frontier.arms import GROWING_ARMS
 from tokenformer.experiments.frontier.configs import arch, model_configs
 from tokenformer.experiments.frontier.estimates import estimate_seconds, parallel_seconds
 from tokenformer.experiments.frontier.plan import stage_plans, sweep_run, swept_sizes, tuning_seeds
 from tokenformer.experiments.frontier.presets import get_preset, size_key
-from tokenformer.experiments.frontier.recipes import RECIPES
 from tokenformer.models.baselines import model_class
 
 
@@ -54,7 +54,7 @@ def measured_seconds(folder: Path) -> dict[str, float]:
     for path in sorted((folder / "runs").glob("*.json")):
         result = json.loads(path.read_text())
         parts = path.stem.split("__")
-        recipe = next((RECIPES[p] for p in parts if p in RECIPES), None)
+        recipe = next((GROWING_ARMS[p] for p in parts if p in GROWING_ARMS), None)
         scratch = next((p for p in parts if "-S" in p), None)
         family = recipe.family if recipe is not None else (
             scratch.rsplit("-S", 1)[0] if scratch else None)

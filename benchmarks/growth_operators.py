@@ -53,7 +53,7 @@ OPERATORS: list[tuple[str, dict, str]] = [
     ("stack 2x", {"layers": "2x", "how": "stack"}, "G_stack (Du et al. 2024)"),
     ("identity 2x", {"layers": "2x"}, "identity blocks (this package)"),
     ("tokens 2x exact", {"qkv": "2x", "proj": "2x", "ffn": "2x"}, "this package"),
-    ("tokens 2x paper", {"qkv": "2x", "proj": "2x", "ffn": "2x", "strategy": "paper"},
+    ("tokens 2x paper", {"qkv": "2x", "proj": "2x", "ffn": "2x", "recipe": "paper"},
      "TokenFormer paper"),
     ("tokens 2x official", {"qkv": "2x", "proj": "2x", "ffn": "2x", "strategy": "official"},
      "released code's init"),

@@ -39,7 +39,8 @@ from tokenformer.models.config import TokenFormerConfig, flops_per_token
 from tokenformer.models.lm import TokenFormerLM
 from tokenformer.nn.kernels import cpu_theta as kernels
 from tokenformer.training.config import TrainConfig
-from tokenformer.training.loop import fit
+from tokenformer.training.execution import Execution
+from tokenformer.training.loop import RunState, fit
 
 PRECISIONS = ("fp32", "bf16")
 KERNEL = "TokenFormer (kernel)"
@@ -74,7 +75,7 @@ class Trainer:
         self.cfg = TrainConfig(steps=warmup, batch_size=batch_size, seq_len=seq_len,
                                precision=precision, warmup_steps=1, eval_interval=0,
                                schedule="constant", pattention_impl=impl, compile=compile)
-        result = fit(model, batch_fn, self.cfg, progress=False, device=device,
+        result = fit(model, batch_fn, self.cfg, progress=False, execution=Execution(device=device),
                      flops_fn=flops_fn)
         self.model, self.optimizer, self.step = result.model, result.optimizer, warmup
 
@@ -82,8 +83,8 @@ class Trainer:
         """``round_steps`` more steps (``steps`` if given: a profile of one)."""
         end = self.step + (steps or self.round_steps)
         fit(self.model, self.batch_fn, dataclasses.replace(self.cfg, steps=end),
-            optimizer=self.optimizer, start_step=self.step, progress=False, device=self.device,
-            flops_fn=self.flops_fn)
+            start=RunState(step=self.step, optimizer=self.optimizer),
+            execution=Execution(device=self.device), progress=False, flops_fn=self.flops_fn)
         self.step = end
 
 

@@ -39,7 +39,8 @@ from tokenformer.nn.kernels import triton_theta
 from tokenformer.nn.pattention import PATTENTION_IMPLS
 from tokenformer.training.config import TrainConfig
 from tokenformer.training.distributed import load_sharded_model
-from tokenformer.training.loop import fit
+from tokenformer.training.execution import Execution
+from tokenformer.training.loop import RunState, fit
 from tokenformer.training.optim import group_names, make_optimizer, rebuild_optimizer
 from tokenformer.training.readback import READBACK_STEPS
 
@@ -388,7 +389,7 @@ def test_static_cache_generation_matches_dynamic(device, compiled):
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = grow(TokenFormerLM(tiny()), qkv="2x", ffn="3x", strategy="paper",
+    model = grow(TokenFormerLM(tiny()), qkv="2x", ffn="3x", recipe="paper",
                  generator=torch.Generator().manual_seed(1))
     assert len({layer.num_tokens for layer in model.pattentions().values()}) == 3
     for layer in model.layers:
@@ -463,7 +464,7 @@ def test_growth_preserves_function(device, norm):
     torch.manual_seed(0)
     model = TokenFormerLM(tiny(norm=norm)).to(device).eval()
     ids = random_ids(model.config.vocab_size, 2, 24).to(device)
-    grown = grow(model, qkv="2x", proj="2x", ffn="2x", layers=3, strategy="exact",
+    grown = grow(model, qkv="2x", proj="2x", ffn="2x", layers=3, recipe="exact",
                  generator=torch.Generator().manual_seed(1)).eval()
     assert next(grown.parameters()).device.type == device.type
     assert (grown.config.ffn_tokens, grown.config.num_layers) == (256, 3)
@@ -508,9 +509,10 @@ def test_training_resumes_bit_for_bit(device, precision, tmp_path):
     with deterministic(device):
         torch.manual_seed(0)
         whole = fit(TokenFormerLM(tiny()), batch_fn, cfg, out_dir=tmp_path / "run",
-                    device=device, progress=False)
+                    execution=Execution(device=device), progress=False)
         resumed = fit(TokenFormerLM(tiny()), batch_fn, cfg,
-                      resume_from=step_dir(tmp_path / "run", 2), device=device, progress=False)
+                      start=RunState(resume_from=step_dir(tmp_path / "run", 2)),
+                      execution=Execution(device=device), progress=False)
     assert all(math.isfinite(v) for v in whole.losses) and whole.losses[-1] < whole.losses[0]
     difference = max(abs(a - b) for a, b in zip(resumed.losses, whole.losses[2:], strict=True))
     assert resumed.losses == whole.losses[2:], (
@@ -538,8 +540,8 @@ def test_losses_read_back_every_few_steps_record_what_every_step_does(device):
         for readback in (1, 3, None):
             torch.manual_seed(0)
             cfg = train_config(steps=7, eval_interval=5, grad_clip=1.0)
-            result = fit(TokenFormerLM(tiny()), batch_fn, cfg, eval_fn=eval_fn, device=device,
-                         progress=False, readback=readback)
+            result = fit(TokenFormerLM(tiny()), batch_fn, cfg, eval_fn=eval_fn,
+                         execution=Execution(device=device, readback=readback), progress=False)
             records[readback] = [{k: v for k, v in r.items() if k not in TIMING}
                                  for r in result.records]
     assert [r["type"] for r in records[1]].count("eval") == 2
@@ -554,7 +556,8 @@ def test_a_step_does_not_wait_for_the_device(device):
         pytest.skip("the host waits for the device only on CUDA (the CPU computes in the call)")
     batch_fn = lm_batches(257, 4, 32, device)
     model = TokenFormerLM(tiny()).to(device)
-    result = fit(model, batch_fn, train_config(steps=2), device=device, progress=False)
+    result = fit(model, batch_fn, train_config(steps=2), execution=Execution(device=device),
+                 progress=False)
 
     def synchronizing_calls(readback: int) -> int:
         start = result.step + 8 * readback  # a fresh span of 8 steps each time
@@ -564,8 +567,9 @@ def test_a_step_does_not_wait_for_the_device(device):
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                fit(result.model, batch_fn, cfg, optimizer=result.optimizer, start_step=start,
-                    device=device, progress=False, readback=readback)
+                fit(result.model, batch_fn, cfg,
+                    start=RunState(step=start, optimizer=result.optimizer),
+                    execution=Execution(device=device, readback=readback), progress=False)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         return sum("synchroniz" in str(w.message) for w in caught)
@@ -698,9 +702,9 @@ def test_compiled_training_step_matches_eager(device, precision, mode):
     for compiled in (False, True):
         torch.manual_seed(0)
         cfg = train_config(steps=5, precision=precision, compile=compiled, compile_mode=mode,
-                           grow_at=["2:ffn=192,strategy=paper"], eval_interval=2)
+                           grow_at=["2:ffn=192,recipe=paper"], eval_interval=2)
         runs[compiled] = fit(TokenFormerLM(tiny()), batch_fn, cfg, eval_fn=eval_fn,
-                             device=device, progress=False)
+                             execution=Execution(device=device), progress=False)
     rel = 1e-3 if precision == "bf16" else 1e-5
     assert runs[True].model.config.ffn_tokens == 192
     assert runs[True].losses == pytest.approx(runs[False].losses, rel=rel)
@@ -726,13 +730,15 @@ def test_data_parallel_in_one_process(device, strategy, tmp_path):
     cfg = train_config(strategy=strategy)
     batch_fn = lm_batches(257, 4, 32, device)
     torch.manual_seed(0)
-    plain = fit(TokenFormerLM(tiny()), batch_fn, train_config(), device=device, progress=False)
+    plain = fit(TokenFormerLM(tiny()), batch_fn, train_config(), execution=Execution(device=device),
+                progress=False)
     dist.init_process_group(backend, init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
         torch.manual_seed(0)
         wrapped = fit(TokenFormerLM(tiny()), batch_fn, cfg, out_dir=tmp_path / "run",
-                      world=World(strategy=strategy), device=device, progress=False)
+                      execution=Execution(world=World(strategy=strategy), device=device),
+                      progress=False)
         # FSDP's parameters are DTensors: gathered while the process group exists
         trained = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu()
                    for n, p in wrapped.model.named_parameters()}

@@ -32,6 +32,13 @@ class TokenFormerWarning(RuntimeWarning):
     Python's warnings add; in Python it is the RuntimeWarning it always was."""
 
 
+class TokenFormerDeprecationWarning(TokenFormerWarning, DeprecationWarning):
+    """An old spelling that still works (``--grow-at ...,strategy=``, ``grow --strategy``,
+    ``register_strategy``: a growth recipe's old name): the CLI prints it once, as one
+    ``warning:`` line; in Python it is a DeprecationWarning (shown, as every one, in
+    ``__main__`` and under pytest)."""
+
+
 class PathError(CheckpointError, DataError, ConfigError):
     """An input path is missing or is not a regular file (a directory, FIFO, device, socket), or
     is a symbolic link inside a model, adapter, dataset or run folder

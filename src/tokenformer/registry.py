@@ -1,13 +1,13 @@
 """The checks every registry of the package makes when something is registered: Θ variants
-(:data:`tokenformer.nn.theta.THETAS`), growth strategies
-(:data:`tokenformer.ops.growth.strategies.STRATEGY`) and MLP widenings
+(:data:`tokenformer.nn.theta.THETAS`), growth recipes
+(:data:`tokenformer.ops.growth.recipes.RECIPES`) and MLP widenings
 (:data:`tokenformer.ops.growth.widening.WIDENINGS`).
 
 An entry is checked when it is registered, so that a wrong one is one line in the registry's
-words then (``a growth strategy must be a Strategy, got None``, ``growth strategy 'weird':
+words then (``a growth recipe must be a Recipe, got None``, ``growth recipe 'weird':
 tokens must be a function ..., got int 42``), not an AttributeError or "'int' object is not
 callable" at its first use. Names are what options are written with (``--grow-at
-...,strategy=NAME``, ``widen=NAME``, ``--model.norm=NAME``), so one must be a non-empty string
+...,recipe=NAME``, ``widen=NAME``, ``--model.norm=NAME``), so one must be a non-empty string
 those can carry. Lookups read the table (a plain dict) itself; only adding and removing go
 through :class:`Registry`.
 
@@ -70,12 +70,12 @@ def shown(value: object) -> str:
 class Registry:
     """One table of named entries and the checks of :meth:`add` and :meth:`remove`.
 
-    ``noun``: what one entry is called (``"growth strategy"``), ``article`` its article;
+    ``noun``: what one entry is called (``"growth recipe"``), ``article`` its article;
     ``table``: the dict itself; ``kind``: the entries' class; ``error``: the class the refusals
     raise (the registry's layer's: ConfigError, GrowthError); ``fields``: the rule of each field
     of an entry to check; ``built_in``: names :meth:`remove` refuses; ``reserved``: names taken
     that are no entry of the table, and what each names (``widen=duplicate``); ``alias_field``:
-    the field holding an entry's other names (strategies' old names), taken like names."""
+    the field holding an entry's other names (recipes' old names), taken like names."""
 
     noun: str
     table: dict[str, Any]

@@ -19,13 +19,13 @@ from tokenformer.errors import ConfigError
 from tokenformer.experiments.common import Arm, Curve, Point, run_arms
 from tokenformer.experiments.common.stats import describe, format_p, paired, spread, t_interval
 from tokenformer.experiments.frontier import analysis, report, report_markdown
+from tokenformer.experiments.frontier import arms as arms_
 from tokenformer.experiments.frontier import chains as chains_
 from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
-from tokenformer.experiments.frontier import recipes as recipes_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier import schedule as schedule_
 from tokenformer.experiments.frontier.plan import plan
@@ -38,6 +38,7 @@ from tokenformer.models.config import (
     TokenFormerConfig,
     flops_per_token,
 )
+from tokenformer.training.schedule import lr_at
 
 KJV_TRAIN_TOKENS = 4_000_000  # below the embedded corpus' training split (a safe lower bound)
 
@@ -76,7 +77,7 @@ def test_every_run_of_every_preset_uses_one_wsd_family(name):
             one = dataclasses.replace(run, recipe=None)  # no restart: the plain WSD shape
 
             def at(step, b=b, one=one, lrs=lrs):
-                return schedule_.run_lr(one, lrs, step, b.steps, preset)
+                return lr_at(step, schedule_.run_schedule(one, lrs, b.steps, preset))
 
             assert at(w - 1) == lr  # warmup ends at the peak
             for step in (w, (w + b.decay_start) // 2, b.decay_start - 1):  # stable
@@ -407,7 +408,7 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
                                                     monkeypatch):
     reference = _strip_timing(json.loads((tiny_run[0] / "results.json").read_text()))
     out = tmp_path / "killed"
-    real = one_run_._checkpoint
+    real = one_run_.save_state
 
     def killed(where, nth):
         """Save, then die: the nth checkpoint of a run whose id contains ``where``."""
@@ -423,15 +424,15 @@ def test_resume_after_a_kill_gives_the_same_results(tiny_run, dataset_dir, tmp_p
 
     quiet = dict(data=dataset_dir, out=out, print_fn=lambda line: None)
     # killed inside an LR-sweep run, then inside a chain after its first growth; then finished
-    monkeypatch.setattr(one_run_, "_checkpoint", killed("sweep__tokenformer-S2", 1))
+    monkeypatch.setattr(one_run_, "save_state", killed("sweep__tokenformer-S2", 1))
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(TINY, **quiet)
     assert list((out / "state").glob("*.pt"))  # the run in progress left its state
-    monkeypatch.setattr(one_run_, "_checkpoint", killed("chain-exact-anneal__seed1", 2))
+    monkeypatch.setattr(one_run_, "save_state", killed("chain-exact-anneal__seed1", 2))
     with pytest.raises(KeyboardInterrupt):
         run_.run_frontier(TINY, **quiet)
     assert (out / "state" / "chain-exact-anneal__seed1.pt").is_file()
-    monkeypatch.setattr(one_run_, "_checkpoint", real)
+    monkeypatch.setattr(one_run_, "save_state", real)
     resumed = run_.run_frontier(TINY, **quiet)
     assert resumed["timing"]["resumed"]
     assert _strip_timing(json.loads((out / "results.json").read_text())) == reference
@@ -477,7 +478,8 @@ def test_gpu_presets_run_a_few_steps_on_cpu(name, dataset_dir, tmp_path, monkeyp
                                 follow="predicted", tokens_per_parameter=1e-3,
                                 corpus="pysource:tokenformer" if gpu.corpus else None)
     configs = configs_.model_configs(small, "tokenformer", 256)
-    per_step = configs_._stage(small, small.sizes[0], configs[small.sizes[0]], 0).flops_per_step
+    first = small.sizes[0]
+    per_step = configs_.sized_stage(small, first, configs[first], 0).flops_per_step
     small = dataclasses.replace(small, max_budget=12 * per_step)
     data = None if gpu.corpus else dataset_dir
     results = run_.run_frontier(small, data=data, out=tmp_path / "gpu",
@@ -624,7 +626,7 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
         final = run.branches[-1]
         assert final.budget_index == max(env)  # the chain reads the largest budget
         assert schedule_.size_at(run.stages, final.decay_start - 1).size == env[max(env)]
-        recipe = recipes_.RECIPES[run.arm]
+        recipe = arms_.GROWING_ARMS[run.arm]
         if recipe.shape != "size":  # stack / clone: one growth, from a half copy of the final
             first, last = run.stages
             c, h = last.config, first.config
@@ -639,7 +641,7 @@ def test_every_chain_ends_at_the_envelopes_best_size(name, shape):
             stage = schedule_.size_at(run.stages, b.decay_start - 1)
             assert b.steps - stage.start >= preset.min_stage_share * b.steps
         assert run.lr_from == presets_.size_key(run.family, env[max(env)])
-    families = {a: recipes_.RECIPES[a].family for a in preset.recipes}
+    families = {a: arms_.GROWING_ARMS[a].family for a in preset.recipes}
     expected = {a for a, f in families.items() if len(set(chains_.chain_targets(
         measured[f], presets_.family_sizes(preset, f)).values())) > 1}
     assert {r.arm for r in chains} == expected  # a flat envelope asks for no chain
@@ -839,11 +841,11 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     keys = model.layers[0].mlp.key_param_tokens
     assert float(keys.detach().std()) == pytest.approx(1 / math.sqrt(preset.hidden_size), rel=0.1)
     optimizer = make_optimizer(model, TrainConfig(steps=1, lr=1e-3))
-    recipe = recipes_.RECIPES["chain-gelu"]
+    recipe = arms_.GROWING_ARMS["chain-gelu"]
     c = configs["S1"]
     grown, _ = grow_with_optimizer(model, optimizer, generator=torch.Generator().manual_seed(0),
                                    qkv=c.qkv_tokens, proj=c.proj_tokens, ffn=c.ffn_tokens,
-                                   strategy=recipe.method)
+                                   recipe=recipe.method)
     assert grown.config.ffn_tokens == c.ffn_tokens and recipe.family == "tokenformer-gelu"
     ids = torch.randint(0, 256, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

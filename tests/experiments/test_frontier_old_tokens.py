@@ -1,4 +1,4 @@
-"""Frontier arms with old-token options (issue 24): a :class:`Recipe` carries ``freeze_old`` /
+"""Frontier arms with old-token options (issue 24): a :class:`GrowingArm` carries ``freeze_old`` /
 ``noise_old``, the presets' arms are unchanged, and a chain whose old tokens stay frozen keeps
 them bitwise across its saved states."""
 
@@ -13,45 +13,45 @@ from test_frontier import TINY  # rootdir-relative, as the other test folders im
 from tokenformer.errors import ConfigError
 from tokenformer.experiments.frontier import one_run as one_run_
 from tokenformer.experiments.frontier import run as run_
+from tokenformer.experiments.frontier.arms import GROWING_ARMS, GrowingArm
 from tokenformer.experiments.frontier.presets import PRESETS, get_preset
-from tokenformer.experiments.frontier.recipes import RECIPES, Recipe
 from tokenformer.training.freezing import FrozenRows
 
 
 def test_old_token_arms_carry_their_options_and_the_presets_arms_are_unchanged():
-    assert RECIPES["chain-exact-frozen"].freeze_old == "forever"
-    assert RECIPES["chain-exact-noised"].noise_old == 0.01
+    assert GROWING_ARMS["chain-exact-frozen"].freeze_old == "forever"
+    assert GROWING_ARMS["chain-exact-noised"].noise_old == 0.01
     for preset in PRESETS.values():  # no preset trains them until a question asks
-        assert not any(RECIPES[arm].freeze_old is not None or RECIPES[arm].noise_old
+        assert not any(GROWING_ARMS[arm].freeze_old is not None or GROWING_ARMS[arm].noise_old
                        for arm in preset.recipes)
     chosen = get_preset("quick", recipes=("chain-exact-frozen",), questions=()).recipes
     assert chosen == ("chain-exact-frozen",)
 
 
 @pytest.mark.parametrize("recipe, message", [
-    (Recipe("stack-frozen", "tokenformer", "chain", "stack", shape="stack", freeze_old=5),
+    (GrowingArm("stack-frozen", "tokenformer", "chain", "stack", shape="stack", freeze_old=5),
      "a growth of tokens keeps"),
-    (Recipe("widen-frozen", "transformer++", "widen", "zero", freeze_old=5),
+    (GrowingArm("widen-frozen", "transformer++", "widen", "zero", freeze_old=5),
      "a growth of tokens keeps"),
-    (Recipe("chain-clone", "tokenformer", "chain", "duplicate", shape="clone"),
+    (GrowingArm("chain-clone", "tokenformer", "chain", "duplicate", shape="clone"),
      "Transformer\\+\\+ arm here"),
-    (Recipe("chain-final", "tokenformer", "chain", "paper", lr_policy="final"),
+    (GrowingArm("chain-final", "tokenformer", "chain", "paper", lr_policy="final"),
      "LR policy 'final' is not available"),
 ])
 def test_bad_old_token_arms_are_refused(monkeypatch, recipe, message):
-    monkeypatch.setitem(RECIPES, recipe.arm, recipe)
+    monkeypatch.setitem(GROWING_ARMS, recipe.arm, recipe)
     with pytest.raises(ConfigError, match=message):
         get_preset("full", recipes=(recipe.arm,), questions=())
 
 
 def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir, tmp_path,
                                                                      monkeypatch):
-    monkeypatch.setitem(RECIPES, "chain-frozen-noised", Recipe(
+    monkeypatch.setitem(GROWING_ARMS, "chain-frozen-noised", GrowingArm(
         "chain-frozen-noised", "tokenformer", "chain", "exact", freeze_old="forever",
         noise_old=0.05))
     preset = dataclasses.replace(TINY, name="frozen", seeds=1, families=("tokenformer",),
                                  recipes=("chain-frozen-noised",), questions=())
-    states, real = [], one_run_._checkpoint
+    states, real = [], one_run_.save_state
 
     def keep(path, state):
         if path.name.startswith("chain-"):  # the model's tensors as they are now
@@ -69,7 +69,7 @@ def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir
                     k: v.detach().clone() for k, v in model.state_dict().items()}})
         return real_fit(*args, callbacks=[*callbacks, at_growth], **kwargs)
 
-    monkeypatch.setattr(one_run_, "_checkpoint", keep)
+    monkeypatch.setattr(one_run_, "save_state", keep)
     monkeypatch.setattr(one_run_, "fit", fit)
     results = run_.run_frontier(preset, data=dataset_dir, out=tmp_path / "out",
                                 print_fn=lambda line: None, plots=False)

@@ -157,7 +157,7 @@ def test_sparse_preset_runs_a_few_steps_on_cpu(dataset_dir, tmp_path):
         num_sizes=2, seq_len=32, batch_size=2, seeds=2, min_steps=4, sweep_steps=6,
         warmup_steps=2, eval_batches=1, num_budgets=2, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2))
     per_step = configs_.model_configs(small, "tokenformer", 256)["S1"]
-    per_step = configs_._stage(small, "S1", per_step, 0).flops_per_step
+    per_step = configs_.sized_stage(small, "S1", per_step, 0).flops_per_step
     small = dataclasses.replace(small, max_budget=14 * per_step, budget_ratio=2.0)
     lines: list[str] = []
     results = run_.run_frontier(small, data=dataset_dir, out=tmp_path / "sparse",

@@ -19,6 +19,7 @@ from tokenformer.experiments.frontier import schedule as schedule_
 from tokenformer.experiments.frontier import state as state_
 from tokenformer.experiments.frontier.plan import plan
 from tokenformer.experiments.frontier.presets import PRESETS, get_preset
+from tokenformer.training.schedule import lr_at
 
 # the full preset's TokenFormer chain on a hand-made envelope S0, S0, S0, S1, S1, S2
 ENVELOPE = dict(enumerate(["S0", "S0", "S0", "S1", "S1", "S2"]))
@@ -48,7 +49,7 @@ def test_per_stage_lr_schedule_is_piecewise_the_plans():
     longest = max(b.steps for b in run.branches)
 
     def lr(step, steps=longest):
-        return schedule_.run_lr(run, lrs, step, steps, preset)
+        return lr_at(step, schedule_.run_schedule(run, lrs, steps, preset))
 
     w = preset.warmup_steps
     assert lr(0) == pytest.approx(8e-3 / w) and lr(w - 1) == pytest.approx(8e-3)
@@ -74,12 +75,13 @@ def test_official_released_restarts_the_warmup_at_each_growth():
     w, steps = preset.warmup_steps, max(b.steps for b in run.branches)
     for i, stage in enumerate(run.stages[1:], start=1):
         g = stage.start
-        assert schedule_.run_lr(run, lrs, g, steps, preset) == pytest.approx(lrs[i] / w)
-        assert schedule_.run_lr(run, lrs, g + 9, steps, preset) == pytest.approx(lrs[i] * 10 / w)
-        assert schedule_.run_lr(run, lrs, g + w - 1, steps, preset) == pytest.approx(lrs[i])
+        schedule = schedule_.run_schedule(run, lrs, steps, preset)
+        assert lr_at(g, schedule) == pytest.approx(lrs[i] / w)
+        assert lr_at(g + 9, schedule) == pytest.approx(lrs[i] * 10 / w)
+        assert lr_at(g + w - 1, schedule) == pytest.approx(lrs[i])
     paper = _chain("chain-paper")  # the same growth without the restart: the peak at once
     g = paper.stages[1].start
-    assert schedule_.run_lr(paper, lrs, g, steps, preset) == pytest.approx(lrs[1])
+    assert lr_at(g, schedule_.run_schedule(paper, lrs, steps, preset)) == pytest.approx(lrs[1])
 
 
 def test_half_stages_take_the_nearest_swept_sizes_lr():
@@ -111,14 +113,14 @@ V3 = dataclasses.replace(
 
 
 def test_every_new_arm_kind_trains_into_its_planned_size(dataset_dir, tmp_path, monkeypatch):
-    saved, real = {}, one_run_._checkpoint
+    saved, real = {}, one_run_.save_state
 
     def keep(path, state):  # each state: its step, model config and AdamW's step count
         steps = {int(s["step"]) for s in state["optimizer"]["state"].values()}
         saved.setdefault(path.name, []).append((state["cursor"], state["config"], steps))
         real(path, state)
 
-    monkeypatch.setattr(one_run_, "_checkpoint", keep)
+    monkeypatch.setattr(one_run_, "save_state", keep)
     results = run_.run_frontier(V3, data=dataset_dir, out=tmp_path / "out",
                                 print_fn=lambda line: None, plots=False)
     runs = results["runs"]

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from tokenformer import TokenFormerLM, load_model
 from tokenformer.io import checkpoint as ckpt
 from tokenformer.io.training_state import read_state
-from tokenformer.training import TrainConfig, fit
+from tokenformer.training import RunState, TrainConfig, fit
 
 OLD = Path(__file__).resolve().parents[1] / "fixtures" / "v0.1.0"
 IDS = torch.arange(12).view(1, 12) % 24  # what the fixture's logits.pt was computed on
@@ -81,7 +81,8 @@ def test_training_checkpoint_verifies_loads_and_resumes_exactly(tmp_path):
         ids = torch.randint(0, 24, (2, 8), generator=torch.Generator().manual_seed(step))
         return {"input_ids": ids, "labels": ids}
 
-    result = fit(TokenFormerLM.load(path), batch_fn, cfg, resume_from=path, progress=False)
+    result = fit(TokenFormerLM.load(path), batch_fn, cfg, start=RunState(resume_from=path),
+                 progress=False)
     old = json.loads((OLD / "run_losses.json").read_text())["train_loss_by_step"]
     assert result.step == 2 and result.losses == [pytest.approx(old["2"], rel=1e-6)]
     assert result.tokens == state["tokens"] + 16

@@ -428,7 +428,7 @@ def test_disk_full_keeps_the_previous_checkpoint(capsys, tmp_path, dataset_dir, 
 # ------------------------------------------------------- part 5: validation, one line per failure
 @pytest.mark.parametrize("spec, match", [
     ("3:ffn=0.5x", "would shrink"),
-    ("3:ffn=2x,strategy=nope", "unknown strategy 'nope'"),
+    ("3:ffn=2x,recipe=nope", "unknown recipe 'nope'"),
     ("3:ffn=16", "cannot shrink"),  # tiny has more ffn tokens: only the model config says so
     ("3:ffn=1000000000000", "GiB"),
 ])

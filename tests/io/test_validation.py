@@ -397,7 +397,7 @@ def test_a_run_record_without_every_planned_budget_is_damaged(tmp_path):
     path = tmp_path / "runs" / "chain-paper__seed0.json"
     path.parent.mkdir()
     path.write_bytes(_run_record(chain, 1e-3))
-    assert [b["budget"] for b in state_._saved(ctx, chain, lrs)["branches"]] == [
+    assert [b["budget"] for b in state_.saved_result(ctx, chain, lrs)["branches"]] == [
         1.875e11, 3.75e11, 7.5e11, 1.5e12]  # the whole record: the run's results, as before
     for edit, detail in [
         ({"keep": 2}, "it holds 2 of the 4 budgets its arm plans; missing: budget 2 "
@@ -412,10 +412,10 @@ def test_a_run_record_without_every_planned_budget_is_damaged(tmp_path):
     ]:
         path.write_bytes(_run_record(chain, 1e-3, **edit))
         with pytest.raises(CheckpointError) as info:
-            state_._saved(ctx, chain, lrs)
+            state_.saved_result(ctx, chain, lrs)
         assert str(info.value).startswith(f"{path} is damaged ({detail}"), edit
         assert str(info.value).endswith("); delete it to rerun that arm (chain-paper/seed0)")
-    assert state_._saved(ctx, chain, (2e-3,) * len(chain.stages)) is None  # another LR's run:
+    assert state_.saved_result(ctx, chain, (2e-3,) * len(chain.stages)) is None  # another LR's run:
     # trained again and replaced, as before
 
 

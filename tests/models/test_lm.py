@@ -512,7 +512,7 @@ def grown_sparse_model() -> TokenFormerLM:
     Pattention with its own token count, then read with top-k Pattention."""
     from tokenformer import grow
 
-    model = grow(random_model(torch.float64), qkv="2x", ffn=80, strategy="paper",
+    model = grow(random_model(torch.float64), qkv="2x", ffn=80, recipe="paper",
                  generator=torch.Generator().manual_seed(0))
     counts = {layer.num_tokens for layer in model.pattentions().values()}
     assert counts == {32, 12, 80}

@@ -332,7 +332,7 @@ def test_exact_growth_preserves_test_predictions(trained):
     before = model.predict(x)
     for kwargs in (dict(qkv="2x", proj="2x", ffn="2x"), dict(layers=4),
                    dict(qkv=60, ffn=250, layers=3)):
-        grown = grow(model, strategy="exact", generator=torch.Generator().manual_seed(0),
+        grown = grow(model, recipe="exact", generator=torch.Generator().manual_seed(0),
                      **kwargs)
         assert type(grown) is TokenFormerViT
         assert grown.num_parameters() > model.num_parameters()

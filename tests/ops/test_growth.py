@@ -132,8 +132,8 @@ def test_refuses_shrinking_and_ungrowable() -> None:
             grow(model, **{key: 64})
     with pytest.raises(GrowthError, match="unknown argument"):
         grow(model, foo=1)
-    with pytest.raises(GrowthError, match="strategy"):
-        grow(model, ffn="2x", strategy="magic")
+    with pytest.raises(GrowthError, match="recipe"):
+        grow(model, ffn="2x", recipe="magic")
     with pytest.raises(GrowthError, match="positions"):
         grow(model, layers=4, positions=[1])
     with pytest.raises(GrowthError, match="distinct"):
@@ -143,7 +143,7 @@ def test_refuses_shrinking_and_ungrowable() -> None:
 def test_input_model_is_untouched() -> None:
     model = make()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    grown = grow(model, qkv="2x", ffn="2x", layers=3, strategy="official", generator=gen())
+    grown = grow(model, qkv="2x", ffn="2x", layers=3, recipe="official", generator=gen())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(not p.data_ptr() == q.data_ptr() for p in model.parameters()
                for q in grown.parameters())
@@ -163,7 +163,7 @@ def test_copy_false_shares_only_what_does_not_grow() -> None:
 @pytest.mark.parametrize("norm", GROWABLE_EXACTLY)
 def test_exact_width_preserves_logits(norm: str) -> None:
     model = make(norm)
-    grown = grow(model, qkv="2x", proj="2x", ffn="3x", strategy="exact", generator=gen())
+    grown = grow(model, qkv="2x", proj="2x", ffn="3x", recipe="exact", generator=gen())
     assert (grown.config.qkv_tokens, grown.config.proj_tokens, grown.config.ffn_tokens) == \
         (32, 24, 72)
     assert grown.num_parameters() - model.num_parameters() == 2 * 2 * 32 * (3 * 16 + 12 + 48)
@@ -186,14 +186,14 @@ def test_exact_width_any_count_for_gelu_variants(norm: str) -> None:
         assert torch.all(module.value_param_tokens[n_old:].abs().sum(dim=1) > 0)
 
 
-@pytest.mark.parametrize("strategy", ["paper", "exact"])
-def test_plain_gelu_zero_key_growth_is_function_preserving(strategy: str) -> None:
+@pytest.mark.parametrize("recipe", ["paper", "exact"])
+def test_plain_gelu_zero_key_growth_is_function_preserving(recipe: str) -> None:
     """The critics' control (issue 25): with Θ = plain GELU a new token with a zero key has
     score 0 and weight GELU(0) = 0, and no other weight depends on n, so zero-key growth (the
     paper recipe, which lets Θ's factor follow n, as much as exact) keeps every logit; the
     same paper recipe on the normalised Θ rescales the old scores by √((n+m)/n) and does not."""
     model = make("gelu")
-    grown = grow(model, qkv="2x", proj=19, ffn="3x", strategy=strategy, generator=gen())
+    grown = grow(model, qkv="2x", proj=19, ffn="3x", recipe=recipe, generator=gen())
     assert relative_change(model, grown) <= 1e-6
     for name, module in grown.pattentions().items():
         n_old = model.get_submodule(name).num_tokens
@@ -201,7 +201,7 @@ def test_plain_gelu_zero_key_growth_is_function_preserving(strategy: str) -> Non
         assert torch.all(module.key_param_tokens[n_old:] == 0)
     normalised = make("l2_norm_gelu")
     assert relative_change(normalised, grow(normalised, qkv="2x", proj=19, ffn="3x",
-                                            strategy="paper", generator=gen())) > 1e-3
+                                            recipe="paper", generator=gen())) > 1e-3
 
 
 def test_exact_softmax_needs_whole_multiples() -> None:
@@ -308,7 +308,7 @@ def test_paper_growth_scales_preactivations_by_sqrt_ratio() -> None:
     contribute GELU(0)·v = 0.
     """
     model = make(num_layers=1)
-    grown = grow(model, ffn=40, strategy="paper", generator=gen())
+    grown = grow(model, ffn=40, recipe="paper", generator=gen())
     n, m = 24, 16
     assert grown.config.ffn_scale is None and grown.layers[0].mlp.scale == math.sqrt(n + m)
     old, new = model.layers[0].mlp, grown.layers[0].mlp
@@ -330,10 +330,10 @@ def test_paper_growth_scales_preactivations_by_sqrt_ratio() -> None:
     assert (expected - before).abs().max() > 1e-3 * before.abs().max()  # it did change
 
 
-@pytest.mark.parametrize("strategy", ["paper", "official"])
-def test_paper_and_official_change_the_function(strategy: str) -> None:
+@pytest.mark.parametrize("recipe", ["paper", "official"])
+def test_paper_and_official_change_the_function(recipe: str) -> None:
     model = make()
-    grown = grow(model, qkv="2x", proj="2x", ffn="2x", strategy=strategy, generator=gen())
+    grown = grow(model, qkv="2x", proj="2x", ffn="2x", recipe=recipe, generator=gen())
     assert relative_change(model, grown) > 1e-2
     assert grown.config.qkv_scale is None  # the factor follows the new n
     assert grown.layers[1].mlp.scale == math.sqrt(48)
@@ -341,7 +341,7 @@ def test_paper_and_official_change_the_function(strategy: str) -> None:
 
 def test_official_new_rows_use_the_grown_models_init() -> None:
     model = make(qkv_tokens=256, ffn_tokens=512)
-    grown = grow(model, ffn="4x", layers=4, strategy="official", generator=gen())
+    grown = grow(model, ffn="4x", layers=4, recipe="official", generator=gen())
     wang = 2 / 4 / math.sqrt(32)  # value init of the grown config (4 layers), not the old one
     new_keys = torch.cat([block.mlp.key_param_tokens[512:] for block in grown.layers])
     new_values = torch.cat([block.mlp.value_param_tokens[512:] for block in grown.layers])
@@ -411,7 +411,7 @@ def test_depth_gradients_on_first_and_second_step() -> None:
 
 def test_official_depth_inserts_random_blocks() -> None:
     model = make()
-    grown = grow(model, layers=3, strategy="official", generator=gen())
+    grown = grow(model, layers=3, recipe="official", generator=gen())
     assert relative_change(model, grown) > 1e-2
 
 

@@ -133,7 +133,7 @@ def trained(tmp_path_factory, dataset_dir):
 
 def test_official_released_says_and_records_a_fresh_optimizer(trained, tmp_path, capsys):
     out = tmp_path / "g"
-    assert main(["grow", str(trained), str(out), "--ffn", "2x", "--strategy",
+    assert main(["grow", str(trained), str(out), "--ffn", "2x", "--recipe",
                  "official-released", "--no-progress"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("optimizer"))
     assert "carried" not in line and "reset" in line and "official-released" in line, line

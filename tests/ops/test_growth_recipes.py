@@ -95,23 +95,23 @@ def test_bad_old_token_options_fail_before_any_work() -> None:
 def test_official_is_official_init_with_a_deprecation_note() -> None:
     small = model()
     with pytest.warns(DeprecationWarning, match="'official-init'"):
-        old_name = grow(small, ffn="2x", layers=3, strategy="official", generator=gen())
-    new_name = grow(small, ffn="2x", layers=3, strategy="official-init", generator=gen())
-    released = grow(small, ffn="2x", layers=3, strategy="official-released", generator=gen())
+        old_name = grow(small, ffn="2x", layers=3, recipe="official", generator=gen())
+    new_name = grow(small, ffn="2x", layers=3, recipe="official-init", generator=gen())
+    released = grow(small, ffn="2x", layers=3, recipe="official-released", generator=gen())
     for a, b, c in zip(old_name.parameters(), new_name.parameters(), released.parameters(),
                        strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
     with pytest.raises(GrowthError, match="official-init, official-released"):
-        grow(small, ffn="2x", strategy="released")
+        grow(small, ffn="2x", recipe="released")
 
 
 def test_official_released_resets_the_optimizer_official_init_carries_it() -> None:
     small, optimizer = trained()
-    _, carried = grow_with_optimizer(small, optimizer, ffn="2x", strategy="official-init",
+    _, carried = grow_with_optimizer(small, optimizer, ffn="2x", recipe="official-init",
                                      generator=gen())
     assert len(carried.state) == len(optimizer.state)
     assert all(float(s["step"]) == 2 for s in carried.state.values())
-    _, fresh = grow_with_optimizer(small, optimizer, ffn="2x", strategy="official-released",
+    _, fresh = grow_with_optimizer(small, optimizer, ffn="2x", recipe="official-released",
                                    generator=gen())
     assert len(fresh.state) == 0
     assert [g["weight_decay"] for g in fresh.param_groups] == [0.1]

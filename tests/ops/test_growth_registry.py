@@ -1,4 +1,4 @@
-"""Growth's registries (issue 32): the table of strategies, the typed request, and the keys read
+"""Growth's registries (issue 32): the table of recipes, the typed request, and the keys read
 off them. The documented operator (docs/architecture.md, "Adding a growth operator") is run as
 written; expectations come from the model before growth, Θ's definition and hand-written lists.
 """
@@ -16,16 +16,16 @@ import torch
 from tokenformer import GrowthError, TokenFormerConfig, TokenFormerLM
 from tokenformer.models.baselines import TransformerConfig, TransformerLM
 from tokenformer.ops.growth import (
+    BUILT_IN_RECIPES,
     RECIPES,
-    STRATEGY,
     GrowthOptions,
-    Strategy,
+    Recipe,
     canonical_recipe,
     grow,
     grow_with_optimizer,
-    register_strategy,
+    register_recipe,
     resets_optimizer,
-    unregister_strategy,
+    unregister_recipe,
     widening,
 )
 from tokenformer.ops.growth.tokens import exact_tokens, zero_key_tokens
@@ -58,7 +58,7 @@ def test_the_documented_operator_grows_through_grow() -> None:
     try:
         exec(compile(doc_example(), str(DOC), "exec"), namespace)
         small, big = namespace["small"], namespace["big"]
-        assert "zeros" in STRATEGY
+        assert "zeros" in RECIPES
         assert (big.config.ffn_tokens, big.config.num_layers) == (64, 3)
         # exact=True holds Θ's factor at √n of the old n (l2_norm_gelu), not √64
         assert big.config.ffn_scale == pytest.approx(math.sqrt(32))
@@ -74,68 +74,68 @@ def test_the_documented_operator_grows_through_grow() -> None:
             before, after = small(ids).logits, big(ids).logits
         assert (before - after).abs().max() <= 1e-5 * before.abs().max()
     finally:
-        if "zeros" in STRATEGY:
-            unregister_strategy("zeros")
-    assert "zeros" not in STRATEGY and tuple(STRATEGY) == RECIPES
-    with pytest.raises(GrowthError, match="unknown growth strategy 'zeros'"):
-        grow(small, ffn="2x", strategy="zeros")
+        if "zeros" in RECIPES:
+            unregister_recipe("zeros")
+    assert "zeros" not in RECIPES and tuple(RECIPES) == BUILT_IN_RECIPES
+    with pytest.raises(GrowthError, match="unknown growth recipe 'zeros'"):
+        grow(small, ffn="2x", recipe="zeros")
 
 
 def test_the_built_in_recipes_and_what_each_promises() -> None:
-    assert RECIPES == ("exact", "paper", "official-init", "official-released")
-    assert [n for n in RECIPES if resets_optimizer(n)] == ["official-released"]
-    assert [n for n in RECIPES if STRATEGY[n].exact] == ["exact"]
-    assert [n for n in RECIPES if STRATEGY[n].identity_blocks] == ["exact", "paper"]
+    assert BUILT_IN_RECIPES == ("exact", "paper", "official-init", "official-released")
+    assert [n for n in BUILT_IN_RECIPES if resets_optimizer(n)] == ["official-released"]
+    assert [n for n in BUILT_IN_RECIPES if RECIPES[n].exact] == ["exact"]
+    assert [n for n in BUILT_IN_RECIPES if RECIPES[n].identity_blocks] == ["exact", "paper"]
     assert canonical_recipe("official", warn=False) == "official-init"
     assert resets_optimizer("official") is False
 
 
 def test_a_taken_name_or_a_built_in_is_refused() -> None:
     with pytest.raises(GrowthError, match="'paper' is already registered"):
-        register_strategy(Strategy("paper", exact_tokens))
+        register_recipe(Recipe("paper", exact_tokens))
     with pytest.raises(GrowthError, match="'official' is already registered"):
-        register_strategy(Strategy("mine", exact_tokens, aliases=("official",)))
+        register_recipe(Recipe("mine", exact_tokens, aliases=("official",)))
     with pytest.raises(GrowthError, match="'exact' is built in and cannot be unregistered"):
-        unregister_strategy("exact")
-    assert tuple(STRATEGY) == RECIPES
+        unregister_recipe("exact")
+    assert tuple(RECIPES) == BUILT_IN_RECIPES
 
 
-def test_a_registered_strategy_reaches_grow_at_and_the_optimizer_reset() -> None:
-    """Its metadata is read where the built-ins' is: --grow-at accepts its name, and a strategy
+def test_a_registered_recipe_reaches_grow_at_and_the_optimizer_reset() -> None:
+    """Its metadata is read where the built-ins' is: --grow-at accepts its name, and a recipe
     that resets the optimizer restarts the schedule and hands back fresh AdamW state."""
-    register_strategy(Strategy("paper-fresh", zero_key_tokens, resets_optimizer=True))
+    register_recipe(Recipe("paper-fresh", zero_key_tokens, resets_optimizer=True))
     try:
-        event = parse_grow_at("5:ffn=2x,strategy=paper-fresh")
-        assert event.kwargs == {"ffn": "2x", "strategy": "paper-fresh"} and event.stage.restart
+        event = parse_grow_at("5:ffn=2x,recipe=paper-fresh")
+        assert event.kwargs == {"ffn": "2x", "recipe": "paper-fresh"} and event.lr_stage.restart
         model = tiny()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         ids = torch.randint(0, 97, (2, 16), generator=gen(1))
         model(ids, labels=ids).loss.backward()
         optimizer.step()
-        grown, fresh = grow_with_optimizer(model, optimizer, ffn="2x", strategy="paper-fresh",
+        grown, fresh = grow_with_optimizer(model, optimizer, ffn="2x", recipe="paper-fresh",
                                            generator=gen())
         assert fresh.state == {} and len(optimizer.state) > 0
         assert grown.config.ffn_tokens == 48 and grown.config.ffn_scale is None  # not exact
     finally:
-        unregister_strategy("paper-fresh")
+        unregister_recipe("paper-fresh")
 
 
 def test_grow_at_keys_are_the_options_fields_with_a_text_form() -> None:
-    """Read off GrowthOptions (positions has no key=value form; recipe is strategy's other
+    """Read off GrowthOptions (positions has no key=value form; strategy is recipe's old
     name; lr and lr_ramp are the schedule's): the list --grow-at has always had, and widen
     (a baseline's MLP widening, a field since the frontier's widening arms grow through it)."""
     assert GROW_KEYS == ("qkv", "proj", "ffn", "layers", "hidden", "heads", "how", "width_noise",
-                         "widen", "strategy", "recipe", "freeze_old", "noise_old", "lr",
+                         "widen", "recipe", "strategy", "freeze_old", "noise_old", "lr",
                          "lr_ramp")
 
 
 def test_an_options_object_and_keywords_grow_the_same_model() -> None:
     """Keywords name GrowthOptions' fields, and override those of an object given with them."""
     model = tiny()
-    by_words = grow(model, qkv="2x", layers=3, strategy="paper", generator=gen())
-    by_object = grow(model, GrowthOptions(qkv="2x", layers=3, strategy="paper"),
+    by_words = grow(model, qkv="2x", layers=3, recipe="paper", generator=gen())
+    by_object = grow(model, GrowthOptions(qkv="2x", layers=3, recipe="paper"),
                      generator=gen())
-    overridden = grow(model, GrowthOptions(qkv="2x", layers=3), strategy="paper",
+    overridden = grow(model, GrowthOptions(qkv="2x", layers=3), recipe="paper",
                       generator=gen())
     expected = by_words.state_dict()
     for other in (by_object, overridden):
@@ -149,26 +149,26 @@ NAME = "must be a non-empty string without spaces, ',' or '=' (options such as -
 
 
 @pytest.mark.parametrize(("call", "message"), [
-    (lambda: register_strategy(None), "a growth strategy must be a Strategy, got None"),
-    (lambda: register_strategy("x"), "a growth strategy must be a Strategy, got str 'x'"),
-    (lambda: unregister_strategy("nope"),
-     "no growth strategy named 'nope' is registered (registered: none, besides the built-in "
+    (lambda: register_recipe(None), "a growth recipe must be a Recipe, got None"),
+    (lambda: register_recipe("x"), "a growth recipe must be a Recipe, got str 'x'"),
+    (lambda: unregister_recipe("nope"),
+     "no growth recipe named 'nope' is registered (registered: none, besides the built-in "
      "exact, paper, official-init, official-released, official)"),
-    (lambda: unregister_strategy("official"), "'official' is built in"),
-    (lambda: register_strategy(Strategy("weird", tokens=42)),
-     "growth strategy 'weird': tokens must be a function (old, new, generator, copy) -> (keys, "
+    (lambda: unregister_recipe("official"), "'official' is built in"),
+    (lambda: register_recipe(Recipe("weird", tokens=42)),
+     "growth recipe 'weird': tokens must be a function (old, new, generator, copy) -> (keys, "
      "values), got int 42"),
-    (lambda: register_strategy(Strategy("", exact_tokens)), f"a growth strategy's name {NAME}"),
-    (lambda: register_strategy(Strategy(5, exact_tokens)), "name must be a non-empty string"),
-    (lambda: register_strategy(Strategy("a,b", exact_tokens)), "got str 'a,b'"),
-    (lambda: register_strategy(Strategy("x", exact_tokens, exact="yes")),
-     "growth strategy 'x': exact must be True or False, got str 'yes'"),
-    (lambda: register_strategy(Strategy("x", exact_tokens, aliases="old")),
-     "growth strategy 'x': aliases must be a tuple of old names, got str 'old'"),
-    (lambda: register_strategy(Strategy("x", exact_tokens, aliases=("",))),
-     f"growth strategy 'x': every other name {NAME}"),
-    (lambda: register_strategy(Strategy("x", exact_tokens, aliases=("x",))),
-     "growth strategy 'x' gives one name twice: x, x"),
+    (lambda: register_recipe(Recipe("", exact_tokens)), f"a growth recipe's name {NAME}"),
+    (lambda: register_recipe(Recipe(5, exact_tokens)), "name must be a non-empty string"),
+    (lambda: register_recipe(Recipe("a,b", exact_tokens)), "got str 'a,b'"),
+    (lambda: register_recipe(Recipe("x", exact_tokens, exact="yes")),
+     "growth recipe 'x': exact must be True or False, got str 'yes'"),
+    (lambda: register_recipe(Recipe("x", exact_tokens, aliases="old")),
+     "growth recipe 'x': aliases must be a tuple of old names, got str 'old'"),
+    (lambda: register_recipe(Recipe("x", exact_tokens, aliases=("",))),
+     f"growth recipe 'x': every other name {NAME}"),
+    (lambda: register_recipe(Recipe("x", exact_tokens, aliases=("x",))),
+     "growth recipe 'x' gives one name twice: x, x"),
     (lambda: widening.register_widening(None), "an MLP widening must be a Widening, got None"),
     (lambda: widening.register_widening("zero"),
      "an MLP widening must be a Widening, got str 'zero'"),
@@ -190,7 +190,7 @@ NAME = "must be a non-empty string without spaces, ',' or '=' (options such as -
      "no MLP widening named 'nope' is registered (registered: none, besides the built-in "
      "zero, net2net)"),
 ])
-def test_a_bad_strategy_or_widening_is_refused_when_registered(call: Callable[[], object],
+def test_a_bad_recipe_or_widening_is_refused_when_registered(call: Callable[[], object],
                                                               message: str) -> None:
     """Each was an AttributeError, a KeyError, accepted to fail at the first growth ("'int'
     object is not callable"), or had no register function at all (widenings; issue 42): now one
@@ -199,7 +199,7 @@ def test_a_bad_strategy_or_widening_is_refused_when_registered(call: Callable[[]
         with pytest.raises(GrowthError, match=re.escape(message)):
             call()
     finally:  # a regression that accepts it must not leave it to the next case
-        for table, built_in in ((STRATEGY, RECIPES), (WIDENINGS, ("zero", "net2net"))):
+        for table, built_in in ((RECIPES, BUILT_IN_RECIPES), (WIDENINGS, ("zero", "net2net"))):
             for added in set(table) - set(built_in):
                 del table[added]
 

@@ -281,7 +281,7 @@ def test_stack_refusals_and_product_keys() -> None:
     # the block before it and changed the logits by ~80 % of their size.
     with pytest.raises(GrowthError, match="product-key"):
         grow(product, layers=3)
-    assert grow(product, layers=3, strategy="official").config.num_layers == 3
+    assert grow(product, layers=3, recipe="official").config.num_layers == 3
 
 
 def test_an_inserted_block_never_shares_storage_even_with_copy_false() -> None:

@@ -19,6 +19,7 @@ from tokenformer.io.training_state import read_state
 from tokenformer.models.baselines import model_class
 from tokenformer.training.anneal import Anneal
 from tokenformer.training.config import TrainConfig
+from tokenformer.training.growth import growth_plan
 from tokenformer.training.loop import fit
 
 
@@ -98,7 +99,7 @@ def test_fit_sets_each_steps_factor_after_an_exact_growth():
     model = TokenFormerLM(small_config())
     cfg = TrainConfig(model={"preset": "tiny"}, seq_len=8, batch_size=2, steps=8,
                       warmup_steps=1, eval_interval=0, samples=0, device="cpu",
-                      grow_at=["2:qkv=2x,strategy=exact"], anneal_steps=4)
+                      grow_at=["2:qkv=2x,recipe=exact"], anneal_steps=4)
     seen: list[float] = []
 
     def batch_fn(step: int) -> dict[str, torch.Tensor]:
@@ -126,7 +127,7 @@ def test_a_model_folder_saved_inside_the_anneal_is_the_function_that_trained(tmp
     torch.manual_seed(0)
     cfg = TrainConfig(model={"preset": "tiny"}, seq_len=8, batch_size=2, steps=steps,
                       warmup_steps=1, eval_interval=2, checkpoint_interval=2, keep_last=10,
-                      samples=0, device="cpu", grow_at=["2:qkv=2x,strategy=exact"],
+                      samples=0, device="cpu", grow_at=["2:qkv=2x,recipe=exact"],
                       anneal_steps=8)
     probe = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(99))
     evaluated: list[torch.Tensor] = []
@@ -183,7 +184,7 @@ def error_line(capsys, argv: list[str]) -> str:
     ("abc", "4:qkv=2x", "anneal_steps must be an integer, got 'abc'"),
     ("1.5", "4:qkv=2x", "anneal_steps must be an integer, got '1.5'"),
     ("5", None, "this run has none"),  # no growth to anneal after
-    ("5", "4:qkv=2x,strategy=paper", "this run has none"),  # paper's factor follows n already
+    ("5", "4:qkv=2x,recipe=paper", "this run has none"),  # paper's factor follows n already
 ])
 def test_bad_anneal_steps_are_refused_in_one_line(capsys, tmp_path, value, grow, says):
     argv = ["train", "--config", "tiny", "--out", tmp_path / "new", "--anneal-steps", value,
@@ -194,15 +195,16 @@ def test_bad_anneal_steps_are_refused_in_one_line(capsys, tmp_path, value, grow,
 
 def test_a_growth_inside_an_anneal_is_refused():
     with pytest.raises(ConfigError, match=r"comes 3 steps after the exact growth") as err:
-        TrainConfig(steps=20, grow_at=["4:qkv=2x", "7:ffn=2x"], anneal_steps=5)
+        growth_plan(TrainConfig(steps=20, grow_at=["4:qkv=2x", "7:ffn=2x"], anneal_steps=5))
     assert "\n" not in str(err.value)
-    TrainConfig(steps=20, grow_at=["4:qkv=2x", "9:ffn=2x"], anneal_steps=5)  # ends at 9: fine
+    growth_plan(TrainConfig(steps=20, grow_at=["4:qkv=2x", "9:ffn=2x"], anneal_steps=5))  # fine
     with pytest.raises(ConfigError, match="arch transformer"):
-        TrainConfig(arch="transformer", steps=20, grow_at=["4:layers=2x"], anneal_steps=5)
+        growth_plan(TrainConfig(arch="transformer", steps=20, grow_at=["4:layers=2x"],
+                                anneal_steps=5))
 
 
 # ------------------------------------------------------------------------------ resume
-GROWTH = "4:qkv=2x,proj=2x,ffn=2x,strategy=exact"
+GROWTH = "4:qkv=2x,proj=2x,ffn=2x,recipe=exact"
 
 
 def run_args(dataset_dir: Path, *extra: str) -> list[str]:

@@ -30,7 +30,7 @@ def common(dataset_dir: Path) -> list[str]:
 
 # DDP also grows the model mid-run (random new tokens and noise on the old ones: every rank must
 # draw the same; frozen old tokens: every rank restores the same rows).
-GROWTH = {"ddp": ["3:qkv=2x,ffn=2x,layers=3,strategy=paper,freeze_old=forever,noise_old=0.01"],
+GROWTH = {"ddp": ["3:qkv=2x,ffn=2x,layers=3,recipe=paper,freeze_old=forever,noise_old=0.01"],
           "fsdp": []}
 
 
@@ -103,6 +103,7 @@ def test_cpu_run_on_a_machine_with_cuda_stays_on_the_cpu(strategy, monkeypatch, 
 
     from tokenformer.io.process_group import World
     from tokenformer.training.config import TrainConfig
+    from tokenformer.training.execution import Execution
     from tokenformer.training.loop import fit
 
     if not dist.is_available():
@@ -118,15 +119,16 @@ def test_cpu_run_on_a_machine_with_cuda_stays_on_the_cpu(strategy, monkeypatch, 
     cpu = torch.device("cpu")
     torch.manual_seed(0)
     plain = fit(TokenFormerLM(config), batch_fn, dataclasses.replace(cfg, strategy="auto"),
-                device=cpu, progress=False)
+                execution=Execution(device=cpu), progress=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
                             world_size=1)
     try:
         torch.manual_seed(0)
-        wrapped = fit(TokenFormerLM(config), batch_fn, cfg, world=World(strategy=strategy),
-                      device=cpu, progress=False)
+        wrapped = fit(TokenFormerLM(config), batch_fn, cfg,
+                      execution=Execution(world=World(strategy=strategy), device=cpu),
+                      progress=False)
         devices = {(p.full_tensor() if hasattr(p, "full_tensor") else p).device.type
                    for p in wrapped.model.parameters()}
     finally:

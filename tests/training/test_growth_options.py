@@ -23,14 +23,14 @@ from tokenformer.ops.growth import grow_with_optimizer, old_tokens
 from tokenformer.training import growth as growth_in_run
 from tokenformer.training.config import TrainConfig, load_config
 from tokenformer.training.freezing import FrozenRows
+from tokenformer.training.growth import growth_plan
 from tokenformer.training.growth_events import (
     check_growth_plan,
     growth_events,
     parse_grow_at,
-    run_growth_events,
 )
 from tokenformer.training.lm import train
-from tokenformer.training.loop import fit
+from tokenformer.training.loop import RunState, fit
 from tokenformer.training.schedule import lr_at
 
 VOCAB = 61
@@ -76,8 +76,9 @@ def test_frozen_old_tokens_and_their_moments_are_bitwise_unchanged_while_new_one
     assert any(m.any() for m in old_m.values())  # carried moments: AdamW would move the rows
     other = {n: p.detach().clone() for n, p in grown.named_parameters() if n not in freeze.rows}
 
-    result = fit(grown, batches, quiet(steps=6), optimizer=optimizer, start_step=3,
-                 freeze=freeze, progress=False)  # three steps, all frozen
+    result = fit(grown, batches, quiet(steps=6),
+                 start=RunState(step=3, optimizer=optimizer, freeze=freeze),
+                 progress=False)  # three steps, all frozen
     assert result.model is grown and result.optimizer is optimizer
     for name, n in freeze.rows.items():
         assert torch.equal(params[name][:n], old_w[name]), name  # bitwise, weight decay on
@@ -88,7 +89,7 @@ def test_frozen_old_tokens_and_their_moments_are_bitwise_unchanged_while_new_one
     assert all(not torch.equal(p, other[n]) for n, p in grown.named_parameters()
                if n not in freeze.rows)  # the embedding and the final norm train
 
-    fit(grown, batches, quiet(steps=7), optimizer=optimizer, start_step=6, freeze=freeze,
+    fit(grown, batches, quiet(steps=7), start=RunState(step=6, optimizer=optimizer, freeze=freeze),
         progress=False)  # step 6: the freeze is over
     assert all(not torch.equal(params[n][:r], old_w[n]) for n, r in freeze.rows.items())
 
@@ -119,17 +120,19 @@ def test_freeze_forever_inside_a_run_and_what_it_records():
 
 
 def test_a_freeze_may_not_outlast_the_next_growth_unless_that_one_freezes_longer():
+    """The plan is checked where it runs (growth_plan: fit's and train's start)."""
     with pytest.raises(ConfigError, match="outlasts the growth at step 8"):
-        quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=4", "8:ffn=2x"])
-    quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=3", "8:ffn=2x"])  # ends at the growth
-    quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=forever", "8:ffn=2x,freeze_old=forever"])
+        growth_plan(quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=4", "8:ffn=2x"]))
+    growth_plan(quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=3", "8:ffn=2x"]))  # ends at 8
+    growth_plan(quiet(steps=20, grow_at=["5:ffn=2x,freeze_old=forever",
+                                         "8:ffn=2x,freeze_old=forever"]))
     # the run-wide setting applies to every growth that does not set its own
     with pytest.raises(ConfigError, match="outlasts"):  # 8 turns it off: 5's would outlast it
-        quiet(steps=20, grow_at=["5:ffn=2x", "8:ffn=2x,freeze_old=0"],
-              growth_freeze_old="forever")
+        growth_plan(quiet(steps=20, grow_at=["5:ffn=2x", "8:ffn=2x,freeze_old=0"],
+                          growth_freeze_old="forever"))
     cfg = quiet(steps=20, grow_at=["5:ffn=2x", "8:ffn=2x,noise_old=0"], growth_freeze_old="12",
                 growth_noise_old=0.01)
-    first, second = run_growth_events(cfg)
+    first, second = growth_plan(cfg)
     assert first.kwargs == {"ffn": "2x", "freeze_old": 12, "noise_old": 0.01}
     assert second.kwargs == {"ffn": "2x", "freeze_old": 12, "noise_old": 0.0}
 
@@ -137,7 +140,7 @@ def test_a_freeze_may_not_outlast_the_next_growth_unless_that_one_freezes_longer
 # ------------------------------------------------------------------------------ recipes
 def test_official_released_resets_the_optimizer_and_restarts_warmup_and_decay():
     cfg = quiet(steps=10, warmup_steps=2, schedule="wsd", decay_fraction=0.25,
-                grow_at=["6:ffn=2x,strategy=official-released"])
+                grow_at=["6:ffn=2x,recipe=official-released"])
     result = fit(tiny_lm(), batches, cfg, progress=False)
     lrs = [r["lr"] for r in result.records if r["type"] == "train"]
     # stage 1 (steps 0-5): warmup 2, decay over round(0.25*6) = 2 steps; stage 2 (steps 6-9):
@@ -145,18 +148,18 @@ def test_official_released_resets_the_optimizer_and_restarts_warmup_and_decay():
     assert lrs == pytest.approx([5e-3, 1e-2, 1e-2, 1e-2, 5.5e-3, 1e-3, 5e-3, 1e-2, 1e-2, 1e-3])
     # a fresh AdamW at step 6: four steps since (a carried one would count ten)
     assert {float(s["step"]) for s in result.optimizer.state.values()} == {4.0}
-    carried = fit(tiny_lm(), batches, quiet(steps=10, grow_at=["6:ffn=2x,strategy=official-init"]),
+    carried = fit(tiny_lm(), batches, quiet(steps=10, grow_at=["6:ffn=2x,recipe=official-init"]),
                   progress=False)
     assert {float(s["step"]) for s in carried.optimizer.state.values()} == {10.0}
 
 
 def test_official_is_still_official_init_with_a_note(tmp_path, dataset_dir):
-    def run(name, strategy):
+    def run(name, recipe):
         lines = []
         cfg = load_config("tiny", {"data": str(dataset_dir), "out": str(tmp_path / name),
                                    "threads": 1, "samples": 0, "eval_batches": 1, "steps": 4,
                                    "eval_interval": 0,
-                                   "grow_at": [f"2:ffn=2x,strategy={strategy}"]})
+                                   "grow_at": [f"2:ffn=2x,recipe={recipe}"]})
         return train(cfg, progress=False, print_fn=lines.append).losses, lines
 
     old, old_lines = run("old", "official")
@@ -174,19 +177,17 @@ def test_per_stage_peak_lr_is_piecewise_what_the_plan_says():
                           "5:ffn=2x,lr=0.5",                      # a jump
                           "10:ffn=2x,lr=0.8,lr_ramp=4",           # a ramp 0.5 -> 0.8 over 4
                           "15:ffn=2x,recipe=official-released,lr=0.3"])  # restart at 0.3
-    stages = [e.stage for e in run_growth_events(cfg)]
     # by hand: [0, 15) is one WSD run of 15 steps (warmup 2, decay over the last 3, from 12),
     # [15, 20) another of 5 (warmup 2, decay over the last 1). Peaks: 1 until 5, 0.5 until 10,
     # 0.575, 0.65, 0.725, 0.8 on 10..13, 0.3 from 15.
     expected = [0.5, 1, 1, 1, 1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.575, 0.65,
                 0.725 - (0.725 - 0.1) / 3, 0.8 - 2 * (0.8 - 0.1) / 3, 0.1,
                 0.15, 0.3, 0.3, 0.3, 0.1]
-    assert [lr_at(s, cfg, stages) for s in range(20)] == pytest.approx(expected)
+    assert [lr_at(s, cfg.lr_schedule()) for s in range(20)] == pytest.approx(expected)
     # growth_lr: restart restarts at every growth, whatever the recipe
     restart = TrainConfig(steps=20, warmup_steps=2, lr=1.0, min_lr=0.1, schedule="constant",
                           growth_lr="restart", grow_at=["5:ffn=2x,lr=0.5"])
-    stages = [e.stage for e in run_growth_events(restart)]
-    assert [lr_at(s, restart, stages) for s in (4, 5, 6, 19)] == [1.0, 0.25, 0.5, 0.5]
+    assert [lr_at(s, restart.lr_schedule()) for s in (4, 5, 6, 19)] == [1.0, 0.25, 0.5, 0.5]
 
 
 def test_a_stage_lr_below_min_lr_is_refused():
@@ -199,13 +200,13 @@ def test_grow_at_keys():
     event = parse_grow_at("100:hidden=2x,heads=8,layers=2x,how=stack,recipe=official-released,"
                           "freeze_old=forever,noise_old=1e-2,lr=3e-4,lr_ramp=50")
     assert event.kwargs == {"hidden": "2x", "heads": 8, "layers": "2x", "how": "stack",
-                            "strategy": "official-released", "freeze_old": "forever",
+                            "recipe": "official-released", "freeze_old": "forever",
                             "noise_old": 0.01}
     assert (event.lr, event.lr_ramp, event.note) == (3e-4, 50, "")
-    assert event.stage.restart and event.stage.lr == 3e-4 and event.stage.ramp == 50
-    old = parse_grow_at("7:ffn=2x,strategy=official")
-    assert old.kwargs["strategy"] == "official-init" and "'official-init'" in old.note
-    assert not old.stage.restart and old.stage.lr is None
+    assert event.lr_stage.restart and event.lr_stage.lr == 3e-4 and event.lr_stage.ramp == 50
+    old = parse_grow_at("7:ffn=2x,recipe=official")
+    assert old.kwargs["recipe"] == "official-init" and "'official-init'" in old.note
+    assert not old.lr_stage.restart and old.lr_stage.lr is None
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -216,7 +217,7 @@ def test_grow_at_keys():
     ("10:ffn=2x,freeze_old=soon", "freeze_old='soon' must be a number of steps or forever"),
     ("10:ffn=2x,noise_old=-1", "noise_old='-1' must be a number >= 0"),
     ("10:ffn=2x,recipe=exact,strategy=paper", "name the same thing"),
-    ("10:ffn=2x,strategy=official-releasd", "unknown strategy 'official-releasd'"),
+    ("10:ffn=2x,recipe=official-releasd", "unknown recipe 'official-releasd'"),
     ("10:hidden=0.5x", "would shrink the model"),
     ("10:how=Stack!", "must be a word"),
     ("10:ffn=2x,width=2x", "malformed"),
@@ -242,11 +243,11 @@ def test_width_and_depth_arguments_reach_grow(monkeypatch):
         return model, optimizer
 
     monkeypatch.setattr(growth_in_run, "grow_with_optimizer", fake)
-    cfg = quiet(steps=3, grow_at=["1:hidden=2x,heads=4,layers=2x,how=stack,strategy=exact"])
+    cfg = quiet(steps=3, grow_at=["1:hidden=2x,heads=4,layers=2x,how=stack,recipe=exact"])
     fit(tiny_lm(), batches, cfg, progress=False)
     assert len(seen) == 1
-    assert {k: seen[0][k] for k in ("hidden", "heads", "layers", "how", "strategy")} == {
-        "hidden": "2x", "heads": 4, "layers": "2x", "how": "stack", "strategy": "exact"}
+    assert {k: seen[0][k] for k in ("hidden", "heads", "layers", "how", "recipe")} == {
+        "hidden": "2x", "heads": 4, "layers": "2x", "how": "stack", "recipe": "exact"}
 
 
 def test_width_and_stacking_run_inside_fit_and_preserve_what_they_claim():
@@ -269,7 +270,7 @@ def test_width_and_stacking_run_inside_fit_and_preserve_what_they_claim():
 
     growth_in_run.grow_with_optimizer, saved = spy, growth_in_run.grow_with_optimizer
     try:
-        cfg = quiet(steps=4, grow_at=["2:hidden=2x,layers=2x,how=stack,strategy=exact"])
+        cfg = quiet(steps=4, grow_at=["2:hidden=2x,layers=2x,how=stack,recipe=exact"])
         result = fit(tiny_lm(), batches, cfg, progress=False)
     finally:
         growth_in_run.grow_with_optimizer = saved
@@ -296,7 +297,7 @@ def test_old_token_options_with_stacking_or_width_are_refused_before_the_first_s
     the same request too, for Python callers."""
     for spec in ("1:layers=2x,how=stack,freeze_old=5", "1:hidden=2x,noise_old=0.1"):
         with pytest.raises(ConfigError, match="freeze_old and noise_old"):
-            check_growth_plan(tiny_lm().config, growth_events([spec], 3))
+            check_growth_plan(tiny_lm().config, growth_events([parse_grow_at(spec)]))
         with pytest.raises(GrowthError, match="freeze_old and noise_old"):
             fit(tiny_lm(), batches, quiet(steps=3, grow_at=[spec]), progress=False)
 
@@ -341,7 +342,7 @@ def test_killed_inside_a_freeze_resumes_bit_for_bit(tmp_path, dataset_dir):
     args = ["--config", "tiny", "--data", str(dataset_dir), "--steps", "12",
             "--checkpoint-interval", "2", "--eval-interval", "0", "--threads", "1",
             "--samples", "0", "--eval-batches", "1", "--no-progress", "--schedule", "wsd",
-            "--grow-at", "5:ffn=2x,qkv=2x,strategy=official-released,freeze_old=6,"
+            "--grow-at", "5:ffn=2x,qkv=2x,recipe=official-released,freeze_old=6,"
                          "noise_old=0.05,lr=2e-3,lr_ramp=3"]
     # the old tokens are frozen for steps 5..10: die after a checkpoint inside that window
     full, _, a = kill_and_resume(args, tmp_path, kill_after=8)

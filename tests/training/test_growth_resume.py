@@ -19,7 +19,7 @@ from tokenformer.io.metrics import read_metrics
 from tokenformer.io.run_folders import step_dir
 from tokenformer.io.training_state import STATE_NAME, read_state
 from tokenformer.training.config import TrainConfig
-from tokenformer.training.loop import fit
+from tokenformer.training.loop import RunState, fit
 
 GROWTH = "6:qkv=2x,proj=2x,ffn=2x"
 
@@ -142,7 +142,8 @@ def test_fit_resumed_with_another_plan_is_refused(grown_run, tmp_path):
                                  "grow_at": ["10:qkv=2x"]})
     model = TokenFormerLM(TokenFormerLM.load(step_dir(run, 8)).config)
     with pytest.raises(ConfigError, match="step 8"):
-        fit(model, lambda step: {}, cfg, resume_from=step_dir(run, 8), progress=False)
+        fit(model, lambda step: {}, cfg, start=RunState(resume_from=step_dir(run, 8)),
+            progress=False)
 
 
 def test_divergence_after_a_noisy_growth_names_the_noise():
@@ -169,12 +170,12 @@ def test_a_plan_of_absurd_depth_is_refused_at_once():
     import time
 
     from tokenformer.errors import ConfigError
-    from tokenformer.training.growth_events import check_growth_plan, growth_events
+    from tokenformer.training.growth_events import check_growth_plan, growth_events, parse_grow_at
 
     started = time.perf_counter()
     with pytest.raises(ConfigError, match=r"--grow-at '6:layers=20000000' \(step 6.*GiB"):
         check_growth_plan(TokenFormerConfig.from_name("tiny"),
-                          growth_events(["6:layers=20000000"], 12))
+                          growth_events([parse_grow_at("6:layers=20000000")]))
     assert time.perf_counter() - started < 5
 
 

@@ -1,5 +1,6 @@
-"""Losses read back from the device every few steps (``fit(readback=k)``): the records, files and
-divergence of a run are those of reading every step."""
+"""Losses read back from the device every few steps (``fit(...,
+execution=Execution(readback=k))``): the records, files and divergence of a run are those of
+reading every step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tokenformer.io.metrics import read_metrics
 from tokenformer.io.run_folders import FINAL, step_dir
 from tokenformer.io.training_state import read_state
 from tokenformer.training.config import TrainConfig
+from tokenformer.training.execution import Execution
 from tokenformer.training.loop import fit
 from tokenformer.training.readback import READBACK_STEPS, readback_steps
 
@@ -52,11 +54,11 @@ def test_reading_back_every_few_steps_records_what_reading_every_step_does(tmp_p
     and grow records), metrics.jsonl, the checkpoints' counters and the trained weights are
     those of reading every step, bit for bit; only the measured times differ."""
     cfg = quiet(steps=7, eval_interval=2, checkpoint_interval=4,
-                grow_at=["3:qkv=2x,ffn=2x,strategy=exact"])
+                grow_at=["3:qkv=2x,ffn=2x,recipe=exact"])
     runs = {}
     for k in (1, readback):
         runs[k] = fit(tiny_lm(), batches, cfg, eval_fn=held_out, out_dir=tmp_path / f"k{k}",
-                      progress=False, readback=k)
+                      progress=False, execution=Execution(readback=k))
     every, late = runs[1], runs[readback]
     kinds = [(r["type"], r["step"]) for r in every.records]
     assert kinds[:6] == [("train", 1), ("train", 2), ("eval", 2), ("train", 3), ("grow", 3),
@@ -102,7 +104,8 @@ def test_a_divergence_read_back_late_stops_the_run_where_it_happened(tmp_path):
 
     cfg = quiet(steps=10, checkpoint_interval=2)
     with pytest.raises(DivergedError, match=r"^the training loss became inf at step 3; lower"):
-        fit(exploding(), blows_up, cfg, out_dir=tmp_path / "run", progress=False, readback=4)
+        fit(exploding(), blows_up, cfg, out_dir=tmp_path / "run", progress=False,
+            execution=Execution(readback=4))
     records = read_metrics(tmp_path / "run")
     assert [(r["type"], r["step"]) for r in records] == [("train", 1), ("train", 2),
                                                          ("train", 3)]
@@ -121,11 +124,12 @@ def test_an_error_keeps_the_records_of_the_steps_done_unless_a_divergence_came_f
 
     cfg = quiet(steps=8)
     with pytest.raises(RuntimeError, match="the data is gone"):
-        fit(exploding(), fails, cfg, out_dir=tmp_path / "a", progress=False, readback=8)
+        fit(exploding(), fails, cfg, out_dir=tmp_path / "a", progress=False,
+            execution=Execution(readback=8))
     assert [r["step"] for r in read_metrics(tmp_path / "a")] == [1, 2, 3]
     with pytest.raises(DivergedError, match="became inf at step 2") as info:
         fit(exploding(), lambda s: fails(s, blow_from=1), cfg, out_dir=tmp_path / "b",
-            progress=False, readback=8)
+            progress=False, execution=Execution(readback=8))
     assert info.value.__cause__ is None and info.value.__suppress_context__
     assert [r["step"] for r in read_metrics(tmp_path / "b")] == [1, 2]
 
@@ -138,14 +142,14 @@ def test_the_read_back_interval_by_device_and_callbacks():
     assert readback_steps(torch.device("cuda"), ()) == READBACK_STEPS > 1
     assert readback_steps(torch.device("cuda"), [lambda record, model: None]) == 1
     with pytest.raises(ValueError, match="readback must be a whole number of steps >= 1"):
-        fit(tiny_lm(), batches, quiet(steps=1), progress=False, readback=0)
+        fit(tiny_lm(), batches, quiet(steps=1), progress=False, execution=Execution(readback=0))
 
 
 def test_losses_of_a_run_equal_a_hand_loop(tmp_path: Path):
     """The recorded losses, read every 3 steps, are the losses of the same AdamW steps taken by
     hand (reading each loss at once)."""
     cfg = quiet(steps=5, grad_clip=0.0, schedule="constant", warmup_steps=0)
-    result = fit(tiny_lm(), batches, cfg, progress=False, readback=3)
+    result = fit(tiny_lm(), batches, cfg, progress=False, execution=Execution(readback=3))
     model = tiny_lm()
     optimizer = torch.optim.AdamW(
         [{"params": [p for p in model.parameters() if p.ndim >= 2],

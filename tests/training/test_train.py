@@ -24,9 +24,9 @@ from tokenformer.io.training_state import load_optimizer_state
 from tokenformer.training.config import TrainConfig, load_config
 from tokenformer.training.growth_events import parse_grow_at
 from tokenformer.training.lm import train
-from tokenformer.training.loop import FitResult, fit
+from tokenformer.training.loop import FitResult, RunState, fit
 from tokenformer.training.optim import make_optimizer
-from tokenformer.training.schedule import lr_at
+from tokenformer.training.schedule import LrSchedule, lr_at
 
 FAST = {"threads": 1, "samples": 0, "eval_batches": 2}
 
@@ -41,31 +41,31 @@ def losses(run_dir: Path) -> list[float]:
 
 # ------------------------------------------------------------------------------- schedule
 def test_lr_schedules_by_hand():
-    cfg = TrainConfig(steps=11, warmup_steps=2, lr=1.0, min_lr=0.1)
+    cfg = TrainConfig(steps=11, warmup_steps=2, lr=1.0, min_lr=0.1).lr_schedule()
     # warmup: (s+1)/2; cosine over steps 2..10 (8 intervals) from 1.0 to 0.1
     assert [lr_at(s, cfg) for s in (0, 1)] == [0.5, 1.0]
     assert lr_at(2, cfg) == pytest.approx(1.0)
     assert lr_at(6, cfg) == pytest.approx(0.1 + 0.9 * 0.5)
     assert lr_at(10, cfg) == pytest.approx(0.1)
     wsd = TrainConfig(steps=10, warmup_steps=2, lr=1.0, min_lr=0.0, schedule="wsd",
-                      decay_fraction=0.4)
+                      decay_fraction=0.4).lr_schedule()
     # stable 2..5, linear decay over the last 4 steps: 0.75, 0.5, 0.25, 0
     assert [lr_at(s, wsd) for s in range(10)] == pytest.approx(
         [0.5, 1, 1, 1, 1, 1, 0.75, 0.5, 0.25, 0.0])
-    const = TrainConfig(steps=10, warmup_steps=0, lr=0.3, schedule="constant")
+    const = TrainConfig(steps=10, warmup_steps=0, lr=0.3, schedule="constant").lr_schedule()
     assert {lr_at(s, const) for s in range(10)} == {0.3}
 
 
 def test_lr_restart_at_growth():
     cfg = TrainConfig(steps=20, warmup_steps=2, lr=1.0, min_lr=0.0, grow_at=["10:ffn=2x"],
-                      growth_lr="restart")
+                      growth_lr="restart").lr_schedule()
     # stage 1: steps 0..9 end at min_lr; stage 2 warms up again from step 10
-    assert lr_at(9, cfg, [10]) == pytest.approx(0.0)
-    assert [lr_at(s, cfg, [10]) for s in (10, 11)] == [0.5, 1.0]
-    assert lr_at(19, cfg, [10]) == pytest.approx(0.0)
+    assert lr_at(9, cfg) == pytest.approx(0.0)
+    assert [lr_at(s, cfg) for s in (10, 11)] == [0.5, 1.0]
+    assert lr_at(19, cfg) == pytest.approx(0.0)
     cont = TrainConfig(steps=20, warmup_steps=2, lr=1.0, min_lr=0.0, grow_at=["10:ffn=2x"])
-    assert lr_at(10, cont, [10]) == pytest.approx(lr_at(10, TrainConfig(
-        steps=20, warmup_steps=2, lr=1.0, min_lr=0.0)))
+    assert lr_at(10, cont.lr_schedule()) == pytest.approx(lr_at(10, TrainConfig(
+        steps=20, warmup_steps=2, lr=1.0, min_lr=0.0).lr_schedule()))
 
 
 # ------------------------------------------------------------------------------- config
@@ -98,10 +98,10 @@ def test_bad_config_values(overrides, message):
 
 
 def test_parse_grow_at():
-    event = parse_grow_at("100:qkv=2x,proj=128,ffn=1.5x,layers=4,strategy=paper")
+    event = parse_grow_at("100:qkv=2x,proj=128,ffn=1.5x,layers=4,recipe=paper")
     assert event.step == 100
     assert event.kwargs == {"qkv": "2x", "proj": 128, "ffn": "1.5x", "layers": 4,
-                            "strategy": "paper"}
+                            "recipe": "paper"}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -193,7 +193,7 @@ def test_growth_inside_a_run(tmp_path, dataset_dir):
     pytest.importorskip("tokenformer.ops.growth")
     out = tmp_path / "run"
     cfg = cfg_for(dataset_dir, out, steps=8, eval_interval=0,
-                  grow_at=["4:qkv=2x,proj=2x,ffn=2x,layers=3,strategy=exact"],
+                  grow_at=["4:qkv=2x,proj=2x,ffn=2x,layers=3,recipe=exact"],
                   growth_lr="restart", warmup_steps=2, eval_after_growth=[1])
     result = train(cfg, progress=False, print_fn=lambda s: None)
     records = read_metrics(out)
@@ -217,7 +217,7 @@ def test_growth_inside_a_run(tmp_path, dataset_dir):
     assert TokenFormerLM.load(out / "final").config.num_layers == 3
     # a growth that does not preserve the function shows it in the post-growth evaluation
     paper = cfg_for(dataset_dir, tmp_path / "paper", steps=6, eval_interval=0,
-                    grow_at=["4:ffn=4x,strategy=paper"])
+                    grow_at=["4:ffn=4x,recipe=paper"])
     result = train(paper, progress=False, print_fn=lambda s: None)
     grow = next(r for r in result.records if r["type"] == "grow")
     assert abs(grow["after"]["val_loss"] - grow["before"]["val_loss"]) > 1e-3
@@ -307,7 +307,7 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, dataset_dir):
     args = ["--config", "tiny", "--data", str(dataset_dir), "--steps", "24",
             "--checkpoint-interval", "4", "--keep-last", "2", "--eval-interval", "8",
             "--threads", "1", "--samples", "0", "--eval-batches", "2", "--no-progress",
-            "--grow-at", "12:ffn=2x,strategy=exact"]
+            "--grow-at", "12:ffn=2x,recipe=exact"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     full, killed = tmp_path / "full", tmp_path / "killed"
     # the uninterrupted reference runs in this process (same threads: same arithmetic)
@@ -389,10 +389,10 @@ def test_fit_raises_diverged_error_at_the_first_non_finite_loss():
     assert [r["step"] for r in records if r["type"] == "train"] == [1, 2, 3]
 
 
-def test_fit_lr_fn_replaces_the_schedule():
-    """``lr_fn`` sets every step's learning rate (the frontier's runs span several fit calls):
+def test_fit_schedule_replaces_the_configs():
+    """``schedule`` sets every step's learning rate (the frontier's runs span several fit calls):
     an LR of 0 leaves the weights untouched even under weight decay, and each step's record
-    holds the value lr_fn gave it, not cfg's schedule."""
+    holds the value that schedule gives it, not cfg's."""
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
 
@@ -412,12 +412,15 @@ def test_fit_lr_fn_replaces_the_schedule():
     wrapped, seen = Wrapped(), []
     before = [p.detach().clone() for p in model.parameters()]
     cfg = TrainConfig(steps=6, lr=0.1, warmup_steps=0, weight_decay=0.1)
-    fit(wrapped, batch_fn, cfg, progress=False, lr_fn=lambda step: 0.0, flops_fn=lambda m, b: 1.0,
+    zero = LrSchedule(0.0, 0.0, 6, 0, "constant")
+    fit(wrapped, batch_fn, cfg, progress=False, start=RunState(schedule=zero),
+        flops_fn=lambda m, b: 1.0,
         callbacks=[lambda r, m: seen.append(r["lr"]) if r["type"] == "train" else None])
     assert seen == [0.0] * 6
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     seen.clear()
-    fit(wrapped, batch_fn, cfg, progress=False, lr_fn=lambda step: 1e-3 * (step + 1),
+    ramp = LrSchedule(6e-3, 0.0, 6, 6, "constant")  # a warmup over all 6 steps: 1e-3 * (s + 1)
+    fit(wrapped, batch_fn, cfg, progress=False, start=RunState(schedule=ramp),
         flops_fn=lambda m, b: 1.0,
         callbacks=[lambda r, m: seen.append(r["lr"]) if r["type"] == "train" else None])
     assert seen == pytest.approx([1e-3 * (s + 1) for s in range(6)])

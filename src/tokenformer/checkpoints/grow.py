@@ -61,7 +61,7 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, options: GrowthOpti
     trainer_state = _read_trainer_state(source) if has_state else None
     # official-released starts a fresh optimizer whatever --reset-optimizer says: say so, and
     # record it, rather than "carried over"
-    reset = reset_optimizer or resets_optimizer(options.strategy)
+    reset = reset_optimizer or resets_optimizer(options.recipe)
     carried = has_state and not reset
     # Before any tensor is made: the whole request checked, then the memory for the grown
     # weights, a working copy, and two moments if carried.
@@ -88,12 +88,12 @@ def grow_checkpoint(checkpoint: str | Path, out: str | Path, options: GrowthOpti
             save_optimizer_state(tmp, optimizer)
             if trainer_state is not None:
                 _write_trainer_state(source, trainer_state, tmp, grown, optimizer, {
-                    "from": str(source), **options.planned(), "seed": seed,
+                    "from": str(source), **options.recorded(), "seed": seed,
                     "reset_optimizer": reset})
     return {"out": str(out), "params_before": model.num_parameters(),
             "params_after": grown.num_parameters(), "max_abs_logit_change": delta,
             "max_abs_logit": largest, "optimizer": optimizer is not None,
-            "reset_optimizer": reset, "strategy": options.strategy, "how": options.how,
+            "reset_optimizer": reset, "recipe": options.recipe, "how": options.how,
             "config_before": model.config, "config": grown.config.to_dict(),
             "grown_config": grown.config}
 

@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import TokenFormerError, TokenFormerWarning, is_disk_full
+from ..errors import (
+    TokenFormerDeprecationWarning,
+    TokenFormerError,
+    TokenFormerWarning,
+    is_disk_full,
+)
 from . import commands
 
 
@@ -124,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():  # the display restored afterwards (main in a test)
             warnings.showwarning = one_line_warnings(warnings.showwarning)
+            # an old spelling the command line still takes: one line, once per message and place
+            # (Python ignores DeprecationWarnings outside __main__)
+            warnings.simplefilter("default", TokenFormerDeprecationWarning)
             result = args.func(args)
     except TokenFormerError as exc:
         if debug:

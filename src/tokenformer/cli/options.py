@@ -18,7 +18,7 @@ import torch
 
 from ..errors import TokenFormerError
 from ..models.config import SEED
-from ..training.execution import parse_device
+from ..training.config import parse_device
 
 
 def positive(kind: type) -> Callable[[str], Any]:

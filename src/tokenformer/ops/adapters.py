@@ -412,7 +412,7 @@ def merge(model: nn.Module, names: Sequence[str] | None = None) -> nn.Module:
                               f"token counts {sorted(per_layer)}; a merged config has one count")
         counts[kind] = per_layer.pop()
     config = core.config
-    merged = grow(core, strategy="exact",
+    merged = grow(core, recipe="exact",
                   **{k: getattr(config, f"{k}_tokens") + m for k, m in counts.items() if m})
     params = dict(merged.named_parameters())
     with torch.no_grad():

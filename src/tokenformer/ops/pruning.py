@@ -15,7 +15,7 @@ rest; every layer of a kind (Q/K/V, proj, FFN) ends with the same count, the con
 ``newest``
     the highest indices go first: undoes growth, which appends tokens (``grow`` then
     ``prune(by="newest")`` to the old counts with ``scale="hold"`` restores the model exactly for
-    the ``exact`` strategy's L2/L1 variants).
+    the ``exact`` recipe's L2/L1 variants).
 
 Θ's factor (``scale``): ``hold`` keeps the layer's factor (what undoes exact growth); ``follow``
 resets it to the default for the new n (√n or n); ``renorm`` multiplies it by the mean over the

@@ -13,7 +13,9 @@ summary.
 
 from .config import TrainConfig, load_config
 from .evaluation import lm_evaluator
+from .execution import Execution
 from .lm import lm_batches, train
-from .loop import FitResult, fit
+from .loop import FitResult, RunFolder, RunState, fit
 
-__all__ = ["FitResult", "TrainConfig", "fit", "lm_batches", "lm_evaluator", "load_config", "train"]
+__all__ = ["Execution", "FitResult", "RunFolder", "RunState", "TrainConfig", "fit", "lm_batches",
+           "lm_evaluator", "load_config", "train"]

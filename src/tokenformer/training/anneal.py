@@ -95,8 +95,8 @@ class Anneal:
 
 
 def is_exact(event: GrowthEvent) -> bool:
-    """Whether a ``--grow-at`` growth is exact (its strategy, exact by default)."""
-    return event.kwargs.get("strategy", "exact") == "exact"
+    """Whether a ``--grow-at`` growth is exact (its recipe, exact by default)."""
+    return event.kwargs.get("recipe", "exact") == "exact"
 
 
 def anneal_after(event: GrowthEvent, config: Any, steps: int) -> Anneal | None:
@@ -118,7 +118,7 @@ def check_anneal(steps: int, arch: str, events: Sequence[GrowthEvent]) -> None:
                           f"arch {arch} has none (set anneal_steps 0)")
     if not any(is_exact(e) for e in events):
         raise ConfigError(f"anneal_steps {steps} anneals Θ's factor after an exact growth, and "
-                          f"this run has none: add --grow-at STEP:...,strategy=exact, or set "
+                          f"this run has none: add --grow-at STEP:...,recipe=exact, or set "
                           f"anneal_steps 0")
     for a, b in itertools.pairwise(events):
         if is_exact(a) and b.step - a.step < steps:

@@ -36,13 +36,8 @@ from ..models.checks import check_buildable
 from ..models.persistence import CONFIG_NAME
 from .config import RUN_CONFIG, load_config
 from .distributed import is_sharded, load_sharded, save_sharded, wrap_model
-from .growth_events import (
-    GrowthEvent,
-    check_growth_plan,
-    check_history,
-    check_resumed_plan,
-    run_growth_events,
-)
+from .growth import growth_plan
+from .growth_events import GrowthEvent, check_growth_plan, check_history, check_resumed_plan
 from .optim import make_optimizer, rebuild_optimizer
 from .recording import METRICS
 from .signals import Interrupted, StopOnSignal
@@ -156,9 +151,8 @@ def check_resumed_growth(cfg: TrainConfig, run_dir: Path, resume_from: Path,
     state = read_state(resume_from)
     step = state["step"]
     if has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
-        saved = load_config(run_dir / RUN_CONFIG)
-        check_resumed_plan(run_growth_events(saved), events, step, str(run_dir),
-                           str(resume_from))
+        saved = load_config(run_dir / RUN_CONFIG, recorded=True)
+        check_resumed_plan(growth_plan(saved), events, step, str(run_dir), str(resume_from))
         if saved.anneal_steps != cfg.anneal_steps:  # the anneal is part of the growth plan
             raise ConfigError(f"--anneal-steps: {run_dir} resumes after step {step} with "
                               f"anneal_steps {cfg.anneal_steps}, but it recorded "

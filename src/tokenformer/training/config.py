@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from ..errors import ConfigError
@@ -25,10 +26,24 @@ from ..io.process_group import STRATEGIES
 from ..models.baselines import ARCHS, TransformerConfig
 from ..models.config import NON_NEGATIVE, SEED, FieldRule, TokenFormerConfig, check_fields
 from ..nn.pattention import PATTENTION_IMPLS
-from .anneal import check_anneal
-from .execution import parse_device
-from .growth_events import run_growth_events
-from .schedule import SCHEDULES
+from .growth_events import GrowthEvent, check_steps, parse_grow_at, run_options
+from .schedule import SCHEDULES, LrSchedule
+
+DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def parse_device(spec: str) -> torch.device:
+    """``spec`` as a torch device of a type this package runs on (:data:`DEVICE_TYPES`), else one
+    ConfigError line (torch's own error lists every device type it knows). Whether CUDA is there
+    is :func:`.execution.resolve_device`'s question."""
+    try:
+        device = torch.device(spec)
+    except (RuntimeError, ValueError, TypeError):
+        device = None
+    if device is None or device.type not in DEVICE_TYPES:
+        raise ConfigError(f"unknown device {spec!r} (use cpu, cuda, cuda:N or mps)")
+    return device
+
 
 CONFIGS_DIR = Path(__file__).parent / "configs"
 RUN_CONFIG = "config.json"  # the run folder's copy of its TrainConfig
@@ -86,9 +101,9 @@ class TrainConfig:
     """AdamW ε"""
     grad_clip: float = 1.0
     """clip the global gradient norm to this (0: off)"""
-    grow_at: list[str] = field(default_factory=list)
-    """growth inside the run: STEP:qkv=..,proj=..,ffn=..,layers=..,strategy=..,lr=.. (--grow-at,
-    docs/training.md)"""
+    grow_at: list[GrowthEvent] = field(default_factory=list)
+    """growth inside the run: STEP:qkv=..,proj=..,ffn=..,layers=..,recipe=..,lr=.. (--grow-at,
+    docs/training.md); each spec is parsed once into its GrowthEvent, which code may also give"""
     growth_lr: str = "continue"
     """continue: one schedule over the run; restart: warmup + decay per stage"""
     growth_optimizer: str = "carry"
@@ -101,7 +116,7 @@ class TrainConfig:
     """every growth's noise_old unless its --grow-at sets one: noise added to the old parameter
     tokens, a std relative to each tensor's rms (0: none)"""
     anneal_steps: int = 0
-    """after each exact growth (--grow-at ...strategy=exact), Θ's factor moves linearly from the
+    """after each exact growth (--grow-at ...recipe=exact), Θ's factor moves linearly from the
     value that kept the grown model exact to √n over this many steps (the paper's Θ-factor
     anneal; 0: off)"""
     # execution
@@ -157,6 +172,9 @@ class TrainConfig:
     """sampling temperature of the samples (0: greedy)"""
 
     def __post_init__(self) -> None:
+        if isinstance(self.grow_at, (list, tuple)):  # each spec parsed once, into its event
+            self.grow_at = [e if isinstance(e, GrowthEvent) else parse_grow_at(e)
+                            for e in self.grow_at]
         self.validate()
 
     def validate(self) -> None:
@@ -196,16 +214,25 @@ class TrainConfig:
                               f"{self.grad_accum}")
         if not isinstance(self.model, dict) or not isinstance(self.baseline, dict):
             raise ConfigError("model and baseline must be mappings of config keys")
-        # a malformed --grow-at fails here, before anything is written
-        events = run_growth_events(self)
-        for event in events:
-            if event.lr is not None and event.lr < self.min_lr:
-                raise ConfigError(f"--grow-at {event.spec!r}: lr {event.lr:g} is below min_lr "
-                                  f"{self.min_lr:g}, where every decay ends")
-        check_anneal(self.anneal_steps, self.arch, events)
+        # a malformed --grow-at fails here (each spec parsed at construction), before anything
+        # is written; the plan as a whole (freezes, the anneal) where it runs:
+        # training.growth.growth_plan, at the start of fit and train
+        run_options(self.growth_freeze_old, self.growth_noise_old)
+        check_steps(self.grow_at, self.steps, self.min_lr)
+
+    def lr_schedule(self) -> LrSchedule:
+        """The run's learning-rate schedule (:func:`.schedule.lr_at`): the peak ``lr``, its
+        warmup and shape, and what each growth does to it."""
+        return LrSchedule(self.lr, self.min_lr, self.steps, self.warmup_steps, self.schedule,
+                          self.decay_fraction, tuple(e.lr_stage for e in self.grow_at),
+                          restart_all=self.growth_lr == "restart")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as JSON holds it (the run folder's ``config.json``, a checkpoint's
+        trainer state): each growth as its ``--grow-at`` spec."""
+        data = dataclasses.asdict(self)
+        data["grow_at"] = [e.spec for e in self.grow_at]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
@@ -308,10 +335,13 @@ def config_path(spec: str | Path) -> Path:
 
 
 def load_config(spec: str | Path | None = None,
-                overrides: dict[str, Any] | None = None) -> TrainConfig:
+                overrides: dict[str, Any] | None = None, *, recorded: bool = False
+                ) -> TrainConfig:
     """Load a YAML config (a path or shipped name; ``None`` = defaults) and apply ``overrides``:
     ``{"lr": "3e-4", "model.ffn_tokens": 512}`` (dotted keys reach into ``model`` / ``baseline``;
-    string values are parsed as the field's type)."""
+    string values are parsed as the field's type). ``recorded``: the file is a run's record (its
+    ``config.json``), whose ``--grow-at`` specs are read without the deprecation warning of an
+    old spelling (:func:`.growth_events.parse_grow_at`)."""
     data: dict[str, Any] = {}
     if spec is not None:
         path = config_path(spec)
@@ -326,6 +356,9 @@ def load_config(spec: str | Path | None = None,
         if not isinstance(data, dict):
             raise ConfigError(f"config {path} must be a mapping of keys to values")
     data = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    if recorded and isinstance(data.get("grow_at"), list):
+        data["grow_at"] = [parse_grow_at(g, recorded=True) if isinstance(g, str) else g
+                           for g in data["grow_at"]]
     for key, value in (overrides or {}).items():
         if "." in key:
             outer, inner = key.split(".", 1)

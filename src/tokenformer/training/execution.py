@@ -1,12 +1,14 @@
 """Where and how a run computes: the device, bf16 autocast, and the module the step calls (the
-Pattention implementation, activation checkpointing per block, DDP/FSDP, ``torch.compile``)."""
+Pattention implementation, activation checkpointing per block, DDP/FSDP, ``torch.compile``);
+what ``fit`` is told of it is one record, :class:`Execution`."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,26 +18,20 @@ from ..errors import ConfigError
 from ..io.process_group import World
 from ..nn.kernels.dispatch import DEFAULT_IMPL, prepare_impl
 from ..nn.pattention import set_pattention_impl
+from .config import TrainConfig, parse_device
 from .distributed import blocks, wrap_model
 
-if TYPE_CHECKING:
-    from .config import TrainConfig
 
+@dataclass(frozen=True)
+class Execution:
+    """Where ``fit`` computes: the process group (``world``; None: this process alone), the
+    device (None: the model's) and the steps between reads of the losses from it (``readback``,
+    :mod:`.readback`; None: 1 on the CPU or with callbacks, else ``READBACK_STEPS``; the records
+    are the same for any value)."""
 
-DEVICE_TYPES = ("cpu", "cuda", "mps")
-
-
-def parse_device(spec: str) -> torch.device:
-    """``spec`` as a torch device of a type this package runs on (:data:`DEVICE_TYPES`), else one
-    ConfigError line (torch's own error lists every device type it knows). Whether CUDA is there
-    is :func:`resolve_device`'s question."""
-    try:
-        device = torch.device(spec)
-    except (RuntimeError, ValueError, TypeError):
-        device = None
-    if device is None or device.type not in DEVICE_TYPES:
-        raise ConfigError(f"unknown device {spec!r} (use cpu, cuda, cuda:N or mps)")
-    return device
+    world: World | None = None
+    device: torch.device | str | None = None
+    readback: int | None = None
 
 
 def resolve_device(spec: str, world: World | None = None) -> torch.device:

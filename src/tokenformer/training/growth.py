@@ -1,6 +1,7 @@
-"""Growth during a run: at a ``--grow-at`` step, grow the model and carry its optimizer
-(:func:`tokenformer.ops.growth.grow_with_optimizer`), evaluate before and after, and record the
-event."""
+"""Growth during a run: the run's growth plan, checked as a whole before any work
+(:func:`growth_plan`), and at a ``--grow-at`` step the growth itself: grow the model and carry
+its optimizer (:func:`tokenformer.ops.growth.grow_with_optimizer`), evaluate before and after,
+and record the event."""
 
 from __future__ import annotations
 
@@ -13,11 +14,24 @@ from torch import nn
 from ..io.process_group import World
 from ..models.config import flops_per_token
 from ..ops.growth import grow_with_optimizer
+from .anneal import check_anneal
 from .execution import prepare_module
-from .growth_events import GrowthEvent
+from .growth_events import GrowthEvent, growth_events
 
 if TYPE_CHECKING:
     from .config import TrainConfig
+
+
+def growth_plan(cfg: TrainConfig) -> list[GrowthEvent]:
+    """The growths of the run ``cfg`` describes, by step, each with the run-wide options it does
+    not set itself (:func:`.growth_events.growth_events`), checked as a plan: no freeze outlasts
+    the next growth, and ``anneal_steps`` fits the growths (:func:`.anneal.check_anneal`). One
+    ConfigError line otherwise; ``fit`` and ``train`` call it before anything is written (a
+    TrainConfig checks its own fields, each growth's spec and step among them)."""
+    events = growth_events(cfg.grow_at, freeze_old=cfg.growth_freeze_old,
+                           noise_old=cfg.growth_noise_old)
+    check_anneal(cfg.anneal_steps, cfg.arch, events)
+    return events
 
 
 def grow_in_run(model: nn.Module, optimizer: torch.optim.Optimizer, event: GrowthEvent,

@@ -1,14 +1,18 @@
 """The ``--grow-at`` mini-language: ``STEP:key=value,...`` specs become checked growth events.
 
-``500:qkv=2x,proj=2x,ffn=512,layers=6,strategy=exact`` is a :class:`GrowthEvent`, checked against
-the run's steps and, before the first step, against the model (:func:`check_growth_plan`). Keys:
+``500:qkv=2x,proj=2x,ffn=512,layers=6,recipe=exact`` is a :class:`GrowthEvent`, parsed once (a
+TrainConfig's ``grow_at`` holds the events; code that plans growths, such as the frontier,
+builds them directly), checked against the run's steps and, before the first step, against the
+model (:func:`check_growth_plan`). The spec text stays with the event for records (the trainer
+state's ``growth``, the ``grow`` record) and messages. Keys:
 
 * sizes, passed to :func:`tokenformer.ops.growth.grow`: ``qkv``, ``proj``, ``ffn``, ``layers``,
   ``hidden``, ``heads`` (a count or a multiplier like ``2x``), ``how`` (``identity``, ``stack``),
   ``width_noise`` (zero-sum noise on duplicated units, std relative to each tensor's rms),
   ``widen`` (a Transformer baseline's MLP: ``duplicate``, ``zero``, ``net2net``);
-* ``strategy`` (or ``recipe``): ``exact``, ``paper``, ``official-init``, ``official-released``
-  (``official``: the old name of ``official-init``);
+* ``recipe``: ``exact``, ``paper``, ``official-init``, ``official-released`` (``official``: the
+  old name of ``official-init``; ``strategy=``, the key's old name, still works, with a
+  deprecation warning);
 * old tokens: ``freeze_old`` (steps, or ``forever``), ``noise_old`` (std relative to each tensor's
   rms);
 * the schedule: ``lr`` (the peak of the stages from this growth on) and ``lr_ramp`` (steps over
@@ -17,35 +21,35 @@ the run's steps and, before the first step, against the model (:func:`check_grow
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import CheckpointError, ConfigError, TokenFormerError
 from ..models.memory import check_memory
 from ..ops.growth import (
     FOREVER,
+    OLD_RECIPE_KEY,
     OLD_TOKEN_KEYS,
-    STRATEGY,
+    RECIPES,
     TEXT_KEYS,
     canonical_recipe,
     freeze_request,
     plan_growth,
     recipe_alias_note,
+    recipe_names,
     resets_optimizer,
-    strategy_names,
+    warn_old_recipe_name,
     widen_names,
 )
-from .schedule import Stage
-
-if TYPE_CHECKING:
-    from .config import TrainConfig
+from .schedule import LrStage
 
 # Other names of a key (each listed after it), and the keys a growth sets in the run's schedule.
-KEY_ALIASES = {"strategy": ("recipe",)}
+KEY_ALIASES = {"recipe": (OLD_RECIPE_KEY,)}
 SCHEDULE_KEYS = ("lr", "lr_ramp")
 # The growth's own keys are GrowthOptions' fields that have a key=value form.
 GROW_KEYS = (*(k for key in TEXT_KEYS for k in (key, *KEY_ALIASES.get(key, ()))),
@@ -56,8 +60,10 @@ _WORD = re.compile(r"^[a-z][a-z_-]*$")
 @dataclass(frozen=True)
 class GrowthEvent:
     """One growth of a run: before optimizer step ``step``, ``grow_with_optimizer(**kwargs)``;
-    ``lr``/``lr_ramp``: the peak learning rate from then on (None: unchanged); ``note``: a line
-    for the user (an old recipe name)."""
+    ``spec``: its ``--grow-at`` text (what records and messages show); ``lr``/``lr_ramp``: the
+    peak learning rate from then on (None: unchanged); ``note``: a line for the user (an old
+    recipe name); ``run_wide``: the keys of ``kwargs`` the run's ``growth_freeze_old`` /
+    ``growth_noise_old`` filled in (:func:`growth_events`)."""
 
     step: int
     kwargs: dict[str, Any]
@@ -65,12 +71,18 @@ class GrowthEvent:
     lr: float | None = None
     lr_ramp: int = 0
     note: str = ""
+    run_wide: tuple[str, ...] = ()
 
     @property
-    def stage(self) -> Stage:
+    def lr_stage(self) -> LrStage:
         """What this growth does to the schedule: a restart for ``official-released``."""
-        return Stage(self.step, resets_optimizer(self.kwargs.get("strategy", "exact")), self.lr,
-                     self.lr_ramp)
+        return LrStage(self.step, resets_optimizer(self.kwargs.get("recipe", "exact")), self.lr,
+                       self.lr_ramp)
+
+    def as_given(self) -> GrowthEvent:
+        """The event as its spec gives it, without the run-wide options."""
+        return dataclasses.replace(self, kwargs={k: v for k, v in self.kwargs.items()
+                                                 if k not in self.run_wide}, run_wide=())
 
     @property
     def freeze_end(self) -> float:
@@ -80,23 +92,26 @@ class GrowthEvent:
         return math.inf if freeze == FOREVER else self.step + (freeze or 0)
 
 
-def parse_grow_at(spec: str) -> GrowthEvent:
-    """``"STEP:qkv=2x,ffn=512,layers=6,strategy=exact,lr=5e-4"`` → GrowthEvent."""
+def parse_grow_at(spec: str, *, recorded: bool = False) -> GrowthEvent:
+    """``"STEP:qkv=2x,ffn=512,layers=6,recipe=exact,lr=5e-4"`` → GrowthEvent. ``recorded``: a
+    spec a run recorded (its trainer state), read without the old key's deprecation warning."""
     usage = (f"--grow-at {spec!r} is malformed: expected STEP:key=value,... with keys "
-             f"{', '.join(GROW_KEYS)} (e.g. 500:qkv=2x,proj=2x,ffn=2x,strategy=exact)")
+             f"{', '.join(GROW_KEYS)} (e.g. 500:qkv=2x,proj=2x,ffn=2x,recipe=exact)")
     step_text, sep, rest = str(spec).partition(":")
     if not sep or not step_text.strip().isdecimal() or not rest.strip():
         raise ConfigError(usage)
     kwargs = parse_options(rest, f"--grow-at {spec!r}", GROW_KEYS, usage)
     note = ""
-    if "recipe" in kwargs:
-        if "strategy" in kwargs:
-            raise ConfigError(f"--grow-at {spec!r}: recipe and strategy name the same thing; "
-                              f"give one")
-        kwargs["strategy"] = kwargs.pop("recipe")
-    if kwargs.get("strategy", "exact") not in STRATEGY:  # an old name (_value knew it)
-        note = recipe_alias_note(kwargs["strategy"])
-        kwargs["strategy"] = canonical_recipe(kwargs["strategy"], warn=False)
+    if OLD_RECIPE_KEY in kwargs:
+        if "recipe" in kwargs:
+            raise ConfigError(f"--grow-at {spec!r}: recipe and strategy (its old name) name the "
+                              f"same thing; give recipe")
+        kwargs["recipe"] = kwargs.pop(OLD_RECIPE_KEY)
+        if not recorded:
+            warn_old_recipe_name("--grow-at ...,strategy=", "recipe=")
+    if kwargs.get("recipe", "exact") not in RECIPES:  # an old name (_value knew it)
+        note = recipe_alias_note(kwargs["recipe"])
+        kwargs["recipe"] = canonical_recipe(kwargs["recipe"], warn=False)
     lr, ramp = kwargs.pop("lr", None), kwargs.pop("lr_ramp", 0)
     if ramp and lr is None:
         raise ConfigError(f"--grow-at {spec!r}: lr_ramp needs lr= (the peak to ramp to)")
@@ -117,10 +132,10 @@ def parse_options(text: str, where: str, keys: Sequence[str], usage: str) -> dic
 
 
 def _value(key: str, value: str, where: str) -> Any:
-    if key in ("strategy", "recipe"):
-        if value not in strategy_names():
+    if key in ("recipe", OLD_RECIPE_KEY):
+        if value not in recipe_names():
             raise ConfigError(f"{where}: unknown {key} {value!r}; choose one of "
-                              f"{', '.join(STRATEGY)}")
+                              f"{', '.join(RECIPES)}")
         return value
     if key == "widen":
         if value not in widen_names():
@@ -165,29 +180,43 @@ def _float(text: str) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def growth_events(specs: Sequence[str], steps: int, *, freeze_old: str = "0",
-                  noise_old: float = 0.0) -> list[GrowthEvent]:
-    """The ``--grow-at`` specs of a run of ``steps`` steps as events, by step, each without its
-    own ``freeze_old``/``noise_old`` given the run's (``growth_freeze_old``/``growth_noise_old``).
-    Refused: a step outside the run, two growths at one step, a freeze that would outlast the
-    next growth (which ends it) unless that growth freezes at least as long."""
-    defaults = parse_options(f"freeze_old={freeze_old},noise_old={noise_old}",
-                             "growth_freeze_old/growth_noise_old", OLD_TOKEN_KEYS,
-                             f"growth_freeze_old must be a number of steps or {FOREVER}, and "
-                             f"growth_noise_old a number >= 0")
-    defaults = {k: v for k, v in defaults.items() if v}  # 0: off, as if not given
-    events = []
-    for spec in specs:
-        event = parse_grow_at(spec)
-        for key, value in defaults.items():
-            event.kwargs.setdefault(key, value)
-        events.append(event)
-    events.sort(key=lambda e: e.step)
+def run_options(freeze_old: str = "0", noise_old: float = 0.0) -> dict[str, Any]:
+    """A run's ``growth_freeze_old`` / ``growth_noise_old`` as the options every growth without
+    its own gets (none when 0: off, as if not given); one ConfigError line if malformed."""
+    options = parse_options(f"freeze_old={freeze_old},noise_old={noise_old}",
+                            "growth_freeze_old/growth_noise_old", OLD_TOKEN_KEYS,
+                            f"growth_freeze_old must be a number of steps or {FOREVER}, and "
+                            f"growth_noise_old a number >= 0")
+    return {k: v for k, v in options.items() if v}
+
+
+def check_steps(events: Sequence[GrowthEvent], steps: int, min_lr: float) -> None:
+    """The growths fit a run of ``steps`` steps whose decays end at ``min_lr``: each inside the
+    run, none at the step of another, no stage peak below ``min_lr``. One ConfigError line."""
     for event in events:
         if not 0 < event.step < steps:
             raise ConfigError(f"--grow-at {event.spec!r}: the step must be in 1..{steps - 1}")
     if len({e.step for e in events}) != len(events):
         raise ConfigError("--grow-at: two growths at the same step; merge them into one")
+    for event in events:
+        if event.lr is not None and event.lr < min_lr:
+            raise ConfigError(f"--grow-at {event.spec!r}: lr {event.lr:g} is below min_lr "
+                              f"{min_lr:g}, where every decay ends")
+
+
+def growth_events(given: Sequence[GrowthEvent], *, freeze_old: str = "0",
+                  noise_old: float = 0.0) -> list[GrowthEvent]:
+    """The growths of a run, by step, each without its own ``freeze_old``/``noise_old`` given the
+    run's (``growth_freeze_old``/``growth_noise_old``, :func:`run_options`; the ``given`` events
+    are left as they are). Refused: a freeze that would outlast the next growth (which ends it)
+    unless that growth freezes at least as long."""
+    defaults = run_options(freeze_old, noise_old)
+    events = []
+    for event in given:
+        added = {k: v for k, v in defaults.items() if k not in event.kwargs}
+        events.append(dataclasses.replace(event, kwargs={**event.kwargs, **added},
+                                          run_wide=tuple(added)) if added else event)
+    events.sort(key=lambda e: e.step)
     for a, b in itertools.pairwise(events):
         if a.freeze_end > b.step and b.freeze_end < a.freeze_end:
             raise ConfigError(
@@ -195,12 +224,6 @@ def growth_events(specs: Sequence[str], steps: int, *, freeze_old: str = "0",
                 f"which ends it; freeze for at most {b.step - a.step} steps, or give the growth "
                 f"at {b.step} a freeze_old at least as long (it freezes every older token)")
     return events
-
-
-def run_growth_events(cfg: TrainConfig) -> list[GrowthEvent]:
-    """:func:`growth_events` of a training config."""
-    return growth_events(cfg.grow_at, cfg.steps, freeze_old=cfg.growth_freeze_old,
-                         noise_old=cfg.growth_noise_old)
 
 
 def _same(a: GrowthEvent, b: GrowthEvent) -> bool:
@@ -250,13 +273,13 @@ def check_history(events: Sequence[GrowthEvent], applied: object, step: int,
         raise CheckpointError(f"{where}: growth is {applied!r}, expected a list of --grow-at "
                               f"specs")
     try:
-        done = [parse_grow_at(spec) for spec in applied]
+        done = [parse_grow_at(spec, recorded=True) for spec in applied]
     except ConfigError:
         raise CheckpointError(f"{where}: growth holds a malformed spec ({applied!r})") from None
 
     def same(planned: list[GrowthEvent]) -> bool:  # the specs as given: no run-wide defaults
         return len(planned) == len(done) and all(
-            _same(parse_grow_at(e.spec), d) for e, d in zip(planned, done, strict=True))
+            _same(e.as_given(), d) for e, d in zip(planned, done, strict=True))
 
     if not (same([e for e in events if e.step < step])
             or same([e for e in events if e.step <= step])):
@@ -269,7 +292,7 @@ def check_history(events: Sequence[GrowthEvent], applied: object, step: int,
 
 def check_growth_plan(config: Any, events: Sequence[GrowthEvent]) -> None:
     """Apply every growth to the model config in order, before the first step: a shrink, an
-    unknown strategy, an impossible multiple, old-token options on a growth that keeps no
+    unknown recipe, an impossible multiple, old-token options on a growth that keeps no
     tokens, or a model too large for memory fails now, not after the steps before it."""
     for event in events:
         if not _old_token_options(event):

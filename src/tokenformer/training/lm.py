@@ -30,9 +30,10 @@ from .checkpointing import (
 from .config import RUN_CONFIG, TrainConfig
 from .distributed import consolidate_checkpoint
 from .evaluation import lm_evaluator
-from .execution import resolve_device
-from .growth_events import check_growth_plan, run_growth_events
-from .loop import FitResult, fit
+from .execution import Execution, resolve_device
+from .growth import growth_plan
+from .growth_events import check_growth_plan
+from .loop import FitResult, RunFolder, RunState, fit
 from .recording import METRICS
 from .report import report
 from .signals import Interrupted
@@ -100,6 +101,7 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
 
     ``resume=True`` continues the run in ``cfg.out`` from its newest checkpoint, bit for bit.
     """
+    events = growth_plan(cfg)  # before any work: a bad plan is one line, nothing written
     world = World()
     stack = contextlib.ExitStack()
     try:
@@ -120,7 +122,6 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
             raise ConfigError(f"seq_len {cfg.seq_len} exceeds the model's context "
                               f"{model_config.max_seq_len}")
         dataset.check_model(model_config.vocab_size, cfg.seq_len)
-        events = run_growth_events(cfg)
         if not resume:  # a resumed run's plan is checked against its checkpoint, below
             check_growth_plan(model_config, events)
         if world.is_main:
@@ -178,9 +179,10 @@ def train(cfg: TrainConfig, *, resume: bool = False, progress: bool | None = Non
                      f"{cfg.seq_len} tokens on {world.world_size}× {device.type} "
                      f"({world.strategy}, {cfg.precision})")
         try:
-            result = fit(model, batch_fn, cfg, eval_fn=eval_fn, out_dir=run_dir,
-                         resume_from=resume_from, save_extra=tokenizer.save, world=world,
-                         device=device, progress=show, optimizer=optimizer)
+            result = fit(model, batch_fn, cfg, eval_fn=eval_fn,
+                         start=RunState(optimizer=optimizer, resume_from=resume_from),
+                         out_dir=RunFolder(run_dir, tokenizer.save), progress=show,
+                         execution=Execution(world, device))
         except Interrupted as exc:
             exc.args = (f"{exc}; continue with: tokenformer train --resume {run_dir}",)
             raise

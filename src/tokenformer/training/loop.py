@@ -13,6 +13,7 @@ checkpoint when due or asked for by a signal (:mod:`.checkpointing`, :mod:`.sign
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -31,14 +32,14 @@ from .anneal import Anneal, anneal_after
 from .checkpointing import Checkpointer, restore
 from .config import TrainConfig
 from .evaluation import EvalFn, Evaluation
-from .execution import autocast_for, prepare_module
+from .execution import Execution, autocast_for, prepare_module
 from .freezing import FrozenRows
-from .growth import grow_in_run
-from .growth_events import GrowthEvent, check_history, run_growth_events
+from .growth import grow_in_run, growth_plan
+from .growth_events import GrowthEvent, check_history
 from .optim import group_names, make_optimizer
 from .readback import Readback, readback_steps
 from .recording import Callback, Recorder
-from .schedule import lr_at, set_lr
+from .schedule import LrSchedule, lr_at, set_lr
 from .signals import StopOnSignal
 from .step import count_tokens, lm_flops, train_step
 
@@ -90,96 +91,126 @@ def divergence(loss: float, done: int, events: Sequence[GrowthEvent]) -> str:
             f"enable grad_clip")
 
 
+@dataclass(frozen=True)
+class RunState:
+    """Where a ``fit`` call starts in its run. A run that spans several calls (the frontier's
+    segments and cooldown branches) passes on what the call before left in force: the step it
+    reached (``step``), its ``optimizer``, the frozen rows (``freeze``, :mod:`.freezing`) and the
+    Θ-factor anneal (``anneal``, :mod:`.anneal`) of :class:`FitResult`, and the learning-rate
+    ``schedule`` it follows when that is not the config's (:class:`~.schedule.LrSchedule`; the
+    default is :meth:`TrainConfig.lr_schedule`). Or it names a checkpoint to continue,
+    ``resume_from``, which carries the step, optimizer, frozen rows and anneal itself (with the
+    RNG and counters; ``model``'s class loads it)."""
+
+    step: int = 0
+    optimizer: torch.optim.Optimizer | None = None
+    freeze: FrozenRows | None = None
+    anneal: Anneal | None = None
+    schedule: LrSchedule | None = None
+    resume_from: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.resume_from is not None and self.optimizer is not None:
+            raise ConfigError("pass either an optimizer or resume_from, not both")
+        if self.resume_from is not None and self.anneal is not None:
+            raise ConfigError("pass either an anneal or resume_from (whose checkpoint carries "
+                              "it), not both")
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The folder a ``fit`` call writes, locked for the call (:mod:`tokenformer.io.outputs`): its
+    metrics log and checkpoints, each holding what ``extra(folder)`` writes beside the model
+    (``train``'s: the tokenizer files)."""
+
+    path: Path
+    extra: Callable[[Path], None] | None = None
+
+
 def fit(
     model: nn.Module,
     batch_fn: Batches,
     cfg: TrainConfig,
     *,
     eval_fn: EvalFn | None = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    start_step: int = 0,
-    out_dir: str | Path | None = None,
-    resume_from: str | Path | None = None,
-    callbacks: Sequence[Callback] = (),
     flops_fn: FlopsFn | None = None,
-    save_extra: Callable[[Path], None] | None = None,
-    world: World | None = None,
-    device: torch.device | str | None = None,
+    start: RunState | None = None,
+    out_dir: str | Path | RunFolder | None = None,
+    callbacks: Sequence[Callback] = (),
     progress: bool | None = None,
-    freeze: FrozenRows | None = None,
-    lr_fn: Callable[[int], float] | None = None,
-    anneal: Anneal | None = None,
-    readback: int | None = None,
+    execution: Execution | None = None,
 ) -> FitResult:
-    """Train ``model`` from ``start_step`` to ``cfg.steps``; see the module docstring.
+    """Train ``model`` from ``start.step`` (default 0) to ``cfg.steps``; see the module docstring.
 
     ``batch_fn(step)`` returns this rank's slice of the global batch (a dict of tensors, already
     on the device, whose keys ``model`` accepts). ``eval_fn(model)`` returns metrics; it runs on
     every rank at ``eval_interval``, ``eval_at``, around growths and at the end. ``flops_fn``
-    counts the training FLOPs of a batch (default: :func:`lm_flops`). ``resume_from`` (a
-    checkpoint directory) restores model, optimizer, RNG, step and counters, and ``model``'s class
-    loads it. ``callbacks`` see every metrics record and the current model. ``freeze`` keeps
-    rows of ``model`` unchanged until its step (:mod:`.freezing`; a growth with ``freeze_old``
-    replaces it, and a checkpoint carries it to the resumed run). ``lr_fn(step)``: the learning
-    rate of each step instead of ``cfg``'s schedule (a caller whose schedule spans several
-    ``fit`` calls, e.g. the frontier's stable runs and cooldown branches). ``anneal``: the
-    Θ-factor anneal in force at ``start_step`` (a caller whose run spans several ``fit`` calls
-    passes on the :class:`FitResult`'s ``anneal`` and ``freeze`` of the call before); each exact
-    growth of ``cfg.grow_at`` starts one of ``anneal_steps`` itself, and a checkpoint carries it
-    to the resumed run. ``readback``: the steps between reads of the losses from the device
-    (:mod:`.readback`; default 1 on the CPU or with ``callbacks``, else
-    :data:`~.readback.READBACK_STEPS`): the records are the same for any value.
+    counts the training FLOPs of a batch (default: :func:`lm_flops`). ``start``: where the call
+    starts in its run (:class:`RunState`: the step, optimizer, frozen rows, anneal and schedule
+    in force, or a checkpoint to resume). ``callbacks`` see every metrics record and the current
+    model; ``progress``: a progress bar (None: when stderr is a terminal). ``execution``: the
+    process group, device and read-back interval (:class:`~.execution.Execution`; default: this
+    process, the model's device). Each exact growth of ``cfg.grow_at`` starts a Θ-factor anneal
+    of ``anneal_steps`` itself, and a growth with ``freeze_old`` freezes the old tokens; a
+    checkpoint carries both to the resumed run.
 
-    With ``out_dir`` the run folder is locked for the call (:mod:`tokenformer.io.outputs`), and
-    SIGINT/SIGTERM stop the loop after the current step with a checkpoint written
-    (:class:`~tokenformer.training.signals.Interrupted`); a second signal stops at once.
+    With ``out_dir`` (a path, or a :class:`RunFolder`) the run folder is locked for the call
+    (:mod:`tokenformer.io.outputs`) and gets the metrics log and checkpoints, and SIGINT/SIGTERM
+    stop the loop after the current step with a checkpoint written
+    (:class:`~tokenformer.training.signals.Interrupted`); a second signal stops at once. The
+    growth plan is checked first (:func:`.growth.growth_plan`): a bad one writes nothing.
     """
-    world = world or World()
-    lock = (hold_run_folder(out_dir, command="train", world=world)
-            if out_dir is not None else contextlib.nullcontext())
-    with lock, StopOnSignal(enabled=out_dir is not None) as stopper:
-        return _fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer,
-                    start_step=start_step, out_dir=out_dir, resume_from=resume_from,
-                    callbacks=callbacks, flops_fn=flops_fn, save_extra=save_extra, world=world,
-                    device=device, progress=progress, stopper=stopper, freeze=freeze,
-                    lr_fn=lr_fn, anneal=anneal, readback=readback)
+    start = start or RunState()
+    folder = (out_dir if isinstance(out_dir, RunFolder) or out_dir is None
+              else RunFolder(Path(out_dir)))
+    execution = execution or Execution()
+    if execution.world is None:  # this process alone
+        execution = dataclasses.replace(execution, world=World())
+    events = growth_plan(cfg)  # before the run folder is locked: a bad plan writes nothing
+    lock = (hold_run_folder(folder.path, command="train", world=execution.world)
+            if folder is not None else contextlib.nullcontext())
+    with lock, StopOnSignal(enabled=folder is not None) as stopper:
+        return _fit(model, batch_fn, cfg, start, folder, execution, events, stopper,
+                    eval_fn=eval_fn, flops_fn=flops_fn, callbacks=callbacks, progress=progress)
 
 
-def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: EvalFn | None,
-         optimizer: torch.optim.Optimizer | None, start_step: int, out_dir: str | Path | None,
-         resume_from: str | Path | None, callbacks: Sequence[Callback],
-         flops_fn: FlopsFn | None, save_extra: Callable[[Path], None] | None, world: World,
-         device: torch.device | str | None, progress: bool | None, stopper: StopOnSignal,
-         freeze: FrozenRows | None, lr_fn: Callable[[int], float] | None,
-         anneal: Anneal | None, readback: int | None) -> FitResult:
-    device = torch.device(device) if device is not None else next(model.parameters()).device
+def _resume(model: nn.Module, cfg: TrainConfig, start: RunState, world: World,
+            device: torch.device, events: Sequence[GrowthEvent]
+            ) -> tuple[nn.Module, RunState, dict[str, Any]]:
+    """The model, the run state and the counters of the checkpoint ``start.resume_from``, its
+    growth history checked against ``events``."""
+    path = Path(start.resume_from)
+    model, optimizer, state = restore(type(model), path, cfg, world, device)
+    check_history(events, state.get("growth"), state["step"], str(path / STATE_NAME))
+    frozen, saved = state.get("frozen_rows"), state.get("anneal")
+    resumed = dataclasses.replace(
+        start, step=state["step"], optimizer=optimizer, resume_from=None,
+        freeze=FrozenRows.from_state(frozen, str(path)) if frozen is not None else None,
+        anneal=(Anneal.from_state(saved, cfg.anneal_steps, str(path / STATE_NAME))
+                if saved is not None else None))
+    return model, resumed, {k: state[k] for k in ("tokens", "flops", "train_time", "elapsed")}
+
+
+def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, start: RunState,
+         folder: RunFolder | None, execution: Execution, events: list[GrowthEvent],
+         stopper: StopOnSignal, *, eval_fn: EvalFn | None, flops_fn: FlopsFn | None,
+         callbacks: Sequence[Callback], progress: bool | None) -> FitResult:
+    world = execution.world
+    device = (torch.device(execution.device) if execution.device is not None
+              else next(model.parameters()).device)
     flops_fn = flops_fn or lm_flops
-    events = run_growth_events(cfg)
-    if (events or freeze is not None) and world.strategy == "fsdp":
+    if (events or start.freeze is not None) and world.strategy == "fsdp":
         raise ConfigError("growth inside a run (and frozen rows) is not supported with strategy "
                           "fsdp; use ddp")
     growth_steps = [e.step for e in events]
-    stages = [e.stage for e in events]
-    run_dir = Path(out_dir) if out_dir is not None else None
+    schedule = start.schedule if start.schedule is not None else cfg.lr_schedule()
+    run_dir = folder.path if folder is not None else None
     model = model.to(device)
     counters = None
-    if resume_from is not None:
-        if optimizer is not None:
-            raise ConfigError("pass either an optimizer or resume_from, not both")
-        if anneal is not None:
-            raise ConfigError("pass either an anneal or resume_from (whose checkpoint carries "
-                              "it), not both")
-        model, optimizer, state = restore(type(model), Path(resume_from), cfg, world, device)
-        start_step = state["step"]
-        check_history(events, state.get("growth"), start_step,
-                      str(Path(resume_from) / STATE_NAME))
-        frozen = state.get("frozen_rows")
-        freeze = (FrozenRows.from_state(frozen, str(resume_from)) if frozen is not None
-                  else None)
-        saved = state.get("anneal")
-        anneal = (Anneal.from_state(saved, cfg.anneal_steps, str(Path(resume_from) / STATE_NAME))
-                  if saved is not None else None)
-        counters = {k: state[k] for k in ("tokens", "flops", "train_time", "elapsed")}
+    resumed = start.resume_from is not None
+    if resumed:
+        model, start, counters = _resume(model, cfg, start, world, device, events)
+    start_step, optimizer, freeze, anneal = start.step, start.optimizer, start.freeze, start.anneal
     module = prepare_module(model, cfg, world, device)
     if optimizer is None:
         optimizer = make_optimizer(model, cfg)
@@ -189,14 +220,13 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
         freeze.attach(model, optimizer)
     if anneal is not None:  # start_step's (an earlier version's checkpoint saved the held one)
         anneal.apply(model, start_step)
-    recorder = Recorder(cfg, world, run_dir=run_dir, start_step=start_step,
-                        resumed=resume_from is not None, counters=counters, callbacks=callbacks,
-                        progress=progress)
+    recorder = Recorder(cfg, world, run_dir=run_dir, start_step=start_step, resumed=resumed,
+                        counters=counters, callbacks=callbacks, progress=progress)
     autocast = autocast_for(cfg, device)
     evaluation = Evaluation(eval_fn, cfg, growth_steps, autocast)
-    checkpoints = (Checkpointer(run_dir, cfg, world, events, save_extra) if run_dir is not None
-                   else None)
-    pending = Readback(recorder, readback if readback is not None else
+    checkpoints = (Checkpointer(run_dir, cfg, world, events, folder.extra)
+                   if folder is not None else None)
+    pending = Readback(recorder, execution.readback if execution.readback is not None else
                        readback_steps(device, callbacks), device,
                        lambda loss, done: divergence(loss, done, events))
 
@@ -221,7 +251,7 @@ def _fit(model: nn.Module, batch_fn: Batches, cfg: TrainConfig, *, eval_fn: Eval
                 recorder.emit(record, model)
             if freeze is not None and not freeze.active(step):
                 freeze = None  # the old tokens train again (and the saved copy is freed)
-            lr = lr_fn(step) if lr_fn is not None else lr_at(step, cfg, stages)
+            lr = lr_at(step, schedule)
             set_lr(optimizer, lr)
             started = time.perf_counter()
             batch = batch_fn(step)

@@ -12,9 +12,10 @@ from ...ops.growth import (
     PLAN_KEYS,
     GrowthOptions,
     as_key,
+    recipe_names,
     refuse_unsupported,
     size_lines,
-    strategy_names,
+    warn_old_recipe_name,
     widen_names,
     widening_refusal,
 )
@@ -29,6 +30,10 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("give the output directory: tokenformer grow IN OUT (or --out OUT)")
     refuse_unsupported({key: value for key in ("vocab_size",)  # before loading a checkpoint
                         if (value := getattr(args, key)) is not None})
+    if args.strategy is not None:  # --recipe's old name
+        warn_old_recipe_name("--strategy", "--recipe")
+        args.recipe = args.strategy if args.recipe is None else args.recipe
+    args.recipe = args.recipe or "exact"
     # The options' fields are this parser's destinations (register below).
     options = GrowthOptions(**{key: getattr(args, key) for key in PLAN_KEYS})
     refusal = widening_refusal(options, _flag)  # the flags alone decide it: before loading
@@ -42,7 +47,7 @@ def run(args: argparse.Namespace) -> None:
     if summary["optimizer"] and not summary["reset_optimizer"]:
         optimizer = "carried over"
     elif summary["optimizer"]:
-        optimizer = ("reset: a fresh optimizer, as --strategy official-released always starts"
+        optimizer = ("reset: a fresh optimizer, as --recipe official-released always starts"
                      if not args.reset_optimizer else "reset (--reset-optimizer)")
     parts = []
     if args.hidden is not None:
@@ -50,12 +55,12 @@ def run(args: argparse.Namespace) -> None:
         parts.append(f"width {args.hidden} by duplication{noise}")
     if args.layers is not None:
         parts.append(f"layers {args.layers} " + ("stacked" if args.how == "stack" else
-                                                  f"by inserted blocks ({args.strategy})"))
+                                                  f"by inserted blocks ({args.recipe})"))
     if not hasattr(summary["config_before"], "qkv_tokens") and args.ffn is not None:
         how = "duplication" if args.widen == "duplicate" else f"{args.widen} widening"
         parts.append(f"mlp {args.ffn} by {how}")  # a baseline: no parameter tokens
     elif any(getattr(args, kind) is not None for kind in ("qkv", "proj", "ffn")):
-        parts.append(f"{args.strategy} tokens")
+        parts.append(f"{args.recipe} tokens")
     print(f"grew {args.checkpoint} -> {summary['out']} ({'; '.join(parts) or 'a copy'})")
     for line in size_lines(summary["config_before"], summary["grown_config"]):
         print(line)
@@ -100,11 +105,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="new total number of blocks (see --how)")
     p.add_argument("--how", choices=HOWS, default="identity",
                    help="new blocks: identity (inserted at --positions; exact under the exact "
-                        "strategy) or stack (the trained blocks repeated in order, G_stack)")
+                        "recipe) or stack (the trained blocks repeated in order, G_stack)")
     p.add_argument("--positions", type=comma_list(int, "block indices"), default=None,
                    help="comma-separated indices of the new blocks in the grown model "
                         "(default: spread evenly)")
-    p.add_argument("--strategy", choices=strategy_names(), default="exact")
+    p.add_argument("--recipe", choices=recipe_names(), default=None,
+                   help="how the new tokens and inserted blocks are drawn (default exact; "
+                        "docs/growth.md)")
+    p.add_argument("--strategy", choices=recipe_names(), default=None,
+                   help=argparse.SUPPRESS)  # --recipe's old name, deprecated
     p.add_argument("--seed", type=seed, default=0, help="seed of the new random rows")
     p.add_argument("--reset-optimizer", action="store_true",
                    help="fresh optimizer state instead of carrying it over (the released code)")

@@ -138,7 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="context length for the attention FLOPs (default: the model's)")
     p.add_argument("--grow", default=None, metavar="KEY=VALUE,...",
                    help="also show the sizes after this growth, with tokenformer grow's "
-                        "options as keys: hidden, heads, layers, how, qkv, proj, ffn, strategy "
+                        "options as keys: hidden, heads, layers, how, qkv, proj, ffn, recipe "
                         "(e.g. hidden=2x,layers=2x,how=stack)")
     p.set_defaults(func=lambda a: print(info(a.model, a.seq_len, a.grow)))
 

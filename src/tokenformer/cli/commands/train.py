@@ -82,7 +82,7 @@ def run_train(args: argparse.Namespace) -> int:
         if not has_regular_file(run_dir / RUN_CONFIG, folder=run_dir):
             raise ConfigError(f"{run_dir} is not a training run directory (no {RUN_CONFIG})")
         overrides["out"] = str(run_dir)
-        cfg = load_config(run_dir / RUN_CONFIG, overrides)
+        cfg = load_config(run_dir / RUN_CONFIG, overrides, recorded=True)
         if _finished(run_dir, cfg.steps):
             return 0
     else:
@@ -107,7 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="continue RUN_DIR from its newest checkpoint, bit for bit")
     p.add_argument("--grow-at", action="append", default=None, metavar="STEP:SPEC",
                    help="grow the model after STEP steps, e.g. "
-                        "500:qkv=2x,proj=2x,ffn=2x,layers=6,strategy=exact (repeatable); more "
+                        "500:qkv=2x,proj=2x,ffn=2x,layers=6,recipe=exact (repeatable); more "
                         "keys: hidden, heads, how, recipe, freeze_old, noise_old, lr, lr_ramp "
                         "(docs/training.md)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -33,9 +33,9 @@ import math
 from typing import Any
 
 from ...errors import ConfigError
-from .configs import _stage, model_configs
+from .arms import GROWING_ARMS, GrowingArm
+from .configs import model_configs, sized_stage
 from .presets import Preset
-from .recipes import RECIPES, Recipe
 from .schedule import Branch, Stage, branch_for, size_at
 
 Envelope = dict[int, str]  # budget index → the family's best from-scratch size there
@@ -50,7 +50,7 @@ def predicted_envelope(preset: Preset, family: str, vocab_size: int) -> Envelope
     for j, budget in enumerate(preset.budgets):
         ratios = {}
         for size, config in configs.items():
-            b = branch_for((_stage(preset, size, config, 0),), j, budget, preset)
+            b = branch_for((sized_stage(preset, size, config, 0),), j, budget, preset)
             if b is not None:
                 tokens = b.steps * preset.tokens_per_step
                 ratios[size] = abs(math.log(tokens / config.num_parameters(non_embedding=True)
@@ -76,14 +76,14 @@ def follow_envelope(preset: Preset, configs: dict[str, Any], best: Envelope
     targets = chain_targets(best, order)
     js = sorted(targets)
     budgets = preset.budgets
-    stages = [_stage(preset, targets[js[0]], configs[targets[js[0]]], 0)]
+    stages = [sized_stage(preset, targets[js[0]], configs[targets[js[0]]], 0)]
     for prev, j in itertools.pairwise(js):
         size = targets[j]
         if size == stages[-1].size:
             continue
 
         def with_growth(step: int, size: str = size) -> tuple[Stage, ...]:
-            return (*stages, _stage(preset, size, configs[size], step))
+            return (*stages, sized_stage(preset, size, configs[size], step))
 
         def has_share(step: int, j: int = j) -> bool:
             b = branch_for(with_growth(step), j, budgets[j], preset)
@@ -101,13 +101,13 @@ def follow_envelope(preset: Preset, configs: dict[str, Any], best: Envelope
                 mid = (lo + hi + 1) // 2
                 lo, hi = (mid, hi) if has_share(mid) else (lo, mid - 1)
             step = lo
-        stages.append(_stage(preset, size, configs[size], step))
+        stages.append(sized_stage(preset, size, configs[size], step))
     return tuple(stages)
 
 
-def reshaped_chain(preset: Preset, recipe: Recipe, configs: dict[str, Any], best: Envelope,
+def reshaped_chain(preset: Preset, growing: GrowingArm, configs: dict[str, Any], best: Envelope,
                    sized: tuple[Stage, ...]) -> tuple[Stage, ...]:
-    """A stack or clone chain (``recipe.shape``): it ends where the size-walking chain ``sized``
+    """A stack or clone chain (``growing.shape``): it ends where the size-walking chain ``sized``
     of the same envelope ends (the envelope's best size at the final budget), from that size at
     half depth (blocks stacked, G_stack) or at half hidden size and heads (duplicated,
     HyperCloning), and grows once, by :func:`follow_envelope`'s rule on the two-size envelope
@@ -119,14 +119,14 @@ def reshaped_chain(preset: Preset, recipe: Recipe, configs: dict[str, Any], best
         return sized[:1]
     final = sized[-1]
     c = final.config
-    if recipe.shape == "stack":
+    if growing.shape == "stack":
         if c.num_layers % 2:
-            raise ConfigError(f"frontier: {recipe.arm} stacks half the blocks: num_layers "
+            raise ConfigError(f"frontier: {growing.arm} stacks half the blocks: num_layers "
                               f"must be even")
         small, name = dataclasses.replace(c, num_layers=c.num_layers // 2), "half-depth"
     else:
         if c.hidden_size % 2 or c.num_heads % 2:
-            raise ConfigError(f"frontier: {recipe.arm} duplicates half the width: hidden size "
+            raise ConfigError(f"frontier: {growing.arm} duplicates half the width: hidden size "
                               f"and heads must be even")
         small = dataclasses.replace(c, hidden_size=c.hidden_size // 2, num_heads=c.num_heads // 2)
         if preset.tpp_widths is not None:  # v4: every width axis halves (S(k−2) exactly)
@@ -160,12 +160,12 @@ def chain_stages(preset: Preset, vocab_size: int, envelopes: dict[str, Envelope]
     configs = {f: model_configs(preset, f, vocab_size) for f in preset.families}
     chains = {}
     for arm in preset.recipes:
-        recipe = RECIPES[arm]
-        best = (envelopes or {}).get(recipe.family) or predicted_envelope(
-            preset, recipe.family, vocab_size)
-        stages = follow_envelope(preset, configs[recipe.family], best)
-        if recipe.shape != "size":
-            stages = reshaped_chain(preset, recipe, configs[recipe.family], best, stages)
+        growing = GROWING_ARMS[arm]
+        best = (envelopes or {}).get(growing.family) or predicted_envelope(
+            preset, growing.family, vocab_size)
+        stages = follow_envelope(preset, configs[growing.family], best)
+        if growing.shape != "size":
+            stages = reshaped_chain(preset, growing, configs[growing.family], best, stages)
         if len(stages) > 1:
             chains[arm] = stages
     return chains

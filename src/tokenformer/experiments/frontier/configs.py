@@ -94,6 +94,6 @@ def model_configs(preset: Preset, family: str, vocab_size: int) -> dict[str, Any
     return out
 
 
-def _stage(preset: Preset, size: str, config: Any, start: int) -> Stage:
+def sized_stage(preset: Preset, size: str, config: Any, start: int) -> Stage:
     per_token = flops_per_token(config, preset.seq_len, training=True)["total"]
     return Stage(size, config, start, per_token * preset.tokens_per_step)

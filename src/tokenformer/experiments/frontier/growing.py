@@ -1,8 +1,9 @@
-"""A chain's growths in the frontier, as ``--grow-at`` events that ``fit`` applies
-(:mod:`tokenformer.training.growth`, the one way a run grows): each recipe's growth into a stage
-written as the spec ``tokenformer train --grow-at`` takes (:func:`grow_at`), the run-wide
-growth options that go with it (:func:`growth_settings`), and the growth diagnostics (old vs new
-tokens' norms and their first update)."""
+"""A chain's growths in the frontier, as the growth events that ``fit`` applies
+(:mod:`tokenformer.training.growth`, the one way a run grows): each arm's growth into a stage as
+a :class:`~tokenformer.training.growth_events.GrowthEvent`, whose spec is the one ``tokenformer
+train --grow-at`` takes (:func:`grow_at`), the run-wide growth options that go with it
+(:func:`growth_settings`), and the growth diagnostics (old vs new tokens' norms and their first
+update)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import math
 from typing import Any
 
 from ...nn.pattention import pattention_kind
-from ...ops.growth import old_tokens
-from . import recipes as recipes_
+from ...ops.growth import OLD_RECIPE_KEY, old_tokens
+from ...training.growth_events import GrowthEvent
 from . import schedule as schedule_
+from .arms import GROWING_ARMS
 from .presets import Preset
 from .schedule import Run
 
@@ -27,30 +29,33 @@ def same_size(a: Any, b: Any) -> bool:
     return all(getattr(a, f, None) == getattr(b, f, None) for f in SIZE_FIELDS)
 
 
-def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> str:
-    """The ``--grow-at`` spec of ``run``'s growth from a model of ``config`` into ``stage``:
-    its recipe's operator (tokens, MLP widening, stacking or duplication), sizes and old-token
-    options."""
-    recipe = recipes_.RECIPES[run.recipe]
+def grow_at(run: Run, stage: schedule_.Stage, config: Any) -> GrowthEvent:
+    """The growth event of ``run``'s growth from a model of ``config`` into ``stage``: its arm's
+    operator (tokens, MLP widening, stacking or duplication), sizes and old-token options. Its
+    spec is the ``--grow-at`` text a user would write, as the frontier has always written it
+    (the recipe under ``strategy=``, its old key): what a record or a message shows."""
+    growing = GROWING_ARMS[run.recipe]
     c = stage.config
     request: dict[str, Any]
-    if recipe.shape == "stack":  # G_stack, into the final size
+    if growing.shape == "stack":  # G_stack, into the final size
         request = {"layers": c.num_layers, "how": "stack"}
-    elif recipe.shape == "clone":  # HyperCloning, into the final size
+    elif growing.shape == "clone":  # HyperCloning, into the final size
         request = {"hidden": c.hidden_size, "heads": c.num_heads,
-                   "width_noise": recipe.width_noise,
+                   "width_noise": growing.width_noise,
                    # v4's width-scaled Transformer++ doubles its MLP with the hidden size
                    "ffn": c.intermediate_size if config.intermediate_size
                    != c.intermediate_size else None}
-    elif recipe.kind == "widen":
-        request = {"ffn": c.intermediate_size, "widen": recipe.method}
+    elif growing.kind == "widen":
+        request = {"ffn": c.intermediate_size, "widen": growing.method}
     else:
         request = {"qkv": c.qkv_tokens, "proj": c.proj_tokens, "ffn": c.ffn_tokens,
-                   "strategy": recipe.method, "freeze_old": recipe.freeze_old,
-                   "noise_old": recipe.noise_old}
-    options = ",".join(f"{key}={value!r}" if isinstance(value, float) else f"{key}={value}"
-                       for key, value in request.items() if value not in (None, 0.0))
-    return f"{stage.start}:{options}"
+                   "recipe": growing.method, "freeze_old": growing.freeze_old,
+                   "noise_old": growing.noise_old}
+    kwargs = {key: value for key, value in request.items() if value not in (None, 0.0)}
+    spec = ",".join(f"{OLD_RECIPE_KEY if key == 'recipe' else key}="
+                    + (repr(value) if isinstance(value, float) else str(value))
+                    for key, value in kwargs.items())
+    return GrowthEvent(stage.start, kwargs, f"{stage.start}:{spec}")
 
 
 def growth_settings(preset: Preset, run: Run, grows: bool) -> dict[str, Any]:
@@ -58,29 +63,29 @@ def growth_settings(preset: Preset, run: Run, grows: bool) -> dict[str, Any]:
     the carried AdamW state of new rows (the preset's ``new_row_moments``; an MLP widening
     starts its new units' moments at zero, the only form an MLP widening has) and, for
     an annealing recipe, the anneal of Θ's factor that its exact growth starts."""
-    recipe = recipes_.RECIPES.get(run.recipe or "")
-    if recipe is None:
+    growing = GROWING_ARMS.get(run.recipe or "")
+    if growing is None:
         return {}
-    widening = recipe.kind == "widen" and recipe.shape == "size"
+    widening = growing.kind == "widen" and growing.shape == "size"
     mean = preset.new_row_moments == "mean" and not widening
     return {"growth_optimizer": "carry-mean" if mean else "carry",
-            "anneal_steps": preset.anneal_steps if recipe.anneal and grows else 0}
+            "anneal_steps": preset.anneal_steps if growing.anneal and grows else 0}
 
 
-def _grows_tokens(run: Run) -> bool:
-    recipe = recipes_.RECIPES.get(run.recipe or "")
-    return recipe is not None and recipe.kind == "chain" and recipe.shape == "size"
+def grows_tokens(run: Run) -> bool:
+    growing = GROWING_ARMS.get(run.recipe or "")
+    return growing is not None and growing.kind == "chain" and growing.shape == "size"
 
 
 def _row_norm(t: Any) -> float:
     return float(t.detach().float().norm(dim=1).mean()) if t.shape[0] else math.nan
 
 
-def _diagnose_growth(run: Run, model: Any, step: int) -> dict[str, Any]:
+def diagnose_growth(run: Run, model: Any, step: int) -> dict[str, Any]:
     """Right after a growth of tokens: the old rows' (those the growth kept, as it recorded
     them: :func:`tokenformer.ops.growth.old_tokens`) and new rows' mean L2 norm per Pattention
     kind and tensor, and a copy of the tokens to measure the first step's update against
-    (:func:`_finish_diagnosis`)."""
+    (:func:`finish_diagnosis`)."""
     sizes = schedule_.size_at(run.stages, step - 1).size, schedule_.size_at(run.stages, step).size
     kept = old_tokens(model)
     if kept is None:
@@ -98,7 +103,7 @@ def _diagnose_growth(run: Run, model: Any, step: int) -> dict[str, Any]:
     return {"step": step, "from": sizes[0], "to": sizes[1], "tensors": tensors, "snap": snap}
 
 
-def _finish_diagnosis(model: Any, pending: dict[str, Any]) -> dict[str, Any]:
+def finish_diagnosis(model: Any, pending: dict[str, Any]) -> dict[str, Any]:
     """The mean |Δ| of the first optimizer step after the growth, old and new rows."""
     deltas: dict[str, list[tuple[float, float]]] = {}
     for name, m in model.pattentions().items():

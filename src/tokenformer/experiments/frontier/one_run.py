@@ -3,8 +3,9 @@
 trained in parallel worker processes (:func:`prefetch`).
 
 Every segment is trained by :func:`tokenformer.training.fit` with the run's own schedule
-(``lr_fn``: :func:`schedule.run_lr`, the WSD schedule over the branch's total steps whose peak is
-the LR of the stage in force), so no approximation slips in when a run is cut into segments.
+(``schedule``: :func:`schedule.run_schedule`, the WSD schedule over the branch's total steps
+whose peak is the LR of the stage in force), so no approximation slips in when a run is cut into
+segments.
 """
 
 from __future__ import annotations
@@ -26,28 +27,31 @@ from ...errors import DivergedError, TokenFormerError
 from ...io.files import atomic_write_text
 from ...io.workers import check_parent, worker_pool
 from ...ops.growth.optimizer import copy_optimizer
+from ...training.config import TrainConfig
+from ...training.execution import Execution
 from ...training.freezing import FrozenRows
 from ...training.lm import lm_batches
-from ...training.loop import fit
+from ...training.loop import RunState, fit
 from ...training.optim import group_names, make_optimizer
+from ...training.schedule import LrSchedule
 from ..common.report import to_json
 from . import schedule as schedule_
-from .growing import _diagnose_growth, _finish_diagnosis, _grows_tokens, grow_at, same_size
+from .growing import diagnose_growth, finish_diagnosis, grow_at, grows_tokens, same_size
 from .presets import Preset
 from .schedule import Branch, Run
 from .state import (
     Context,
-    _anneal,
-    _build,
-    _checkpoint,
-    _load_state,
-    _restore,
-    _result_path,
-    _saved,
-    _state_path,
-    _train_config,
+    anneal_in_force,
+    build_model,
     context,
+    load_state,
     lr_record,
+    restore_state,
+    result_path,
+    save_state,
+    saved_result,
+    state_path,
+    train_config,
 )
 
 
@@ -60,15 +64,19 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     lr = lr_record(lrs)
     stage_at = {s.start: s for s in run.stages[1:]}
     stops = sorted({b.decay_start for b in run.branches} | set(stage_at))
-    state = _load_state(ctx, run, lr)
+    state = load_state(ctx, run, lr)
     if state is None:
         stage0 = run.stages[0]
-        model = _build(run.family, stage0.config, run.seed, ctx.device)
-        optimizer = make_optimizer(model, _train_config(ctx, run, lrs[0], 1, "constant"))
+        model = build_model(run.family, stage0.config, run.seed, ctx.device)
+        optimizer = make_optimizer(model, train_config(ctx, run, 1))
         state = {"cursor": 0, "counters": {"tokens": 0, "flops": 0.0}, "branches": [],
                  "anneal": None, "lr": lr, "timing": {"train_time": 0.0, "step_time": {}}}
     else:
-        model, optimizer = _restore(ctx, run, lrs[0], state)
+        model, optimizer = restore_state(ctx, run, state)
+    longest = max(b.steps for b in run.branches)  # the stable phase runs on its schedule
+    schedule = schedule_.run_schedule(run, lrs, longest, ctx.preset)
+    if run.steps > schedule_.decay_start(longest, ctx.preset):
+        raise AssertionError("a stable segment runs into the cooldown")
     bar = _bar(ctx, run)
     if bar is not None:
         bar.update(state["cursor"])
@@ -83,10 +91,8 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
             growth = (grow_at(run, stage, model.config)
                       if stage is not None and not same_size(model.config, stage.config)
                       else None)
-            # fit's lr_fn (schedule.run_lr) sets every step's LR; the config's lr only seeds AdamW
-            cfg = _train_config(ctx, run, lrs[0], stop, "constant", growth)
-            result = _segment(ctx, run, lrs, model, optimizer, cfg, start, state, bar,
-                              schedule_steps=max(b.steps for b in run.branches))
+            cfg = train_config(ctx, run, stop, growth)
+            result = _segment(ctx, run, schedule, model, optimizer, cfg, start, state, bar)
             model, optimizer = result.model, result.optimizer
             state["counters"]["tokens"] += result.tokens
             state["counters"]["flops"] += result.flops
@@ -101,7 +107,7 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
             state.update(model=model.state_dict(), optimizer=optimizer.state_dict(),
                          param_groups=group_names(model, optimizer),
                          config=dataclasses.asdict(model.config))
-            _checkpoint(_state_path(ctx, run), state)
+            save_state(state_path(ctx, run), state)
     finally:
         if bar is not None:
             bar.close()
@@ -112,13 +118,11 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     return out
 
 
-def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
-             cfg: Any, start: int, state: dict[str, Any], bar: Any, schedule_steps: int,
+def _segment(ctx: Context, run: Run, schedule: LrSchedule, model: Any, optimizer: Any,
+             cfg: TrainConfig, start: int, state: dict[str, Any], bar: Any,
              eval_fn: Any = None) -> Any:
-    """Train [start, cfg.steps) on the run's schedule for a branch of ``schedule_steps``
-    (growing first when ``cfg.grow_at`` holds the growth at ``start``)."""
-    if cfg.schedule == "constant" and cfg.steps > schedule_.decay_start(schedule_steps, ctx.preset):
-        raise AssertionError("a stable segment runs into the cooldown")
+    """Train [start, cfg.steps) on the run's ``schedule`` (:func:`schedule.run_schedule`),
+    growing first when ``cfg.grow_at`` holds the growth at ``start``."""
     timing = state["timing"]
     batch_fn = lm_batches(ctx.dataset, cfg.batch_size, cfg.seq_len, run.seed, ctx.device)
 
@@ -128,14 +132,14 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
             if not same_size(current.config, stage.config):
                 raise AssertionError(f"{run.id}: grown to {current.config}, planned "
                                      f"{stage.config}")
-            if _grows_tokens(run):
-                state["pending"] = _diagnose_growth(run, current, record["step"])
+            if grows_tokens(run):
+                state["pending"] = diagnose_growth(run, current, record["step"])
             return
         if record["type"] != "train":
             return
         pending = state.get("pending")
         if pending is not None and eval_fn is None and record["step"] == pending["step"] + 1:
-            state.setdefault("diagnostics", []).append(_finish_diagnosis(current, pending))
+            state.setdefault("diagnostics", []).append(finish_diagnosis(current, pending))
             state["pending"] = None
         size = schedule_.size_at(run.stages, record["step"] - 1).size
         # seconds of this step: its tokens over its measured tokens/s
@@ -148,12 +152,12 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
 
     # frozen old tokens (a chain's freeze_old), for the steps of this segment that need it
     frozen = state.get("frozen_rows")  # absent from states written before chains had options
-    freeze = FrozenRows.from_state(frozen, str(_state_path(ctx, run))) if frozen else None
-    result = fit(model, batch_fn, cfg, eval_fn=eval_fn, optimizer=optimizer, start_step=start,
-                 device=ctx.device, progress=False, callbacks=[on_record],
-                 freeze=freeze if freeze is not None and freeze.active(start) else None,
-                 lr_fn=lambda step: schedule_.run_lr(run, lrs, step, schedule_steps, ctx.preset),
-                 anneal=_anneal(ctx, run, state))
+    freeze = FrozenRows.from_state(frozen, str(state_path(ctx, run))) if frozen else None
+    in_force = RunState(step=start, optimizer=optimizer,
+                        freeze=freeze if freeze is not None and freeze.active(start) else None,
+                        anneal=anneal_in_force(ctx, run, state), schedule=schedule)
+    result = fit(model, batch_fn, cfg, eval_fn=eval_fn, start=in_force, callbacks=[on_record],
+                 progress=False, execution=Execution(device=ctx.device))
     timing["train_time"] += result.train_time
     return result
 
@@ -161,11 +165,11 @@ def _segment(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimiz
 def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimizer: Any,
             branch: Branch, state: dict[str, Any]) -> dict[str, Any]:
     """Cool a copy of the stable state down to ``branch.steps``; its final validation loss."""
-    cfg = _train_config(ctx, run, lrs[0], branch.steps, "wsd")  # lr_fn sets the LR
+    schedule = schedule_.run_schedule(run, lrs, branch.steps, ctx.preset)
     b_model = copy.deepcopy(model)
     b_opt = copy_optimizer(model, optimizer, b_model)
-    result = _segment(ctx, run, lrs, b_model, b_opt, cfg, branch.decay_start, state, None,
-                      schedule_steps=branch.steps, eval_fn=ctx.eval_fn)
+    result = _segment(ctx, run, schedule, b_model, b_opt, train_config(ctx, run, branch.steps),
+                      branch.decay_start, state, None, eval_fn=ctx.eval_fn)
     final = result.final_eval
     if final is None:
         raise TokenFormerError(f"{run.id}: the branch at budget {branch.budget_index} has no "
@@ -187,7 +191,7 @@ def _bar(ctx: Context, run: Run) -> Any:
 def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     """A run's results at peak LRs ``lrs`` (one per stage): loaded when an earlier invocation
     finished it, else trained (resuming from its state file) and saved atomically."""
-    saved = _saved(ctx, run, lrs)
+    saved = saved_result(ctx, run, lrs)
     if saved is not None:
         _count(ctx, run)
         return saved
@@ -203,12 +207,12 @@ def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
                                 "size": run.stages[-1].size, "loss": math.inf,
                                 "bpb": math.inf} for b in run.branches]}
     result["timing"]["wall"] = time.perf_counter() - t0
-    path = _result_path(ctx, run)
+    path = result_path(ctx, run)
     path.parent.mkdir(parents=True, exist_ok=True)
     check_parent()
     atomic_write_text(path, to_json(result) if "diverged" not in result else
                       json.dumps(result, allow_nan=True))
-    _state_path(ctx, run).unlink(missing_ok=True)
+    state_path(ctx, run).unlink(missing_ok=True)
     _announce(ctx, run, lrs, result)
     return result
 
@@ -256,10 +260,10 @@ def prefetch(ctx: Context, jobs: list[tuple[Run, tuple[float, ...]]]) -> None:
     matter; a run killed in a worker resumes from its state file like any other."""
     if ctx.jobs <= 1:
         return
-    todo = [(run, lr) for run, lr in jobs if _saved(ctx, run, lr) is None]
+    todo = [(run, lr) for run, lr in jobs if saved_result(ctx, run, lr) is None]
     if len(todo) < 2:
         return
-    if ctx.pool is None:  # spawned: no forked torch state; closed by _workers
+    if ctx.pool is None:  # spawned: no forked torch state; closed by closing_workers
         ctx.pool = worker_pool(ctx.jobs)  # workers die with this process: never write after
         # its run-folder lock is gone
     pending = {run.id: (run, lr) for run, lr in todo}
@@ -274,7 +278,7 @@ def _work_item(item: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _workers(ctx: Context) -> Any:
+def closing_workers(ctx: Context) -> Any:
     """Close the worker processes after the experiment; on an error or an interrupt, stop
     them at once (a run killed in a worker keeps its last state file, as anywhere)."""
     try:

@@ -1,6 +1,6 @@
 """The frontier experiment's plan: presets → the list of runs (pure data, nothing is trained).
 
-Presets (:mod:`.presets`), growing arms (:mod:`.recipes`), questions (:mod:`.questions`), a
+Presets (:mod:`.presets`), growing arms (:mod:`.arms`), questions (:mod:`.questions`), a
 run's stages, branches and LR schedule (:mod:`.schedule`), a family's model configs
 (:mod:`.configs`) and the chains' stages on the envelope (:mod:`.chains`) live beside this
 module; here they become the list of runs, with the refusals made before anything trains. Time
@@ -25,10 +25,10 @@ import itertools
 from typing import Any
 
 from ...errors import ConfigError
+from .arms import GROWING_ARMS
 from .chains import Envelope, chain_stages, predicted_envelope, reads_budget
-from .configs import _stage, model_configs
+from .configs import model_configs, sized_stage
 from .presets import MAX_EPOCHS, SWEEP_SEED, Preset, family_sizes, size_key
-from .recipes import RECIPES
 from .schedule import Branch, Run, Stage, branch_for, decay_start
 
 
@@ -47,7 +47,7 @@ def sweep_run(preset: Preset, family: str, size: str, lr: float, vocab_size: int
               seed: int = SWEEP_SEED) -> Run:
     """One LR sweep point: ``sweep_steps`` WSD steps at peak ``lr``, one seed, one branch."""
     config = model_configs(preset, family, vocab_size)[size]
-    stage = _stage(preset, size, config, 0)
+    stage = sized_stage(preset, size, config, 0)
     n = preset.sweep_steps
     branch = Branch(0, n * stage.flops_per_step, n, decay_start(n, preset),
                     n * stage.flops_per_step)
@@ -103,11 +103,11 @@ def check_epochs(preset: Preset, runs: list[Run], train_tokens: int) -> None:
 
 
 def chain_run(preset: Preset, arm: str, stages: tuple[Stage, ...], seed: int) -> Run:
-    recipe = RECIPES[arm]
+    growing = GROWING_ARMS[arm]
     return dataclasses.replace(
-        _with_branches(preset, arm, recipe.kind, recipe.family, seed, stages, preset.budgets,
-                       size_key(recipe.family, stages[-1].size), arm),
-        lr_policy=recipe.lr_policy)
+        _with_branches(preset, arm, growing.kind, growing.family, seed, stages, preset.budgets,
+                       size_key(growing.family, stages[-1].size), arm),
+        lr_policy=growing.lr_policy)
 
 
 # ------------------------------------------------------------------ v4: tuning vs held-out
@@ -128,7 +128,7 @@ def scratch_run(preset: Preset, family: str, size: str, config: Any, seed: int,
     of the budgets in ``only`` (None: every budget of >= min_steps steps)."""
     key = size_key(family, size)
     return _with_branches(preset, key, "scratch", family, seed,
-                          (_stage(preset, size, config, 0),), preset.budgets, key, only=only)
+                          (sized_stage(preset, size, config, 0),), preset.budgets, key, only=only)
 
 
 def scratch_runs(preset: Preset, vocab_size: int, family: str, seed: int) -> list[Run]:
@@ -215,8 +215,8 @@ def _refuse_edge_of_grid(preset: Preset, vocab_size: int) -> None:
     "trend". (The run's measured envelope can still end at an edge: the report flags it.)"""
     for q in preset.questions:
         families = dict.fromkeys(
-            t.split(":", 1)[1] if t.startswith("envelope:") else RECIPES[t].family
-            for t in q.terms() if t.startswith("envelope:") or t in RECIPES)
+            t.split(":", 1)[1] if t.startswith("envelope:") else GROWING_ARMS[t].family
+            for t in q.terms() if t.startswith("envelope:") or t in GROWING_ARMS)
         for family in families:
             best = predicted_envelope(preset, family, vocab_size)
             order = list(family_sizes(preset, family))
@@ -224,7 +224,7 @@ def _refuse_edge_of_grid(preset: Preset, vocab_size: int) -> None:
             js = sorted(best)[-1:] if q.budgets == "final" else sorted(best)
             for j in js:
                 runs = [z for z in order if (windows is None or j in windows[z]) and branch_for(
-                    (_stage(preset, z, model_configs(preset, family, vocab_size)[z], 0),), j,
+                    (sized_stage(preset, z, model_configs(preset, family, vocab_size)[z], 0),), j,
                     preset.budgets[j], preset) is not None]
                 z = best[j]
                 if not (any(order.index(x) < order.index(z) for x in runs)
@@ -260,7 +260,7 @@ def _with_branches(preset: Preset, arm: str, kind: str, family: str, seed: int,
                      and reads_budget(stages, b, preset))
     if not branches:
         raise ConfigError(f"frontier: {arm} has no budget of >= {preset.min_steps} steps")
-    if len(stages) > 1 and recipe is not None and RECIPES[recipe].anneal:
+    if len(stages) > 1 and recipe is not None and GROWING_ARMS[recipe].anneal:
         gaps = [b.start - a.start for a, b in itertools.pairwise(stages)]
         if min(gaps) <= preset.anneal_steps:
             raise ConfigError("frontier: anneal_steps must be shorter than every chain stage")

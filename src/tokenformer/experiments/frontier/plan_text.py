@@ -4,11 +4,11 @@ seeds, and ``tokenformer scale --plan``'s text (:func:`describe`; nothing is tra
 from __future__ import annotations
 
 from ..common.report import markdown_table
+from .arms import GROWING_ARMS
 from .chains import predicted_envelope
 from .plan import held_out_seeds, stage_plans, tuning_seeds
 from .presets import SCHEDULE_FAMILY, Preset
 from .questions import question_lines
-from .recipes import RECIPES
 from .schedule import stage_lr_key
 
 CHAIN_RULE = (
@@ -74,7 +74,7 @@ def describe(preset: Preset, vocab_size: int) -> str:
                    str(len(rs)), f"{sum(r.total_steps for r in rs):,}",
                    f"{sum(r.total_flops() for r in rs):.3g}"]
                   for name, rs in stages.items() if rs]
-    families = sorted({RECIPES[a].family for a in preset.recipes})
+    families = sorted({GROWING_ARMS[a].family for a in preset.recipes})
     envelope_families = preset.families if preset.horizon_factors else families
     predicted = [f"- {f}: " + ", ".join(f"{preset.budgets[j]:.2g} {z}" for j, z in
                                         predicted_envelope(preset, f, vocab_size).items())

@@ -25,19 +25,19 @@ from typing import Any
 
 from ...data.corpora import parse_corpus
 from ...errors import ConfigError
-from ...ops.growth import NEW_ROW_MOMENTS, strategy_names
+from ...ops.growth import NEW_ROW_MOMENTS, recipe_names
 from ...ops.growth.widening import WIDENINGS
+from .arms import GROWING_ARMS, LR_POLICIES, SHAPES
 from .questions import (
     ARCHITECTURE_QUESTIONS,
     BUDGET_READINGS,
     CONTROL_QUESTIONS,
-    GROWTH_ARMS,
+    G_QUESTION_ARMS,
     GROWTH_QUESTIONS,
     LR_POLICY_QUESTIONS,
     V4_QUESTIONS,
     Question,
 )
-from .recipes import LR_POLICIES, RECIPES, SHAPES
 
 SCHEDULE_FAMILY = "wsd"
 SIZE_NAMES = ("S-1", "S0", "S1", "S2", "S3", "S4", "S5", "S6")
@@ -106,7 +106,7 @@ class Preset:
     max_extensions: int = 2  # grid points the runner may add beyond an edge, per side
     seeds: int = 5
     families: tuple[str, ...] = DENSE_FAMILIES
-    recipes: tuple[str, ...] = ()  # arms that grow: keys of RECIPES
+    recipes: tuple[str, ...] = ()  # arms that grow: keys of GROWING_ARMS
     # a budget is read only when the chain's current size has trained this share of its steps
     min_stage_share: float = 0.4
     # the prior of --plan's predicted envelope (tokens per non-embedding parameter of the best
@@ -145,13 +145,13 @@ class Preset:
 
     @property
     def chains(self) -> tuple[str, ...]:
-        """The arms that grow Pattention tokens (RECIPES kind "chain")."""
-        return tuple(r for r in self.recipes if RECIPES[r].kind == "chain")
+        """The arms that grow Pattention tokens (GROWING_ARMS kind "chain")."""
+        return tuple(r for r in self.recipes if GROWING_ARMS[r].kind == "chain")
 
     @property
     def widenings(self) -> tuple[str, ...]:
-        """The Transformer++ arms that widen the MLP (RECIPES kind "widen")."""
-        return tuple(r for r in self.recipes if RECIPES[r].kind == "widen")
+        """The Transformer++ arms that widen the MLP (GROWING_ARMS kind "widen")."""
+        return tuple(r for r in self.recipes if GROWING_ARMS[r].kind == "widen")
 
     def arm_names(self) -> set[str]:
         """Every arm a question may name: each family's from-scratch sizes and the recipes."""
@@ -187,29 +187,29 @@ class Preset:
             if family not in FAMILIES:
                 raise ConfigError(f"frontier: unknown family {family!r}")
         for arm in self.recipes:
-            if arm not in RECIPES:
-                raise ConfigError(f"frontier: unknown recipe {arm!r}; choose from "
-                                  f"{', '.join(RECIPES)}")
-            recipe = RECIPES[arm]
-            if recipe.family not in self.families:
-                raise ConfigError(f"frontier: {arm} needs the {recipe.family} family's "
+            if arm not in GROWING_ARMS:
+                raise ConfigError(f"frontier: unknown growing arm {arm!r}; choose from "
+                                  f"{', '.join(GROWING_ARMS)}")
+            growing = GROWING_ARMS[arm]
+            if growing.family not in self.families:
+                raise ConfigError(f"frontier: {arm} needs the {growing.family} family's "
                                   f"from-scratch sizes (its envelope and LRs)")
-            if recipe.shape not in SHAPES:
-                raise ConfigError(f"frontier: {arm}: unknown shape {recipe.shape!r}")
-            methods = ((strategy_names() if recipe.kind == "chain" else WIDENINGS)
-                       if recipe.shape == "size" else (SHAPES[recipe.shape],))
-            if recipe.method not in methods:
-                raise ConfigError(f"frontier: {arm}: unknown {recipe.kind} method "
-                                  f"{recipe.method!r}")
-            if recipe.shape == "clone" and recipe.kind != "widen":
+            if growing.shape not in SHAPES:
+                raise ConfigError(f"frontier: {arm}: unknown shape {growing.shape!r}")
+            methods = ((recipe_names() if growing.kind == "chain" else WIDENINGS)
+                       if growing.shape == "size" else (SHAPES[growing.shape],))
+            if growing.method not in methods:
+                raise ConfigError(f"frontier: {arm}: unknown {growing.kind} method "
+                                  f"{growing.method!r}")
+            if growing.shape == "clone" and growing.kind != "widen":
                 raise ConfigError(f"frontier: {arm}: hidden-size duplication is a "
                                   f"Transformer++ arm here (TokenFormer sizes differ in tokens)")
-            if (recipe.kind != "chain" or recipe.shape != "size") and (
-                    recipe.freeze_old is not None or recipe.noise_old):
+            if (growing.kind != "chain" or growing.shape != "size") and (
+                    growing.freeze_old is not None or growing.noise_old):
                 raise ConfigError(f"frontier: {arm}: freeze_old/noise_old act on the parameter "
                                   f"tokens a growth of tokens keeps")
-            if recipe.lr_policy not in LR_POLICIES:
-                raise ConfigError(f"frontier: {arm}: LR policy {recipe.lr_policy!r} is not "
+            if growing.lr_policy not in LR_POLICIES:
+                raise ConfigError(f"frontier: {arm}: LR policy {growing.lr_policy!r} is not "
                                   f"available ({', '.join(LR_POLICIES)})")
         if self.new_row_moments not in NEW_ROW_MOMENTS:
             raise ConfigError(f"frontier: new_row_moments must be one of {NEW_ROW_MOMENTS}")
@@ -265,14 +265,14 @@ def tpp_shape(preset: Preset, size: str) -> tuple[int, int, int]:
     return int(d), int(heads), int(8 * d // 3)
 
 
-FULL_RECIPES = (*GROWTH_ARMS, "chain-paper-final-lr", "chain-gelu")
+FULL_GROWING_ARMS = (*G_QUESTION_ARMS, "chain-paper-final-lr", "chain-gelu")
 
 # v3's full preset (issue 25), the base of the presets that keep its protocol (quick, sparse,
 # gpu): 2.5e12 FLOPs, 11 growing arms × 5 seeds, LRs from 250-step sweeps, the envelope chosen
 # on the seeds it is scored on
 FULL_V3 = Preset(name="full-v3", first_size=0, num_sizes=4, max_budget=2.5e12,
              families=("tokenformer", "transformer++", "tokenformer-gelu"),
-             recipes=FULL_RECIPES, seeds=5,
+             recipes=FULL_GROWING_ARMS, seeds=5,
              questions=GROWTH_QUESTIONS + LR_POLICY_QUESTIONS + ARCHITECTURE_QUESTIONS
              + CONTROL_QUESTIONS)
 # v4 (issue 35; every choice and its reason: docs/frontier-v4.md): tuning seeds choose every LR

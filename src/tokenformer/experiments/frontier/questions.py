@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..common.report import markdown_table
-from .recipes import RECIPES
+from .arms import GROWING_ARMS
 
 # how a question reads the budgets: "final", "all", "trend" (Question's docstring)
 BUDGET_READINGS = ("final", "all", "trend")
@@ -65,12 +65,12 @@ def versus_envelope(qid: str, arm: str, family: str, family_name: str) -> Questi
 
 
 # The full preset's questions (issue 25): four families, Holm within each.
-GROWTH_ARMS = ("chain-paper", "chain-official-init", "chain-official-released",
+G_QUESTION_ARMS = ("chain-paper", "chain-official-init", "chain-official-released",
                "chain-exact-anneal", "chain-stack", "widen-zero", "widen-net2net", "widen-stack",
                "widen-duplicate")
 GROWTH_QUESTIONS = tuple(
-    versus_envelope(f"G{i}", arm, RECIPES[arm].family, "growth")
-    for i, arm in enumerate(GROWTH_ARMS, start=1))
+    versus_envelope(f"G{i}", arm, GROWING_ARMS[arm].family, "growth")
+    for i, arm in enumerate(G_QUESTION_ARMS, start=1))
 LR_POLICY_QUESTIONS = (
     Question("L1", "Does training each stage at its own size's tuned LR (per-stage) end lower, "
                    "higher or within ±0.02 nats of the whole chain at its final size's LR, at "

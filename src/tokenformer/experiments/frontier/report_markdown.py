@@ -10,10 +10,10 @@ from typing import Any
 from ..common.report import fmt, markdown_table
 from ..common.stats import RULE_INTERVAL, describe, format_p, spread
 from .analysis import FAMILY_LABEL, arms, as_loss, mean_of, wall_clock
+from .arms import GROWING_ARMS
 from .plan_text import CHAIN_RULE, LR_RULE
 from .presets import PRODUCT_KEY_FAMILIES, THETA_FAMILIES
 from .questions import question_lines
-from .recipes import RECIPES
 
 # the paired comparisons outside the questions: the same interval, but no decision word
 DESCRIPTIVE_RULE = (RULE_INTERVAL + " These intervals are unadjusted for the many comparisons "
@@ -82,13 +82,13 @@ def recipe_lines(results: dict[str, Any], table: dict[str, Any]) -> list[str]:
         return []
     rows = []
     for arm in growing:
-        recipe = RECIPES.get(arm)
+        growing = GROWING_ARMS.get(arm)
         run = next(r for r in results["runs"].values() if r["arm"] == arm)
-        rows.append([arm, recipe.label if recipe else "—", run.get("lr_policy", "final-size"),
+        rows.append([arm, growing.label if growing else "—", run.get("lr_policy", "final-size"),
                      lr_text(table[arm]["lr"])])
     return ["## Growing arms", "",
-            "Every arm that grows, by the recipe the plan defines for it (`RECIPES` in "
-            "`experiments/frontier/recipes.py`), its LR policy and its peak LR per stage.", "",
+            "Every arm that grows, by the recipe the plan defines for it (`GROWING_ARMS` in "
+            "`experiments/frontier/arms.py`), its LR policy and its peak LR per stage.", "",
             markdown_table(["arm", "recipe", "LR policy", "peak LR per stage"], rows, "llll"),
             ""]
 

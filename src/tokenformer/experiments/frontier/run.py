@@ -32,7 +32,7 @@ from . import chains as chains_
 from . import plan as plan_
 from . import presets as presets_
 from . import schedule as schedule_
-from .one_run import _workers, execute, prefetch
+from .one_run import closing_workers, execute, prefetch
 from .presets import Preset
 from .schedule import Run
 from .state import Context, context
@@ -217,7 +217,7 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
                 # only when on: the fingerprints of the eager experiments stay as they were
                 **({"compile": compile} if compile != "off" else {})}
     key = fingerprint(settings)
-    with hold(out, [data]) if hold is not None else contextlib.nullcontext(), _workers(ctx):
+    with hold(out, [data]) if hold is not None else contextlib.nullcontext(), closing_workers(ctx):
         return _run(ctx, preset, runs, settings, key, data_info, out, print_fn=print_fn,
                     command=command, plots=plots)
 

@@ -3,7 +3,9 @@
 
 Every run uses one schedule family, warmup–stable–decay (WSD): linear warmup over
 ``warmup_steps``, a stable phase at the peak LR, and a linear cooldown to ``min_lr_ratio`` × peak
-over the last ``decay_fraction`` of the run's steps. One *stable run* per (arm, seed) trains at
+over the last ``decay_fraction`` of the run's steps. A run's schedule is a record the trainer
+reads (:func:`run_schedule`, a :class:`~tokenformer.training.schedule.LrSchedule`): this module
+does no LR arithmetic of its own. One *stable run* per (arm, seed) trains at
 the peak LR and, at each budget of a log-spaced FLOP grid, a *cooldown branch* starts from a copy
 of its state and decays for ``decay_fraction`` of that budget's steps. The branch's final
 validation loss is the arm's point at that budget.
@@ -12,16 +14,14 @@ validation loss is the arm's point at that budget.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from ...ops.growth import resets_optimizer
-from ...training.config import TrainConfig
-from ...training.schedule import lr_at
+from ...training.schedule import LrSchedule, LrStage, wsd_decay_start
+from .arms import GROWING_ARMS
 from .presets import SCHEDULE_FAMILY, Preset, size_key
-from .recipes import RECIPES
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class Run:
     branches: tuple[Branch, ...]
     lr: float | None  # sweeps: the grid value; otherwise the chosen LR of ``lr_from``
     lr_from: str  # "<family>-<size>": whose sweep sets the LR
-    recipe: str | None = None  # chains: growth recipe (or widening)
+    recipe: str | None = None  # chains: the growing arm (a key of arms.GROWING_ARMS)
     schedule: str = SCHEDULE_FAMILY
     lr_policy: str = "final-size"  # chains: LR_POLICIES (a one-stage run has one LR anyway)
 
@@ -94,9 +94,8 @@ class Run:
 
 
 def decay_start(steps: int, preset: Preset) -> int:
-    """Where the cooldown of a ``steps``-step WSD run starts (as ``train.lr_at`` computes it)."""
-    decay = max(1, round(preset.decay_fraction * steps))
-    return max(steps - decay, min(preset.warmup_steps, steps))
+    """Where the cooldown of a ``steps``-step WSD run starts (the trainer's rule)."""
+    return wsd_decay_start(steps, preset.warmup_steps, preset.decay_fraction)
 
 
 def stage_index(stages: tuple[Stage, ...], step: int) -> int:
@@ -149,36 +148,27 @@ def horizon_stage_lrs(run: Run, lr_at: dict[str, dict[int, float]]) -> tuple[flo
 
 def restarts(run: Run) -> bool:
     """Whether the run's growths restart the optimizer and the warmup (official-released)."""
-    recipe = RECIPES.get(run.recipe or "")
-    return (recipe is not None and recipe.kind == "chain" and recipe.shape == "size"
-            and resets_optimizer(recipe.method))
+    growing = GROWING_ARMS.get(run.recipe or "")
+    return (growing is not None and growing.kind == "chain" and growing.shape == "size"
+            and resets_optimizer(growing.method))
 
 
-def run_lr(run: Run, lrs: tuple[float, ...], step: int, steps: int, preset: Preset) -> float:
-    """The LR of optimizer step ``step`` of ``run`` whose cooldown branch ends at ``steps``: the
-    WSD schedule (``training.schedule.lr_at``: warmup, stable, linear decay over the last
-    ``decay_fraction`` of ``steps`` to ``min_lr_ratio`` × the peak) whose peak is piecewise the
-    LR of the stage in force (``lrs``, :func:`stage_lrs`: it moves at once at a growth step),
-    and, for a restarting recipe, a linear warmup again over ``warmup_steps`` after each
-    growth. A stable segment passes its run's longest branch as ``steps``. A cooldown branch
+def run_schedule(run: Run, lrs: tuple[float, ...], steps: int, preset: Preset) -> LrSchedule:
+    """The LR schedule of ``run`` on a segment whose cooldown branch ends at ``steps`` (a stable
+    segment passes its run's longest branch): the WSD schedule (warmup, stable, a linear decay
+    over the last ``decay_fraction`` of ``steps`` to ``min_lr_ratio`` × the peak) whose peak is
+    piecewise the LR of the stage in force (``lrs``, :func:`stage_lrs`: it moves at once at a
+    growth step), and, for a restarting recipe, a linear warmup again over ``warmup_steps``
+    after each growth (``restarts="warmup"``: the decay stays the run's). A cooldown branch
     trains the size reached at its decay start to its end, past a later growth of the stable
-    run: its peak is that size's."""
+    run: its peak is that size's, so the stages from its decay start on are left out."""
     decay_from = decay_start(steps, preset)
-    i = stage_index(run.stages, step if step < decay_from else decay_from - 1)
-    lr = lr_at(step, _wsd(steps, lrs[i], preset.min_lr_ratio, preset.warmup_steps,
-                          preset.decay_fraction))
-    if i > 0 and restarts(run):
-        lr *= min(1.0, (step - run.stages[i].start + 1) / preset.warmup_steps)
-    return lr
-
-
-@functools.lru_cache(maxsize=64)
-def _wsd(steps: int, peak: float, min_lr_ratio: float, warmup_steps: int,
-         decay_fraction: float) -> TrainConfig:
-    """The WSD schedule's config (built once per branch and peak: ``run_lr`` is called at every
-    training step, and a TrainConfig validates itself on construction)."""
-    return TrainConfig(steps=steps, lr=peak, min_lr=peak * min_lr_ratio, schedule="wsd",
-                       warmup_steps=warmup_steps, decay_fraction=decay_fraction)
+    restart = restarts(run)
+    stages = tuple(LrStage(s.start, restart, lrs[i]) for i, s in enumerate(run.stages)
+                   if i > 0 and s.start < decay_from)
+    return LrSchedule(lrs[0], lrs[0] * preset.min_lr_ratio, steps, preset.warmup_steps, "wsd",
+                      preset.decay_fraction, stages, restarts="warmup",
+                      min_ratio=preset.min_lr_ratio)
 
 
 def flops_at(stages: tuple[Stage, ...], step: int) -> float:

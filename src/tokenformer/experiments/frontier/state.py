@@ -34,6 +34,7 @@ from ...training.anneal import Anneal
 from ...training.config import TrainConfig
 from ...training.evaluation import lm_evaluator
 from ...training.execution import resolve_device
+from ...training.growth_events import GrowthEvent
 from ...training.optim import rebuild_optimizer
 from ..common.saved import damaged, read_saved_json
 from .configs import arch
@@ -101,20 +102,21 @@ def _config_class(family: str) -> type:
     return TokenFormerConfig if arch(family) == "tokenformer" else TransformerConfig
 
 
-def _build(family: str, config: Any, seed: int, device: Any) -> Any:
+def build_model(family: str, config: Any, seed: int, device: Any) -> Any:
     torch.manual_seed(seed)  # every arm of a seed starts a given size from the same weights
     return model_class(arch(family))(config).to(device)
 
 
-def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str,
-                  growth: str | None = None) -> Any:
-    """A segment's training config; ``growth``: the ``--grow-at`` spec of the growth it starts
-    with (:func:`.growing.grow_at`), with the growth options of the run's recipe."""
+def train_config(ctx: Context, run: Run, steps: int, growth: GrowthEvent | None = None
+                 ) -> TrainConfig:
+    """A segment's training config, to step ``steps``; ``growth``: the growth it starts with
+    (:func:`.growing.grow_at`), with the growth options of the run's arm. The learning rate is
+    none of it: ``fit`` takes the run's schedule (:func:`.schedule.run_schedule`), which sets
+    every step's (an optimizer built from this config gets the config's ``lr`` only until its
+    first step)."""
     p = ctx.preset
     return TrainConfig(arch=arch(run.family), seq_len=p.seq_len, batch_size=p.batch_size,
-                       steps=steps, lr=lr, min_lr=lr * p.min_lr_ratio, schedule=schedule,
-                       warmup_steps=p.warmup_steps, decay_fraction=p.decay_fraction,
-                       weight_decay=p.weight_decay, grad_clip=p.grad_clip,
+                       steps=steps, weight_decay=p.weight_decay, grad_clip=p.grad_clip,
                        precision=ctx.precision, seed=run.seed, eval_interval=0,
                        eval_batches=p.eval_batches, samples=0, device=str(ctx.device),
                        pattention_impl=p.pattention_impl, grow_at=[growth] if growth else [],
@@ -123,19 +125,19 @@ def _train_config(ctx: Context, run: Run, lr: float, steps: int, schedule: str,
                        **growth_settings(p, run, growth is not None))
 
 
-def _anneal(ctx: Context, run: Run, state: dict[str, Any]) -> Anneal | None:
+def anneal_in_force(ctx: Context, run: Run, state: dict[str, Any]) -> Anneal | None:
     """exact-anneal: the Θ-factor anneal of the run's last growth (state["anneal"], None for
     none), which ``fit`` applies at every step (:mod:`tokenformer.training.anneal`)."""
     saved = state["anneal"]
-    return (Anneal.from_state(saved, ctx.preset.anneal_steps, str(_state_path(ctx, run)))
+    return (Anneal.from_state(saved, ctx.preset.anneal_steps, str(state_path(ctx, run)))
             if saved else None)
 
 
-def _state_path(ctx: Context, run: Run) -> Path:
+def state_path(ctx: Context, run: Run) -> Path:
     return ctx.out / "state" / (_safe(run.id) + ".pt")
 
 
-def _result_path(ctx: Context, run: Run) -> Path:
+def result_path(ctx: Context, run: Run) -> Path:
     return ctx.out / "runs" / (_safe(run.id) + ".json")
 
 
@@ -143,7 +145,7 @@ def _safe(run_id: str) -> str:
     return run_id.replace("/", "__")
 
 
-def _checkpoint(path: Path, state: dict[str, Any]) -> None:
+def save_state(path: Path, state: dict[str, Any]) -> None:
     """Write the in-progress state atomically (the resume point of a killed run)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     check_parent()  # a worker whose parent (the lock holder) died writes nothing
@@ -169,8 +171,8 @@ def _is_result(data: Any) -> bool:
                     and isinstance(b["loss"], (int, float)) for b in data["branches"]))
 
 
-def _load_state(ctx: Context, run: Run, lr: float | list[float]) -> dict[str, Any] | None:
-    path = _state_path(ctx, run)
+def load_state(ctx: Context, run: Run, lr: float | list[float]) -> dict[str, Any] | None:
+    path = state_path(ctx, run)
     if not path.is_file():
         return None
     try:  # weights only, never torch's fallback (nor its advice to use it)
@@ -187,20 +189,20 @@ def _load_state(ctx: Context, run: Run, lr: float | list[float]) -> dict[str, An
     return state
 
 
-def _restore(ctx: Context, run: Run, lr: float, state: dict[str, Any]) -> tuple[Any, Any]:
+def restore_state(ctx: Context, run: Run, state: dict[str, Any]) -> tuple[Any, Any]:
     """Model and optimizer of a loaded state; :func:`damaged` if they do not rebuild from it."""
     try:
         config = _config_class(run.family)(**state["config"])
-        model = _build(run.family, config, run.seed, ctx.device)
+        model = build_model(run.family, config, run.seed, ctx.device)
         model.load_state_dict(state["model"])
         optimizer = rebuild_optimizer(model, state["param_groups"], state["optimizer"],
-                                      _state_path(ctx, run),
-                                      _train_config(ctx, run, lr, 1, "constant"))
-        _anneal(ctx, run, state)  # a malformed anneal is a damaged state too
+                                      state_path(ctx, run),
+                                      train_config(ctx, run, 1))
+        anneal_in_force(ctx, run, state)  # a malformed anneal is a damaged state too
     except (TokenFormerError, AttributeError, KeyError, TypeError, ValueError,
             RuntimeError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise damaged(_state_path(ctx, run), f"it does not restore: {first}",
+        raise damaged(state_path(ctx, run), f"it does not restore: {first}",
                       _rerun(run)) from None
     return model, optimizer
 
@@ -211,10 +213,10 @@ def lr_record(lrs: tuple[float, ...]) -> float | list[float]:
     return lrs[0] if len(set(lrs)) == 1 else list(lrs)
 
 
-def _saved(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any] | None:
+def saved_result(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any] | None:
     """The run's results when an earlier invocation (or a worker) finished it at these LRs;
     :func:`damaged` when they do not hold exactly the budgets the run plans."""
-    path = _result_path(ctx, run)
+    path = result_path(ctx, run)
     if not path.is_file():
         return None
     saved = read_saved_json(path, _is_result, _rerun(run))

@@ -71,7 +71,7 @@ The grown model is a new instance of the same class (``type(model)(new_config)``
 grows :class:`~tokenformer.TokenFormerLM` and the vision model; the input model is not modified.
 :func:`grow_with_optimizer` also returns an optimizer carrying the AdamW moments over.
 
-Where each piece lives: :mod:`.strategies` (the table of recipes, name → token function and
+Where each piece lives: :mod:`.recipes` (the table of recipes, name → token function and
 what it promises; a new recipe is one function and one line there), :mod:`.options` (the typed
 request, :class:`GrowthOptions`), :mod:`.plan` (the grown config, every refusal before any
 work), :mod:`.stages` (:func:`grow` and :func:`grow_with_optimizer`: width, stacking, tokens and
@@ -83,6 +83,7 @@ from .old_tokens import TOKEN_TENSORS, OldTokens, old_tokens
 from .optimizer import NEW_ROW_MOMENTS
 from .options import (
     FOREVER,
+    OLD_RECIPE_KEY,
     OLD_TOKEN_KEYS,
     OPTION_KEYS,
     PLAN_KEYS,
@@ -94,38 +95,43 @@ from .options import (
     refuse_unsupported,
 )
 from .plan import as_key, plan_growth, refuse_product_ffn, widening_refusal
-from .report import max_logit_change, size_lines
-from .sizes import default_positions, resolve_size, size_request, width_factor
-from .stages import BRANCH_OUTPUTS, grow, grow_with_optimizer
-from .strategies import (
+from .recipes import (
+    BUILT_IN_NAMES,
+    BUILT_IN_RECIPES,
     HOWS,
     RECIPE_ALIASES,
     RECIPES,
     RELEASED,
-    STRATEGIES,
-    STRATEGY,
-    Strategy,
+    Recipe,
     canonical_recipe,
     grown_tokens,
     recipe_alias_note,
+    recipe_named,
+    recipe_names,
+    register_recipe,
     register_strategy,
     resets_optimizer,
-    strategy_names,
+    unregister_recipe,
     unregister_strategy,
+    warn_old_recipe_name,
     widen_names,
 )
+from .report import max_logit_change, size_lines
+from .sizes import default_positions, resolve_size, size_request, width_factor
+from .stages import BRANCH_OUTPUTS, grow, grow_with_optimizer
 from .surgery import rebuild
 from .widening import WIDENINGS, Widening, register_widening, unregister_widening
 
 __all__ = [
-    "BRANCH_OUTPUTS", "FOREVER", "HOWS", "NEW_ROW_MOMENTS", "OLD_TOKEN_KEYS", "OPTION_KEYS",
-    "PLAN_KEYS", "RECIPES", "RECIPE_ALIASES", "RELEASED", "REQUEST_KEYS", "STRATEGIES",
-    "STRATEGY", "TEXT_KEYS", "TOKEN_TENSORS", "WIDENINGS", "GrowthOptions", "OldTokens",
-    "Strategy", "Widening", "as_key", "canonical_recipe", "default_positions", "freeze_request",
-    "grow", "grow_with_optimizer",
-    "grown_tokens", "max_logit_change", "old_tokens", "parse_growth_request", "plan_growth",
-    "rebuild", "recipe_alias_note", "refuse_product_ffn", "refuse_unsupported",
-    "register_strategy", "register_widening", "resets_optimizer", "resolve_size",
-    "size_lines", "size_request", "strategy_names", "unregister_strategy", "unregister_widening",
-    "widen_names", "widening_refusal", "width_factor",
+    "BRANCH_OUTPUTS", "BUILT_IN_NAMES", "BUILT_IN_RECIPES", "FOREVER", "HOWS", "NEW_ROW_MOMENTS",
+    "OLD_RECIPE_KEY", "OLD_TOKEN_KEYS", "OPTION_KEYS", "PLAN_KEYS", "RECIPES", "RECIPE_ALIASES",
+    "RELEASED", "REQUEST_KEYS", "TEXT_KEYS", "TOKEN_TENSORS", "WIDENINGS", "GrowthOptions",
+    "OldTokens", "Recipe", "Widening", "as_key", "canonical_recipe", "default_positions",
+    "freeze_request", "grow", "grow_with_optimizer", "grown_tokens", "max_logit_change",
+    "old_tokens", "parse_growth_request", "plan_growth", "rebuild", "recipe_alias_note",
+    "recipe_named", "recipe_names", "refuse_product_ffn", "refuse_unsupported",
+    "register_recipe", "register_strategy", "register_widening", "resets_optimizer",
+    "resolve_size", "size_lines", "size_request", "unregister_recipe", "unregister_strategy",
+    "unregister_widening", "warn_old_recipe_name", "widen_names", "widening_refusal",
+    "width_factor",
 ]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import GrowthError
+from .recipes import warn_old_recipe_name
 from .sizes import size_request
 
 # Field metadata: "text" False = no key=value form (a list); "planned" False = no effect on the
@@ -29,10 +30,11 @@ class GrowthOptions:
     """One growth request (the module docstring of :mod:`tokenformer.ops.growth` gives the
     math; :func:`~tokenformer.ops.growth.grow` each field's meaning).
 
-    Sizes are absolute (``1536``) or multipliers (``"2x"``); ``strategy`` names an entry of
-    :data:`tokenformer.ops.growth.strategies.STRATEGY`; ``how`` one of
-    :data:`tokenformer.ops.growth.strategies.HOW`; ``widen`` one of
-    :func:`tokenformer.ops.growth.strategies.widen_names` (how a Transformer baseline's MLP grows
+    Sizes are absolute (``1536``) or multipliers (``"2x"``); ``recipe`` names an entry of
+    :data:`tokenformer.ops.growth.recipes.RECIPES` (``strategy``, its old name, still works as
+    a keyword, with a deprecation warning); ``how`` one of
+    :data:`tokenformer.ops.growth.recipes.HOW`; ``widen`` one of
+    :func:`tokenformer.ops.growth.recipes.widen_names` (how a Transformer baseline's MLP grows
     with ``ffn=``). Values are checked when the request is
     planned (:func:`~tokenformer.ops.growth.plan_growth`), not here, so that every refusal is
     the one line it has always been."""
@@ -46,7 +48,7 @@ class GrowthOptions:
     how: str = "identity"
     width_noise: float = 0.0
     widen: str = "duplicate"
-    strategy: str = "exact"
+    recipe: str = "exact"
     positions: list[int] | None = field(default=None, metadata=_LIST)
     freeze_old: int | str | bool | None = field(default=None, metadata=_NOT_PLANNED)
     noise_old: float = field(default=0.0, metadata=_NOT_PLANNED)
@@ -55,7 +57,15 @@ class GrowthOptions:
     def of(cls, options: GrowthOptions | None, request: dict[str, Any]
            ) -> tuple[GrowthOptions, dict[str, object]]:
         """``options`` (default: all defaults) with the fields named in ``request`` replaced, and
-        the keys of ``request`` that are no field (for :func:`refuse_unsupported`)."""
+        the keys of ``request`` that are no field (for :func:`refuse_unsupported`); the old
+        keyword ``strategy`` is ``recipe``, with a deprecation warning."""
+        if OLD_RECIPE_KEY in request:
+            if "recipe" in request:
+                raise GrowthError("recipe and strategy (its old name) name the same thing; "
+                                  "give recipe")
+            request = dict(request)
+            request["recipe"] = request.pop(OLD_RECIPE_KEY)
+            warn_old_recipe_name("strategy=", "recipe=")
         known = {k: v for k, v in request.items() if k in OPTION_KEYS}
         unknown = {k: v for k, v in request.items() if k not in OPTION_KEYS}
         return dataclasses.replace(options or cls(), **known), unknown
@@ -64,6 +74,12 @@ class GrowthOptions:
         """The fields that shape the grown config (:func:`~tokenformer.ops.growth.plan_growth`'s
         keywords)."""
         return {k: getattr(self, k) for k in PLAN_KEYS}
+
+    def recorded(self) -> dict[str, Any]:
+        """:meth:`planned` as a growth record holds it (``tokenformer grow``'s entry in
+        ``trainer_state.json``): the recipe under the key records have always used,
+        ``strategy``."""
+        return {(OLD_RECIPE_KEY if k == "recipe" else k): v for k, v in self.planned().items()}
 
 
 def _keys(**metadata: bool) -> tuple[str, ...]:
@@ -78,6 +94,7 @@ TEXT_KEYS = _keys(text=True)  # the keys of the key=value forms (--grow-at, info
 REQUEST_KEYS = _keys(text=True, planned=True)  # tokenformer info --grow
 
 FOREVER = "forever"
+OLD_RECIPE_KEY = "strategy"  # recipe's old name: a keyword and a --grow-at key that still work
 
 
 def freeze_request(value: object) -> int | str | None:
@@ -126,13 +143,14 @@ def refuse_unsupported(requests: dict[str, object]) -> None:
 
 def parse_growth_request(text: str) -> dict[str, Any]:
     """``"hidden=2x,layers=2x,how=stack"`` → :func:`grow`'s keyword arguments (sizes stay text:
-    :func:`plan_growth` checks them; ``heads`` is a count, ``width_noise`` a number)."""
+    :func:`plan_growth` checks them; ``heads`` is a count, ``width_noise`` a number; the old key
+    ``strategy`` is passed on, for :meth:`GrowthOptions.of` to warn about)."""
     usage = (f"growth request {text!r} is malformed: expected key=value,... with keys "
              f"{', '.join(REQUEST_KEYS)} (e.g. hidden=2x,layers=2x,how=stack)")
     kwargs: dict[str, Any] = {}
     for item in str(text).split(","):
         key, eq, value = (part.strip() for part in item.partition("="))
-        if not eq or key not in REQUEST_KEYS or not value or key in kwargs:
+        if not eq or key not in (*REQUEST_KEYS, OLD_RECIPE_KEY) or not value or key in kwargs:
             raise GrowthError(usage)
         if key == "heads":
             if not value.isdecimal() or int(value) < 1:

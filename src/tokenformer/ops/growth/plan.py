@@ -16,15 +16,15 @@ from ...nn.pattention import KINDS, default_scale, resolve_top_k
 from ...nn.theta import theta_variant
 from ..cloning import product_key_refusal, widened_config
 from .options import GrowthOptions, refuse_unsupported
+from .recipes import DUPLICATE, HOW, RECIPES, canonical_recipe, widen_names
 from .sizes import layer_plan, resolve_size, width_factor
-from .strategies import DUPLICATE, HOW, STRATEGY, canonical_recipe, widen_names
 
 
 def plan_growth(config: Any, options: GrowthOptions | None = None, /,
                 **request: Any) -> Any:
     """The config :func:`~tokenformer.ops.growth.grow` would produce for ``options`` (or
     :class:`GrowthOptions`' fields as keywords), computed without touching a tensor: every
-    request (sizes, width multiples, heads, strategy, how, positions) is checked here, so a plan
+    request (sizes, width multiples, heads, recipe, how, positions) is checked here, so a plan
     can be refused before any work. The old-token options change no config: grow checks them."""
     opts, unknown = GrowthOptions.of(options, request)
     refuse_unsupported(unknown)
@@ -35,7 +35,7 @@ def plan_growth(config: Any, options: GrowthOptions | None = None, /,
     qkv, proj, ffn, layers, hidden, heads = (opts.qkv, opts.proj, opts.ffn, opts.layers,
                                              opts.hidden, opts.heads)
     how, width_noise, positions = opts.how, opts.width_noise, opts.positions
-    strategy = STRATEGY[canonical_recipe(opts.strategy)]
+    recipe = RECIPES[canonical_recipe(opts.recipe)]
     if how not in HOW:
         raise GrowthError(f"unknown depth growth how={how!r}; choose "
                           + " or ".join(f"{name} ({what})" for name, what in HOW.items()))
@@ -73,16 +73,16 @@ def plan_growth(config: Any, options: GrowthOptions | None = None, /,
         if positions is not None:  # the default placement is valid by construction: a plan of
             # absurdly many blocks is refused by its size (check_memory), not by building it
             layer_plan(config.num_layers, new_layers, positions)
-        if product and new_layers > config.num_layers and strategy.identity_blocks:
+        if product and new_layers > config.num_layers and recipe.identity_blocks:
             raise GrowthError("an identity block needs a branch that is zero for every input, "
                               "which a product-key FFN's top-k cannot give; use how=stack or "
-                              "strategy=official")
+                              "recipe=official-init")
     if baseline:
         return dataclasses.replace(config, num_layers=new_layers)
     sizes = {kind: resolve_size(spec, getattr(config, f"{kind}_tokens"), f"{kind} tokens")
              for kind, spec in zip(KINDS, (qkv, proj, ffn), strict=True)}
     refuse_product_ffn(config, sizes["ffn"], "grow")
-    return _grown_config(config, sizes, new_layers, strategy.exact)
+    return _grown_config(config, sizes, new_layers, recipe.exact)
 
 
 def _widened_mlp_config(config: Any, opts: GrowthOptions, baseline: bool) -> Any:
@@ -94,7 +94,7 @@ def _widened_mlp_config(config: Any, opts: GrowthOptions, baseline: bool) -> Any
                           + ", ".join(f"{name} ({what})" for name, what in names.items()))
     if not baseline:
         raise GrowthError(f"widen={opts.widen} widens a Transformer baseline's MLP; a "
-                          f"TokenFormer's FFN grows by its tokens (ffn=N, with a strategy)")
+                          f"TokenFormer's FFN grows by its tokens (ffn=N, with a recipe)")
     refusal = widening_refusal(opts)
     if refusal is not None:
         raise GrowthError(refusal)
@@ -128,7 +128,7 @@ def widening_refusal(opts: GrowthOptions, spell: Callable[..., str] = as_key) ->
     if opts.ffn is None:
         return f"{widen} widens the MLP to the width {spell('ffn')} gives: give it (e.g. " \
                f"{spell('ffn', '2x')})"
-    others = [key for key in opts.planned() if key not in ("ffn", "widen", "strategy")
+    others = [key for key in opts.planned() if key not in ("ffn", "widen", "recipe")
               and getattr(opts, key) != _DEFAULTS[key]]
     if "width_noise" in others:
         noise, duplicate = spell("width_noise"), spell("widen", DUPLICATE)

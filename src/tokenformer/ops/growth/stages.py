@@ -1,6 +1,6 @@
 """The entry points, :func:`grow` and :func:`grow_with_optimizer`, and the stages a growth request
 runs as: width by duplication, then stacking, then tokens and identity blocks (the last drawn by
-the request's strategy, :mod:`tokenformer.ops.growth.strategies`); or a baseline's MLP widening
+the request's recipe, :mod:`tokenformer.ops.growth.recipes`); or a baseline's MLP widening
 alone (``widen=``, :mod:`tokenformer.ops.growth.widening`). Every stage is a
 :class:`~tokenformer.ops.growth.surgery.Growth` (most of them one
 :func:`~tokenformer.ops.growth.surgery.rebuild`) and carries the optimizer."""
@@ -23,8 +23,8 @@ from .old_tokens import record_old_tokens
 from .optimizer import NEW_ROW_MOMENTS, carry_optimizer
 from .options import GrowthOptions, freeze_request, noise_level, refuse_unsupported
 from .plan import plan_growth
+from .recipes import DUPLICATE, recipe_named, resets_optimizer
 from .sizes import layer_plan, resolve_size, width_factor
-from .strategies import DUPLICATE, resets_optimizer, strategy_named
 from .surgery import Growth, layers_prefix, rebuild
 from .tokens import init_linear_block, new_block_tokens
 from .widening import mlp_widening
@@ -47,10 +47,11 @@ def grow(model: nn.Module, options: GrowthOptions | None = None, *,
     (:mod:`tokenformer.ops.cloning`; still exact). ``layers``: new total block count;
     ``how="identity"`` inserts identity blocks at ``positions`` (indices in the grown model,
     default spread evenly), ``how="stack"`` repeats the trained stack in order (block i = old
-    block i mod L). ``strategy`` is a recipe for new tokens and inserted blocks, a name in
-    :data:`~tokenformer.ops.growth.strategies.STRATEGY`: ``exact`` (function preserved),
+    block i mod L). ``recipe`` draws the new tokens and inserted blocks, a name in
+    :data:`~tokenformer.ops.growth.recipes.RECIPES`: ``exact`` (function preserved),
     ``paper``, ``official-init`` (alias ``official``) or ``official-released``; the package
-    docstring gives the math. ``noise_old`` (a std relative to each tensor's rms) perturbs the
+    docstring gives the math (``strategy``, its old name, still works, with a deprecation
+    warning). ``noise_old`` (a std relative to each tensor's rms) perturbs the
     old tokens; ``freeze_old`` (steps or ``"forever"``) is recorded for the trainer
     (:class:`OldTokens`); both only for a growth of tokens or identity blocks.
 
@@ -81,7 +82,7 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer | Non
     source block's state. Width growth tiles every moment like the gradient it averages and
     scales it as that gradient scales: ``exp_avg`` by r⁻ᶜ, ``exp_avg_sq`` by r⁻²ᶜ, c the number of
     copied (not split) axes (:mod:`tokenformer.ops.cloning`). ``reset_optimizer=True`` gives
-    fresh state (what the released code does; a strategy that resets the optimizer,
+    fresh state (what the released code does; a recipe that resets the optimizer,
     ``official-released``, always does). With ``copy=False`` state that does not grow is shared
     with ``optimizer``, which must then be discarded. ``optimizer=None``: no optimizer (what
     :func:`grow` passes); None is returned.
@@ -102,7 +103,7 @@ def grow_with_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer | Non
         raise GrowthError("freeze_old and noise_old act on the parameter tokens a growth of tokens "
                           "or identity blocks keeps; not with hidden= or how=stack")
     copy = bool(copy)
-    reset = reset_optimizer or resets_optimizer(str(opts.strategy))
+    reset = reset_optimizer or resets_optimizer(str(opts.recipe))
     refuse_unsupported(unsupported)
     if opts.widen != DUPLICATE and new_row_moments != "zero" and optimizer is not None \
             and not reset:
@@ -162,7 +163,7 @@ def _stages(model: nn.Module, opts: GrowthOptions, generator: torch.Generator | 
         stage = GrowthOptions(
             qkv=None if baseline else opts.qkv, proj=None if baseline else opts.proj,
             ffn=None if baseline else opts.ffn,
-            layers=opts.layers if opts.how == "identity" else None, strategy=opts.strategy,
+            layers=opts.layers if opts.how == "identity" else None, recipe=opts.recipe,
             positions=opts.positions)
         yield current, _tokens_and_blocks(current, stage, generator, copy, progress)
 
@@ -170,11 +171,11 @@ def _stages(model: nn.Module, opts: GrowthOptions, generator: torch.Generator | 
 def _tokens_and_blocks(model: nn.Module, opts: GrowthOptions, generator: torch.Generator | None,
                        copy: bool, progress: bool) -> Growth:
     """Tokens and identity blocks (the stage :func:`grow` has always had), drawn by the
-    strategy: kept Pattentions get its :attr:`~.strategies.Strategy.tokens`, inserted blocks
+    recipe: kept Pattentions get its :attr:`~.recipes.Recipe.tokens`, inserted blocks
     are the identity if it has ``identity_blocks``."""
     config = model.config
     new_config = plan_growth(config, opts)
-    strategy = strategy_named(opts.strategy)
+    recipe = recipe_named(opts.recipe)
     old_layers, new_layers = config.num_layers, new_config.num_layers
     layer_source = layer_plan(old_layers, new_layers, opts.positions)
 
@@ -191,15 +192,15 @@ def _tokens_and_blocks(model: nn.Module, opts: GrowthOptions, generator: torch.G
     def tokens_for(name: str, module: Pattention, old: Pattention
                    ) -> tuple[torch.Tensor, torch.Tensor]:
         if source_of(name)[1]:
-            branch = strategy.identity_blocks and name.endswith(BRANCH_OUTPUTS)
+            branch = recipe.identity_blocks and name.endswith(BRANCH_OUTPUTS)
             return new_block_tokens(module, old, branch, generator)
-        return strategy.tokens(old, module, generator, copy)
+        return recipe.tokens(old, module, generator, copy)
 
     growth = rebuild(model, new_config, tokens_for, source_of, copy=copy, progress=progress,
                      desc="grow")
     if isinstance(config, TransformerConfig):  # Linear blocks: no Pattention to hand to tokens_for
         for index in sorted(inserted_layers):
-            init_linear_block(growth.model.layers[index], new_config, strategy.identity_blocks,
+            init_linear_block(growth.model.layers[index], new_config, recipe.identity_blocks,
                               generator)
     return growth
 

@@ -1,8 +1,8 @@
-"""New rows: the K and V of a grown Pattention under each built-in strategy (the functions the
-table of :mod:`tokenformer.ops.growth.strategies` names), and the tokens and weights of an
+"""New rows: the K and V of a grown Pattention under each built-in recipe (the functions the
+table of :mod:`tokenformer.ops.growth.recipes` names), and the tokens and weights of an
 inserted block. The math of each construction is in :mod:`tokenformer.ops.growth`'s docstring.
 
-A strategy's token function has the signature of :data:`TokensFn`: ``(old, new, generator,
+A recipe's token function has the signature of :data:`TokensFn`: ``(old, new, generator,
 copy) -> (K, V)``, ``old`` the trained Pattention, ``new`` the grown one (its ``num_tokens``,
 ``key_init_std``, ``value_init_std`` and ``norm`` are what it reads), both results with
 ``new.num_tokens`` rows, the old rows first (``copy=False``: they may share ``old``'s storage
