@@ -507,13 +507,13 @@ def test_decode_state_is_reused_across_prompt_lengths() -> None:
     assert len(states) == gen.KEPT_STATES and state not in states.values()  # the oldest went
 
 
-def grown_sparse_model() -> TokenFormerLM:
+def grown_sparse_model(num_layers: int = 2) -> TokenFormerLM:
     """A model grown by tokens (the paper's recipe: new tokens change the function), each kind of
     Pattention with its own token count, then read with top-k Pattention."""
     from tokenformer import grow
 
-    model = grow(random_model(torch.float64), qkv="2x", ffn=80, recipe="paper",
-                 generator=torch.Generator().manual_seed(0))
+    model = grow(random_model(torch.float64, num_layers=num_layers), qkv="2x", ffn=80,
+                 recipe="paper", generator=torch.Generator().manual_seed(0))
     counts = {layer.num_tokens for layer in model.pattentions().values()}
     assert counts == {32, 12, 80}
     for name, layer in model.pattentions().items():
@@ -548,37 +548,39 @@ def test_static_generate_refusals() -> None:
 @pytest.mark.slow
 def test_compiled_static_generate_equals_eager() -> None:
     """``compile=True`` (inductor on the CPU, fullgraph=True: a graph break fails the test) gives
-    the eager static path's tokens — grown model, top-k Pattention, a left-padded batch and
-    batch 1, eos stopping and seeded sampling (chosen inside the graph) — and writes the eager
-    step's keys and values into the cache, within float tolerance; calls of shapes seen before,
-    and a prompt of another length in the same capacity bucket, reuse the compiled step."""
+    the eager static path's tokens — grown model, top-k Pattention, a left-padded batch, eos
+    stopping and seeded sampling (chosen inside the graph) — and writes the eager step's keys
+    and values into the cache, within float tolerance; calls of shapes seen before, and a prompt
+    of another length in the same capacity bucket, reuse the compiled step. Two inductor graphs
+    (greedy, sampled: ≈ 30 s each on 2 cores); batch 1 and other batch sizes compile the same
+    step (test_compiled_step_serves_twenty_shapes, dynamo's eager backend)."""
     import torch._dynamo
 
     torch._dynamo.reset()
-    model = grown_sparse_model().float()
+    model = grown_sparse_model(num_layers=1).float()  # one block: the same code, a smaller graph
     batch, mask = padded_batch()
-    for prompt, attention_mask in ((batch, mask), (batch[:1], None)):
-        eager = model.generate(prompt, 10, attention_mask=attention_mask,
-                               cache_implementation="static")
-        state = next(reversed(gen._DECODE_STATES[model].values()))
-        keys = [k.clone() for k in state.cache.keys]
-        compiled = model.generate(prompt, 10, attention_mask=attention_mask,
-                                  cache_implementation="static", compile=True)
-        assert torch.equal(compiled, eager)
-        for got, want in zip(state.cache.keys, keys, strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    eager = model.generate(batch, 10, attention_mask=mask, cache_implementation="static")
+    state = next(reversed(gen._DECODE_STATES[model].values()))
+    keys = [k.clone() for k in state.cache.keys]
+    compiled = model.generate(batch, 10, attention_mask=mask, cache_implementation="static",
+                              compile=True)
+    assert torch.equal(compiled, eager)
+    for got, want in zip(state.cache.keys, keys, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    for kwargs in ({"eos_token_id": int(eager[0, 12])},  # batch 1 stops at its 4th token
+    for kwargs in ({"eos_token_id": int(eager[0, 12])},  # row 0 stops at its 4th token
                    {"do_sample": True, "temperature": 2.0}):
-        runs = [model.generate(batch[:1], 10, cache_implementation="static", compile=compiled,
-                               generator=torch.Generator().manual_seed(0), **kwargs)
+        runs = [model.generate(batch, 10, attention_mask=mask, cache_implementation="static",
+                               compile=compiled, generator=torch.Generator().manual_seed(0),
+                               **kwargs)
                 for compiled in (False, True)]
         assert torch.equal(runs[1], runs[0])
     assert runs[0].shape[1] == 19 and not torch.equal(runs[0], eager)  # sampled, not greedy
     sampled = frames + 1  # the sampling step: its own graph; eos is a tensor (none new)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == sampled
-    shorter = model.generate(batch[:1, 4:], 30, cache_implementation="static", compile=True)
-    assert torch.equal(shorter, model.generate(batch[:1, 4:], 30, cache_implementation="static"))
+    shorter = {"attention_mask": mask[:, 4:], "cache_implementation": "static"}
+    assert torch.equal(model.generate(batch[:, 4:], 30, compile=True, **shorter),
+                       model.generate(batch[:, 4:], 30, **shorter))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == sampled  # nothing new
 
 
@@ -623,17 +625,19 @@ def test_compiled_step_past_the_graph_limit(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(gen, "_COMPILED_STEPS", {})
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     monkeypatch.setattr(gen, "STEP_GRAPH_LIMIT", 1)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    # torch's config.patch, not monkeypatch: pytest ≥ 9.2 undoes a module attribute missing from
+    # the module's __dict__ with delattr, which hides the setting from torch for the whole session.
     model = random_model(num_layers=1)
     try:
-        for batch in (1, 2):
-            eager = model.generate(ids(batch, 5), 3, cache_implementation="static")
-            compiled = model.generate(ids(batch, 5), 3, cache_implementation="static",
-                                      compile=True)
-            assert torch.equal(compiled, eager), batch
+        with torch._dynamo.config.patch(recompile_limit=1):
+            for batch in (1, 2):
+                eager = model.generate(ids(batch, 5), 3, cache_implementation="static")
+                compiled = model.generate(ids(batch, 5), 3, cache_implementation="static",
+                                          compile=True)
+                assert torch.equal(compiled, eager), batch
         monkeypatch.setattr(gen, "STEP_GRAPH_LIMIT", 0)
-        monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 0)
-        with pytest.raises(TokenFormerError, match="refuses to compile the decoding step again"):
+        with torch._dynamo.config.patch(recompile_limit=0), pytest.raises(
+                TokenFormerError, match="refuses to compile the decoding step again"):
             model.generate(ids(3, 5), 3, cache_implementation="static", compile=True)
     finally:
         torch._dynamo.reset_code(gen._decode_step.__code__)
