@@ -17,6 +17,7 @@ from typing import Any
 
 from ..common.stats import answer_family, paired, t_interval
 from .presets import DENSE_FAMILIES, size_key
+from .questions import TREND_READINGS
 
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
                 "tokenformer-gelu": "plain-GELU TokenFormer (the MLP control)",
@@ -255,6 +256,17 @@ def _trend_test(q: dict[str, Any], a: dict[int, dict[int, float]],
             "order": order}
 
 
+def _chain_terms(q: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    """The growing arms (chains) a question's sides name."""
+    terms = [t.strip() for side in (q["a"], q["b"]) for t in side.split(" - ")]
+    return [t for t in terms if t in table and table[t]["kind"] in ("chain", "widen")]
+
+
+def _grown_at(arm: dict[str, Any], j: int) -> bool:
+    """Whether the chain's size cooled down at budget j is past its first size."""
+    return arm.get("sizes", {}).get(j, arm["stages"][0]["size"]) != arm["stages"][0]["size"]
+
+
 def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pre-registered question of ``results["preset"]`` answered: one test per budget it
     asks about (paired differences a − b by seed), Holm within each family and TOST where a
@@ -269,7 +281,9 @@ def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
     for q in questions:
         a, b = _side_values(q["a"], table, envs), _side_values(q["b"], table, envs)
         js = [j for j in sorted(set(a) & set(b)) if set(a[j]) & set(b[j])]
-        if q["budgets"] == "trend":
+        if q["budgets"] == "trend-grown":  # v5: only where every chain has grown
+            js = [j for j in js if all(_grown_at(table[t], j) for t in _chain_terms(q, table))]
+        if q["budgets"] in TREND_READINGS:
             tests.append(_trend_test(q, a, b, js, results["budgets"], len(tests)))
             continue
         if q["budgets"] == "final":
