@@ -19,7 +19,7 @@ from test_frontier import run_with_fake_execute  # rootdir-relative, as test_fro
 from tokenformer.data.heldout import kjv_chapters, split_documents, window
 from tokenformer.errors import DataError
 from tokenformer.experiments.common.stats import paired_power, tost_power
-from tokenformer.experiments.frontier import analysis, one_run
+from tokenformer.experiments.frontier import analysis, estimates, one_run
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
@@ -115,11 +115,15 @@ def test_v4_preset_keeps_its_committed_record():
 
 
 def test_chain_grid_is_small_times_final_times_growth_time():
-    """G1's chain is tuned on small-stage ×{1, 2} × final-stage ×{½, 1, 2} × growth at ×{1, ½}
-    of the rule's step: 12 points per tuning seed; ×½ moves every growth to half its step."""
+    """G1's chain is tuned on small-stage ×{1, 2} × final-stage ×{½, 1, 2} at the rule's growth
+    steps, and at half those steps with final ×1 (the trimmed grid): 8 points per tuning seed;
+    ×½ moves every growth to half its step."""
     preset = get_preset("full")
     grid = plan_.chain_grid(preset)
-    assert len(grid) == 12 and len(set(grid)) == 12
+    assert {(c.final, c.small, c.growth) for c in grid} == {
+        (f, s, 1.0) for f in (0.5, 1.0, 2.0) for s in (1.0, 2.0)} | {
+        (1.0, s, 0.5) for s in (1.0, 2.0)}
+    assert len(grid) == 8
     chains = [r for r in plan_.plan(preset, 256) if r.kind == "chain"]
     (chain,) = [r for r in chains if r.seed == 0]
     half = plan_.candidate_run(preset, chain, plan_.ChainCandidate(1.0, 2.0, 0.5), 1000)
@@ -202,6 +206,12 @@ def test_tuning_seeds_evaluate_on_the_tuning_window_held_out_on_the_scoring_one(
     assert state_.evaluator(ctx, dataclasses.replace(run, seed=3)) == "S"
     v4 = state_.Context(get_preset("full-v4"), None, None, "fp32", "tail", False, None)
     assert state_.evaluator(v4, run) == "tail"
+    # the time estimate counts what is read: full's tuning runs a fixed subset of 64 batches,
+    # held-out runs the whole 500,000-token scoring window (245 batches of 2,048 tokens)
+    full = get_preset("full")
+    held = reuse_.continuation_run(full, "grown", 2, 0, 256)
+    assert estimates.eval_batches(full, dataclasses.replace(held, seed=1000)) == 64
+    assert estimates.eval_batches(full, held) == math.ceil(500_000 / 2_048) == 245
 
 
 # --------------------------------------------------------------------------- T1 (v5 reading)

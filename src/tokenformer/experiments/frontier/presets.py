@@ -72,11 +72,16 @@ class HeldOut:
     one's chapters, a pysource corpus' files), drawn with ``seed`` until >= ``tokens`` are held
     out; the first drawn documents, up to ``tuning_share`` of them, are the tuning window
     (every run on a tuning seed is evaluated there, on the whole window), the rest the scoring
-    window (every held-out run). v4 scored and chose on the same tail of the corpus."""
+    window (every held-out run). v4 scored and chose on the same tail of the corpus.
+    ``tuning_batches``: the tuning runs read a fixed, evenly spread subset of their window
+    (the time budget; docs/frontier-v5.md)."""
 
     tokens: int = 1_000_000
     tuning_share: float = 0.5
     seed: int = 0
+    # a tuning-seed run evaluates this many batches evenly spread over the tuning window (None:
+    # all of it); held-out runs always read the whole scoring window
+    tuning_batches: int | None = None
 
 
 @dataclass(frozen=True)
@@ -295,8 +300,10 @@ class Preset:
         """The v5 fields (issue 46): held-out documents, the reuse family, the extensions and
         the chains' tuning grid."""
         v = self.validation
-        if v is not None and (v.tokens < 2 or not 0 < v.tuning_share < 1):
-            raise ConfigError("frontier: validation: tokens >= 2 and tuning_share in (0, 1)")
+        if v is not None and (v.tokens < 2 or not 0 < v.tuning_share < 1 or (
+                v.tuning_batches is not None and v.tuning_batches < 1)):
+            raise ConfigError("frontier: validation: tokens >= 2, tuning_share in (0, 1), "
+                              "tuning_batches >= 1 or None")
         if min(self.horizon_extensions, self.window_extensions) < 0 or any(
                 f <= 0 for f in (*self.chain_small_factors, *self.growth_time_factors)):
             raise ConfigError("frontier: extensions >= 0, chain factors positive")
@@ -453,7 +460,8 @@ FULL_V5 = dataclasses.replace(
     _CPU, name="full", hidden_size=32, num_heads=2, seq_len=32, batch_size=64,
     max_budget=7.74e11, num_budgets=3, budget_ratio=10 ** 0.5, warmup_steps=20, min_steps=80,
     lr_grid=(2e-3, 4e-3, 8e-3, 1.6e-2), families=("tokenformer",), tpp_widths=(24, 36),
-    tpp_heads=2, recipes=("chain-paper-final-lr",), validation=HeldOut(), reuse=Reuse(),
+    tpp_heads=2, recipes=("chain-paper-final-lr",), validation=HeldOut(tuning_batches=64),
+    reuse=Reuse(),
     horizon_extensions=2, window_extensions=2, chain_small_factors=(1.0, 2.0),
     growth_time_factors=(1.0, 0.5),
     questions=(*reuse_questions(Reuse().tokens_per_parameter, size_key("tokenformer", "S2")),

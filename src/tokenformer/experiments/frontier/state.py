@@ -88,9 +88,12 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
         dataset = default_dataset(progress=progress is not False)
     dataset.check_model(dataset.vocab_size, preset.seq_len)
     eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
-    # v5: every branch on the whole of its window (tuning seeds: tuning; held-out: scoring)
-    windows = ({w: lm_evaluator(window(dataset, w), preset.seq_len, preset.batch_size, None,
-                                dev) for w in WINDOWS} if preset.validation is not None else {})
+    # v5: every branch on its window (tuning seeds: the tuning window, or its fixed subset of
+    # tuning_batches; held-out: the whole scoring window)
+    v = preset.validation
+    windows = ({w: lm_evaluator(window(dataset, w), preset.seq_len, preset.batch_size,
+                                v.tuning_batches if w == "tuning" else None, dev)
+                for w in WINDOWS} if v is not None else {})
     return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn,
                    compile=compile, windows=windows)
 
