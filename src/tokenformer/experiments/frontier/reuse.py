@@ -168,11 +168,20 @@ def arm_levels(preset: Preset, vocab_size: int) -> list[tuple[str, int]]:
     return [(arm, j) for arm in preset.reuse.arms for j in sorted(read) if read[j]]
 
 
+def tuned(preset: Preset) -> bool:
+    """Whether the continuations' LRs are tuned on the tuning seeds: with one horizon factor
+    and no extension past it (quick) the pick is that factor whatever the losses, so no tuning
+    continuation runs (:func:`tuning_runs` is empty)."""
+    return len(preset.horizon_factors) > 1
+
+
 def tuning_runs(preset: Preset, vocab_size: int, seeds: list[int],
                 factors: dict[tuple[str, int], tuple[float, ...]] | None = None) -> list[Run]:
     """Every continuing arm at every level on the tuning ``seeds`` at each factor (``lr`` holds
     the factor; the runner multiplies it by the sweep's pick of the arm's size): the preset's
     horizon factors, or ``factors`` per (arm, level) once extended past an edge."""
+    if not tuned(preset):
+        return []
     runs = []
     for arm, j in arm_levels(preset, vocab_size):
         for factor in (factors or {}).get((arm, j), preset.horizon_factors):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -312,7 +313,10 @@ def run_reuse(ctx: Context, vocab_size: int, chosen: dict[str, float],
             p, arm, j, seed, vocab_size, origin=plan_.horizon_id(key, factor, seed))
             for seed in plan_.tuning_seeds(p)]
         groups[(arm, j)] = (templates, _continuation_maker(chosen[templates[0].lr_from]))
-    losses = tune_factors(ctx, groups, p.horizon_extensions)
+    # one factor and nothing to extend (quick): the pick is that factor, whatever the losses
+    losses = (tune_factors(ctx, groups, p.horizon_extensions) if reuse_.tuned(p) else
+              {g: {p.horizon_factors[0]: {i: {} for i in reuse_.cells(p, vocab_size)[g[1]]}}
+               for g in groups})
     record: dict[str, Any] = {}
     lrs: dict[tuple[str, int], dict[int, float]] = {}
     for (arm, j), by_factor in losses.items():
@@ -321,7 +325,8 @@ def run_reuse(ctx: Context, vocab_size: int, chosen: dict[str, float],
         cells = {}
         for i in sorted({i for by_budget in by_factor.values() for i in by_budget}):
             by_lr = {lr0 * f: by_factor[f][i] for f in by_factor if i in by_factor[f]}
-            means, pick, at_edge = _pick(by_lr)
+            means, pick, at_edge = (_pick(by_lr) if reuse_.tuned(p) else
+                                    ({lr: math.nan for lr in by_lr}, next(iter(by_lr)), False))
             lrs.setdefault((arm, j), {})[i] = pick
             cells[str(i)] = {"x": p.budgets[i] / p.budgets[j],
                              "points": [{"lr": lr, "factor": lr / lr0, "mean": means[lr],
