@@ -350,3 +350,41 @@ def test_a_continuation_starts_from_its_bases_weights(reuse_run):
                 assert torch.equal(now[name][:rows], tensor), name
                 if name.endswith("key_param_tokens"):
                     assert not now[name][rows:].any(), name
+
+
+def test_incremental_compute_to_reach_by_hand():
+    """Endpoint (b): budgets 1e10, 2e10, 4e10, the base's level at 4e10, so X = ¼, ½, 1. The
+    grown arm at X = ½ has loss 2.0. Seed 0's rival (2.2, 2.1, 1.9) reaches 2.0 halfway (in
+    log X) from ½ to 1: X' = √½, ratio √2; seed 1's (2.1, 2.0, 1.8) at ½: ratio 1; the
+    interval is over log2 ratios (½, 0). A third seed whose rival never comes down (2.3, 2.2,
+    2.1) is a bound ('above') and leaves no interval."""
+    budgets = [1e10, 2e10, 4e10]
+
+    def run(arm, seed, losses):
+        return {"arm": arm, "kind": "reuse", "family": "tokenformer", "recipe": None,
+                "lr": 1e-3, "seed": seed, "stages": [{"size": "S0", "start": 0}],
+                "branches": [{"budget_index": j, "loss": x, "flops": budgets[j], "tokens": 1,
+                              "size": "S0"} for j, x in losses.items()]}
+
+    rivals = {0: (2.2, 2.1, 1.9), 1: (2.1, 2.0, 1.8), 2: (2.3, 2.2, 2.1)}
+    q = {"id": "R3-k1", "family": "reuse-R3", "a": "grown@k1", "b": "continued@k1"}
+
+    def reach(seeds):
+        runs = {}
+        for s in seeds:
+            runs[f"g{s}"] = run("grown@k1", s, {1: 2.0})
+            runs[f"c{s}"] = run("continued@k1", s, dict(enumerate(rivals[s])))
+        results = {"runs": runs, "budgets": budgets, "preset": {"questions": [q]},
+                   "tuning": {"reuse": {"grown@k1": {"level": 2}}}}
+        table = analysis.arms(results)
+        (row,) = analysis.reuse_reach(results, table, {})
+        return row
+
+    row = reach((0, 1))
+    assert row["x"] == 0.5
+    assert row["per_seed"] == pytest.approx({0: math.sqrt(2), 1: 1.0})
+    assert row["ratio"] == pytest.approx(2 ** 0.25)
+    ci = stats.t.interval(0.95, 1, loc=0.25, scale=stats.sem([0.5, 0.0]))
+    assert (row["low"], row["high"]) == pytest.approx((2 ** ci[0], 2 ** ci[1]))
+    row = reach((0, 1, 2))
+    assert row["per_seed"][2] == "above" and "ratio" not in row

@@ -155,7 +155,46 @@ def analyse(results: dict[str, Any]) -> dict[str, Any]:
                "comparisons": comparisons, "reach": reach,
                "seeds": sorted({r["seed"] for r in results["runs"].values()})}
     summary["answers"] = answers(results)
+    summary["reuse_reach"] = reuse_reach(results, table, envs)
     return summary
+
+
+def reuse_reach(results: dict[str, Any], table: dict[str, Any], envs: dict[str, Any]
+                ) -> list[dict[str, Any]]:
+    """v5's endpoint (b) (docs/frontier-v5.md): per reuse question and X cell, per held-out
+    seed, the incremental compute X' at which the rival's loss curve (its points at every X it
+    ran, linear in log X) comes down to the grown arm's loss at X, as the ratio X' / X (> 1: the
+    rival needs more). A t interval of log2 ratio over the seeds when every seed's curve reaches
+    it; otherwise the seeds that do not are bounds (``above``: the rival needs more than its
+    largest X; ``below``: it is already lower at its smallest) and no interval is given."""
+    reuse = (results.get("tuning") or {}).get("reuse") or {}
+    budgets = results["budgets"]
+    out = []
+    for q in (results.get("preset") or {}).get("questions") or []:
+        level = reuse.get(q["a"], {}).get("level")
+        if not q["family"].startswith("reuse-") or level is None:
+            continue
+        a, b = _side_values(q["a"], table, envs), _side_values(q["b"], table, envs)
+        rival = sorted(b)
+        for i in sorted(a):
+            x = budgets[i] / budgets[level]
+            per_seed: dict[int, Any] = {}
+            for seed, loss in sorted(a[i].items()):
+                js = [j for j in rival if seed in b[j]]
+                xs = [budgets[j] / budgets[level] for j in js]
+                ys = [b[j][seed] for j in js]
+                reach = _crossing_log(xs, ys, loss) if ys else None
+                per_seed[seed] = (reach / x if reach is not None else
+                                  "below" if ys and ys[0] <= loss else "above")
+            row: dict[str, Any] = {"question": q["id"], "family": q["family"],
+                                   "budget_index": i, "x": x, "per_seed": per_seed}
+            ratios = [r for r in per_seed.values() if not isinstance(r, str)]
+            if len(ratios) == len(per_seed) and len(ratios) >= 2:
+                ci = t_interval([math.log2(r) for r in ratios])
+                row.update(ratio=2 ** ci.mean, low=2 ** ci.low, high=2 ** ci.high,
+                           p_value=ci.p_value)
+            out.append(row)
+    return out
 
 
 def compute_to_reach(arm: dict[str, Any], env: dict[int, dict[str, Any]]) -> dict[str, Any]:

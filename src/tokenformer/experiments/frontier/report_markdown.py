@@ -99,6 +99,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
     table = arms(results)
     sections = [header_lines(results, summary), answer_lines(results, summary),
                 descriptive_lines(summary, plots), envelope_lines(results, summary),
+                reuse_reach_lines(summary),
                 recipe_lines(results, table), chain_lines(results, table),
                 every_arm_lines(results, table), tuning_lines(results),
                 comparison_lines(summary),
@@ -139,6 +140,27 @@ def answer_lines(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
             markdown_table(["id", "family", "budget", "Δ = a − b", "seeds", "p", "Holm p",
                             "TOST", "decision"], answer_rows(summary["answers"]),
                            "llllrrrll"), ""]
+
+
+def reuse_reach_lines(summary: dict[str, Any]) -> list[str]:
+    """v5's incremental compute to reach (:func:`.analysis.reuse_reach`), per reuse cell."""
+    rows = []
+    for r in summary.get("reuse_reach") or []:
+        seeds = ", ".join(f"{s}: {v if isinstance(v, str) else f'{v:.3g}'}"
+                          for s, v in r["per_seed"].items())
+        interval = (f"{r['ratio']:.3g} [{r['low']:.3g}, {r['high']:.3g}]" if "ratio" in r
+                    else "no interval (a seed's rival curve does not reach it: a bound)")
+        rows.append([r["question"], f"{r['x']:.3g}", interval, seeds])
+    if not rows:
+        return []
+    return ["## Incremental compute to reach (reuse)", "",
+            "The rival's incremental compute X' at which its loss (per seed, linear in log X "
+            "between its points) reaches the grown arm's loss at X, as X' / X (> 1: the rival "
+            "needs more compute): mean of log2 over seeds back-transformed, with its 95 % t "
+            "interval; 'above' / 'below': that seed's rival curve never comes down to it within "
+            "its points / is already lower at its smallest (bounds: nothing is imputed).", "",
+            markdown_table(["question", "X", "X' / X [95 % interval]", "per seed"], rows,
+                           "lrll"), ""]
 
 
 def descriptive_lines(summary: dict[str, Any], plots: list[str]) -> list[str]:
