@@ -28,6 +28,7 @@ from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier import schedule as schedule_
+from tokenformer.experiments.frontier import state as state_
 from tokenformer.experiments.frontier.plan import plan
 from tokenformer.experiments.frontier.presets import PRESETS, get_preset
 from tokenformer.experiments.frontier.schedule import decay_start
@@ -851,6 +852,17 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     with torch.no_grad():
         before, after = model(ids).logits, grown(ids).logits
     assert (after - before).abs().max() <= 1e-6 * before.abs().max()
+
+
+def fake_result(run, lrs, loss) -> dict:
+    """What ``execute`` returns for ``run`` trained at ``lrs`` when each branch's loss is
+    ``loss(run, lrs, budget_index)`` (a fake training, for the runner's protocol)."""
+    return {"lr": state_.lr_record(tuple(lrs)), "timing": {"train_time": 0.0, "step_time": {}},
+            "branches": [{"budget_index": b.budget_index, "budget": b.budget,
+                          "steps": b.steps, "decay_start": b.decay_start, "flops": b.flops,
+                          "tokens": b.steps, "size": run.stages[-1].size,
+                          "loss": loss(run, lrs, b.budget_index), "bpb": 1.0}
+                         for b in run.branches]}
 
 
 def run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path) -> dict:

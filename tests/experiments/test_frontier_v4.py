@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 from test_frontier import (  # rootdir-relative, as test_frontier_old_tokens
     assert_plan_refused,
+    fake_result,
     run_with_fake_execute,
 )
 
@@ -21,7 +22,6 @@ from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
-from tokenformer.experiments.frontier import state as state_
 from tokenformer.experiments.frontier.presets import get_preset
 
 
@@ -118,12 +118,7 @@ def test_tuning_seeds_choose_and_held_out_seeds_score(monkeypatch, tmp_path):
 
     def fake_execute(ctx, run, lrs):
         seen.append((run.id, run.seed, tuple(lrs)))
-        return {"lr": state_.lr_record(tuple(lrs)), "timing": {"train_time": 0.0, "step_time": {}},
-                "branches": [{"budget_index": b.budget_index, "budget": b.budget,
-                              "steps": b.steps, "decay_start": b.decay_start, "flops": b.flops,
-                              "tokens": b.steps, "size": run.stages[-1].size,
-                              "loss": loss(run, lrs, b.budget_index), "bpb": 1.0}
-                             for b in run.branches]}
+        return fake_result(run, lrs, loss)
 
     results = run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path)
     assert results["protocol"] == "v4"

@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from test_frontier import run_with_fake_execute  # rootdir-relative, as test_frontier_v4
+from test_frontier import (  # rootdir-relative, as test_frontier_v4
+    fake_result,
+    run_with_fake_execute,
+)
 
 from tokenformer.data.heldout import kjv_chapters, split_documents, window
 from tokenformer.errors import DataError
@@ -261,16 +264,8 @@ def test_each_x_cell_gets_its_own_tuned_lr(monkeypatch, tmp_path):
     def run_lr0(run):
         return 3e-3  # every sweep picks 3e-3 (the fake sweep loss)
 
-    def fake_execute(ctx, run, lrs):
-        return {"lr": state_.lr_record(tuple(lrs)), "timing": {"train_time": 0.0,
-                                                             "step_time": {}},
-                "branches": [{"budget_index": b.budget_index, "budget": b.budget,
-                              "steps": b.steps, "decay_start": b.decay_start, "flops": b.flops,
-                              "tokens": b.steps, "size": run.stages[-1].size,
-                              "loss": loss(run, lrs, b.budget_index), "bpb": 1.0}
-                             for b in run.branches]}
-
-    results = run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path)
+    results = run_with_fake_execute(
+        monkeypatch, preset, lambda ctx, run, lrs: fake_result(run, lrs, loss), tmp_path)
     tuned = results["tuning"]["reuse"]["grown@k4"]
     assert tuned["factors"] == [0.25, 0.5, 1.0, 2.0, 4.0]
     assert {c: tuned["cells"][c]["factor"] for c in ("0", "1")} == pytest.approx(

