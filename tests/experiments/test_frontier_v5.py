@@ -152,6 +152,9 @@ def test_plan_prints_reuse_shapes_power_and_validation(capsys):
     assert "| reuse-R1 | 6 | ±0.02 | 0.60 | 0.53 |" in out
     assert "| growth | 1 | ±0.02 | 0.90 | 0.92 |" in out
     assert ">= 1,000,000 tokens of whole random documents" in out
+    assert main(["scale", "--preset", "quick", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "1 held-out seed, so no question has an interval" in out and "| grown |" in out
 
 
 @pytest.mark.parametrize("m", [1, 6])

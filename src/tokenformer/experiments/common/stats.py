@@ -297,6 +297,9 @@ def paired_power(delta: float, sd: float, n: int, alpha: float = ALPHA) -> float
     under Holm: ``alpha`` / m is Holm's first (Bonferroni) step, so the power is a lower bound."""
     from scipy import stats  # lazy: only experiments need scipy
 
+    if n < 2:
+        raise ValueError(f"power needs >= 2 seeds (a t-test has n − 1 degrees of freedom), "
+                         f"got {n}")
     df, ncp = n - 1, delta / (sd / math.sqrt(n))
     crit = float(stats.t.ppf(1 - alpha / 2, df))
     return float(1 - stats.nct.cdf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp))
@@ -310,6 +313,9 @@ def tost_power(margin: float, sd: float, n: int, delta: float = 0.0,
     independent of x̄ ~ N(delta, sd²/n))."""
     from scipy import integrate, stats  # lazy: only experiments need scipy
 
+    if n < 2:
+        raise ValueError(f"power needs >= 2 seeds (a t-test has n − 1 degrees of freedom), "
+                         f"got {n}")
     df, se = n - 1, sd / math.sqrt(n)
     crit = float(stats.t.ppf(1 - alpha, df))
 

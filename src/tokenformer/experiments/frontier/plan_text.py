@@ -94,6 +94,11 @@ def describe(preset: Preset, vocab_size: int) -> str:
     if preset.horizon_factors:
         rules.append(HORIZON_RULE.format(factors=", ×".join(
             f"{f:g}" for f in preset.horizon_factors)))
+    if preset.horizon_extensions or preset.window_extensions:
+        rules.append(f"v5: a size whose horizon pick at some budget is an end factor runs one "
+                     f"factor beyond it (up to {preset.horizon_extensions} per side); a budget "
+                     f"whose tuning optimum is the smallest or largest size run there runs the "
+                     f"next size beyond it (up to {preset.window_extensions} per side).")
     if preset.size_window is not None:
         rules.append(f"A size runs a budget only when it is within {preset.size_window} "
                      f"size(s) of the predicted optimum there.")
@@ -154,9 +159,11 @@ def v5_lines(preset: Preset, vocab_size: int, stages: dict[str, list[Any]]) -> l
     out = shape_lines(preset, vocab_size)
     v = preset.validation
     if v is not None:
+        read = ("all of it" if v.tuning_batches is None else
+                f"a fixed subset of {v.tuning_batches} batches spread over it")
         out += [f"Validation: >= {v.tokens:,} tokens of whole random documents (seed {v.seed}), "
                 f"the first {v.tuning_share:.0%} drawn the tuning window (every run on a tuning "
-                f"seed is evaluated on all of it), the rest the scoring window (every held-out "
+                f"seed is evaluated on {read}), the rest the scoring window (every held-out "
                 f"run, all of it); training reads every other document.", ""]
     if preset.reuse is not None:
         out += reuse_lines(preset, vocab_size, stages)
@@ -233,6 +240,9 @@ def power_lines(preset: Preset, vocab_size: int) -> list[str]:
     if not families:
         return []
     n = preset.seeds
+    if n < 2:
+        return [f"Power: {n} held-out seed, so no question has an interval or a test: the run "
+                f"shows the shape of each answer and resolves nothing.", ""]
     rows = []
     for family, qs in families.items():
         m = sum(t for _, t in qs)

@@ -464,6 +464,9 @@ FULL_V5 = dataclasses.replace(
     reuse=Reuse(),
     horizon_extensions=2, window_extensions=2, chain_small_factors=(1.0, 2.0),
     growth_time_factors=(1.0, 0.5),
+    expected_hours="100–115 min with --jobs 2 on 2 idle cores (docs/frontier-v5.md: 99 min by "
+                   "benchmarks/frontier_steps.py --cpu-time on a busy machine, before the "
+                   "extensions past an edge; re-measure on idle cores)",
     questions=(*reuse_questions(Reuse().tokens_per_parameter, size_key("tokenformer", "S2")),
                V5_G1, V5_TREND))
 PRESETS: dict[str, Preset] = {
@@ -476,6 +479,7 @@ PRESETS: dict[str, Preset] = {
         seeds=1, tuning_seeds=1, horizon_factors=(1.0,), horizon_extensions=0,
         window_extensions=0, sweep_steps=60, recipes=(), chain_small_factors=(),
         growth_time_factors=(), validation=HeldOut(tokens=200_000),
+        expected_hours="about 4 min on 2 idle cores (3.8 min predicted on one worker)",
         reuse=Reuse(tokens_per_parameter=(126.5,), increments=(0.316, 1.0),
                     arms=("grown", "continued")),
         questions=reuse_questions((126.5,), size_key("tokenformer", "S2"), ("R1", "R3"))),
