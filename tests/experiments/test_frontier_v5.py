@@ -386,3 +386,67 @@ def test_incremental_compute_to_reach_by_hand():
     assert (row["low"], row["high"]) == pytest.approx((2 ** ci[0], 2 ** ci[1]))
     row = reach((0, 1, 2))
     assert row["per_seed"][2] == "above" and "ratio" not in row
+
+
+# ------------------------------------------------------------------------ the GPU preset
+GPU_V5_DIR = ROOT / "docs" / "results" / "frontier-gpu-v5"  # where docs/frontier-v5.md says
+
+
+def test_gpu_v5_is_planned_at_10m_parameters_on_real_text():
+    """Issue 46 point 6: d >= 512, a base of >= 10M non-embedding parameters whose FLOPs are
+    mostly Pattention, the reuse family first, the installed packages' Python sources (1.17e8
+    bytes on the device's image: no run reads its training split more than 4 times)."""
+    preset = get_preset("gpu-v5")
+    base = reuse_.base_stage(preset, "tokenformer", 256)
+    assert preset.hidden_size >= 512 and base.config.num_parameters(non_embedding=True) >= 10e6
+    assert preset.corpus.startswith("pysource:") and preset.reuse is not None
+    assert {q.family for q in preset.questions} == {"reuse-R1", "reuse-R2", "reuse-R3",
+                                                    "reuse-R4"}
+    assert reuse_.levels(preset, 256) == {0: 10.0, 1: 31.6}
+    stages = plan_.stage_plans(preset, 256)
+    plan_.check_epochs(preset, [r for runs in stages.values() for r in runs], 116_000_000)
+
+
+def test_gpu_v5_bases_grow_and_train_a_step_on_cpu(tmp_path):
+    """A few steps on the CPU at the GPU preset's shapes: TokenFormer's base S0 saved as a
+    finished base, continued by the grown arm (paper recipe into S2) and Transformer++'s by
+    HyperCloning (d 480 → 960), each one AdamW step on a short batch with a finite loss."""
+    preset = get_preset("gpu-v5")
+    ctx = state_.Context(preset, None, torch.device("cpu"), "fp32", None, False, tmp_path)
+    torch.manual_seed(0)
+    ids = torch.randint(0, 256, (1, 32))
+    for arm, family, width in (("grown", "tokenformer", 512), ("tpp-grown", "transformer++",
+                                                                 960)):
+        run = reuse_.continuation_run(preset, arm, 0, 0, 256, origin=f"base-{family}")
+        base = reuse_.base_stage(preset, family, 256)
+        state_.save_model(state_.model_path(ctx, run.origin, 0), family,
+                          state_.build_model(family, base.config, 0, ctx.device))
+        model = one_run.continued_base(ctx, run)
+        assert model.config.hidden_size == width
+        assert model.config.num_parameters(non_embedding=True) == run.stages[0].config.\
+            num_parameters(non_embedding=True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        assert math.isfinite(loss.item())
+
+
+def test_committed_gpu_v5_runs_match_the_preset():
+    """The GPU preset's leases commit their finished runs to docs/results/frontier-gpu-v5 (the
+    folder docs/frontier-v5.md names) and each next lease resumes from them: the folder's
+    experiment.json must be this preset's (record and fingerprint) and hold finished runs that
+    read. No lease has run yet: skipped until the folder is committed."""
+    marker = GPU_V5_DIR / "experiment.json"
+    if not marker.is_file():
+        pytest.skip(f"no gpu-v5 lease committed yet ({GPU_V5_DIR.relative_to(ROOT)} absent)")
+    from tokenformer.experiments.common.arms import fingerprint
+
+    saved = json.loads(marker.read_text())
+    assert saved["fingerprint"] == fingerprint(saved["settings"])
+    assert saved["settings"]["preset"] == json.loads(json.dumps(
+        presets_.preset_record(get_preset("gpu-v5"))))
+    runs = sorted((GPU_V5_DIR / "runs").glob("*.json"))
+    assert runs, "a committed lease with no finished run"
+    for path in runs:
+        json.loads(path.read_text())  # every committed run record reads

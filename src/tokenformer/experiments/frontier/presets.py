@@ -469,6 +469,31 @@ FULL_V5 = dataclasses.replace(
                    "extensions past an edge; re-measure on idle cores)",
     questions=(*reuse_questions(Reuse().tokens_per_parameter, size_key("tokenformer", "S2")),
                V5_G1, V5_TREND))
+# v5's GPU preset (issue 46 point 6; docs/frontier-v5.md "GPU preset"): the reuse family at
+# >= 10M non-embedding parameters on real text. TokenFormer d 512, 4 blocks, 8 heads, context
+# 256, batch 64; S0 = (320, 320, 1280) tokens: 10.5M non-embedding parameters, 90 % of its
+# training FLOPs in Pattention; grown into S2 (41.9M). The corpus bounds k: the installed
+# packages' Python sources (1.17e8 bytes on the device's image) allow k <= 31.6 at <= 4 epochs
+# (3.1 read by the base at k = 31.6); X = 0.316, 1. R4: Transformer++ d 480 (11.1M) grown by
+# HyperCloning to d 960. The prior of the predicted envelope is 10 tokens per parameter (the
+# bases are under-trained against Chinchilla's 20: the envelope at X · C(k) lies below S0; the
+# window extends past an edge at run time). Planned, not run: its size in leases comes from the
+# first lease's measured step times.
+GPU_V5 = dataclasses.replace(
+    FULL_V5, name="gpu-v5", hidden_size=512, num_layers=4, num_heads=8,
+    base_tokens=(640, 640, 2560), first_size=-1, num_sizes=5, seq_len=256, batch_size=64,
+    max_budget=2.33e16, num_budgets=2, budget_ratio=10 ** 0.5, warmup_steps=50, min_steps=100,
+    sweep_steps=150, lr_grid=(2.5e-4, 5e-4, 1e-3, 2e-3), dtype="bf16", tpp_widths=(480, 672),
+    tpp_heads=8, recipes=(), chain_small_factors=(), growth_time_factors=(),
+    horizon_extensions=1, window_extensions=1, tokens_per_parameter=10.0,
+    corpus="pysource:torch,transformers,sympy",
+    validation=HeldOut(tokens=1_000_000, tuning_batches=16),
+    reuse=Reuse(tokens_per_parameter=(10.0, 31.6), increments=(0.316, 1.0)),
+    questions=reuse_questions((10.0, 31.6), size_key("tokenformer", "S2")),
+    expected_hours="2.8e18 training FLOPs: ≈ 4 h of one H200 at an assumed 200 TFLOP/s "
+                   "achieved (≈ 26 leases of 9 min), not measured; resize it from the first "
+                   "lease's step times (benchmarks/frontier_steps.py --preset gpu-v5 "
+                   "--measured DIR)")
 PRESETS: dict[str, Preset] = {
     # v5's reuse family in miniature (issue 46): the base S0 finished at k = 126.5, grown (S0 →
     # S2) and trained on (R3) for X = 0.316 and 1 of its compute, against S2 from scratch (R1);
@@ -518,6 +543,7 @@ PRESETS: dict[str, Preset] = {
                        "below that; not measured; needs --data with >= 2e8 training tokens "
                        "(<= 4 epochs)"),
     "gpu-code": GPU_CODE,
+    "gpu-v5": GPU_V5,
 }
 
 
