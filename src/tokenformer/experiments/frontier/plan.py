@@ -150,23 +150,16 @@ def horizon_plan(preset: Preset, vocab_size: int, lr0: dict[str, float] | None =
                  ) -> list[Run]:
     """v4 stage 2: every size of every family at full length (its stable run and every
     cooldown branch of its window) on every tuning seed, at the short sweep's pick ``lr0``
-    (per size key; 1.0 when not known yet, for the plan) × each of ``horizon_factors``."""
-    runs = []
-    for family in preset.families:
-        for seed in tuning_seeds(preset):
-            for run in scratch_runs(preset, vocab_size, family, seed):
-                for factor in preset.horizon_factors:
-                    runs.append(horizon_run(run, factor, lr0))
-    for family in reuse_.other_bases(preset):  # v5: Transformer++'s base (R4), at each k
-        for seed in tuning_seeds(preset):
-            run = reuse_.base_run(preset, family, seed, vocab_size)
-            runs += [horizon_run(run, factor, lr0) for factor in preset.horizon_factors]
-    return runs
+    (per size key; 1.0 when not known yet, for the plan) × each of ``horizon_factors``; v5:
+    the other families' reuse bases too (:func:`horizon_templates`)."""
+    return [horizon_run(run, factor, lr0)
+            for runs in horizon_templates(preset, vocab_size).values() for run in runs
+            for factor in preset.horizon_factors]
 
 
 def horizon_templates(preset: Preset, vocab_size: int) -> dict[str, list[Run]]:
     """Per size key, the from-scratch runs the horizon stage trains at each factor, one per
-    tuning seed (:func:`horizon_plan`'s runs before the factor), v5's other bases included."""
+    tuning seed, v5's other bases (Transformer++'s, R4, at each k) included."""
     out: dict[str, list[Run]] = {}
     for family in preset.families:
         for seed in tuning_seeds(preset):

@@ -1,6 +1,8 @@
-"""Executes the frontier plan: LR sweeps (v4: then the horizon runs and the chains' tuning), then
-every run with its cooldown branches, then ``results.json`` and the report. One run is
-:mod:`.one_run`'s, its saved state :mod:`.state`'s, its growths :mod:`.growing`'s.
+"""Executes the frontier plan: LR sweeps (v4: then the horizon runs and the chains' tuning; v5:
+the horizon and the size window extended past an edge, and the reuse family's continuations
+tuned per X cell, then run held-out from their seed's finished base), then every run with its
+cooldown branches, then ``results.json`` and the report. One run is :mod:`.one_run`'s, its saved
+state :mod:`.state`'s, its growths :mod:`.growing`'s, the reuse family's runs :mod:`.reuse`'s.
 """
 
 from __future__ import annotations
