@@ -450,3 +450,29 @@ def test_committed_gpu_v5_runs_match_the_preset():
     assert runs, "a committed lease with no finished run"
     for path in runs:
         json.loads(path.read_text())  # every committed run record reads
+
+
+def test_the_size_window_extends_past_a_tuning_optimum_at_its_edge(monkeypatch, tmp_path):
+    """Fake losses where S0 is best at every budget: the window (one size around the predicted
+    optimum, plus the base and R1's size) has S0 as its smallest size at both budgets, so S-1
+    is swept and runs both budgets on the tuning seeds (v5); S0 then has a size on each side
+    and stays the envelope, no longer at the grid's edge."""
+    preset = tiny_v5(size_window=1, window_extensions=1, horizon_factors=(0.5, 1.0, 2.0),
+                     tokens_per_parameter=1.0)  # predicted S1, S2: S-1 outside the window
+    assert "S-1" not in plan_.swept_sizes(preset, "tokenformer", 256)
+    penalty = {"S-1": 0.05, "S0": 0.0, "S1": 0.02, "S2": 0.04}
+
+    def loss(run, lrs, j):
+        shape = (math.log(lrs[-1]) - math.log(3e-3)) ** 2
+        return 3.0 + shape + (0.0 if run.kind == "sweep" else penalty.get(run.stages[-1].size,
+                                                                            0.0))
+
+    results = run_with_fake_execute(
+        monkeypatch, preset, lambda ctx, run, lrs: fake_result(run, lrs, loss), tmp_path)
+    tuning = results["tuning"]
+    assert tuning["window_added"] == [{"family": "tokenformer", "size": "S-1",
+                                       "budget_index": j} for j in (0, 1)]
+    assert "tokenformer-S-1" in results["sweeps"]
+    assert set(tuning["horizon"]["tokenformer-S-1"]["budgets"]) == {"0", "1"}
+    for e in tuning["envelope"]["tokenformer"].values():
+        assert e["size"] == "S0" and not e["at_grid_edge"] and "S-1" in e["candidates"]
