@@ -22,7 +22,7 @@ from test_frontier import (  # rootdir-relative, as test_frontier_v4
 from tokenformer.data.heldout import kjv_chapters, split_documents, window
 from tokenformer.errors import DataError
 from tokenformer.experiments.common.stats import paired_power, tost_power
-from tokenformer.experiments.frontier import analysis, estimates, one_run
+from tokenformer.experiments.frontier import analysis, estimates, one_run, report_markdown
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
@@ -279,6 +279,8 @@ def test_each_x_cell_gets_its_own_tuned_lr(monkeypatch, tmp_path):
                                for j, lr in ((0, 3e-3 / 4), (1, 3e-3 * 4))}
     for r in held:
         assert r["origin"] == f"tokenformer-S0/seed{r['seed']}" and r["origin_budget"] == 1
+    text = "\n".join(report_markdown.tuning_lines(results))
+    assert "| grown@k4 | 0.5 | 0.003 (tokenformer-S2) |" in text and "0.00075 (×0.25)" in text
 
 
 # ------------------------------------------------------------------- the reuse family, trained
