@@ -43,6 +43,7 @@ from tokenformer.experiments.frontier.configs import arch, model_configs
 from tokenformer.experiments.frontier.estimates import estimate_seconds, parallel_seconds
 from tokenformer.experiments.frontier.plan import stage_plans, sweep_run, swept_sizes, tuning_seeds
 from tokenformer.experiments.frontier.presets import get_preset, size_key
+from tokenformer.experiments.frontier.reuse import other_bases
 from tokenformer.models.baselines import model_class
 
 
@@ -92,7 +93,7 @@ def main() -> int:
     seconds: dict[str, float] = {}
     ids = torch.randint(0, 256, (preset.batch_size, preset.seq_len))
     measured = measured_seconds(args.measured) if args.measured is not None else None
-    for family in preset.families:
+    for family in dict.fromkeys([*preset.families, *other_bases(preset)]):
         for size, config in model_configs(preset, family, 256).items():
             if measured is not None:
                 key = size_key(family, size)

@@ -28,6 +28,7 @@ from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
 from tokenformer.experiments.frontier import run as run_
 from tokenformer.experiments.frontier import schedule as schedule_
+from tokenformer.experiments.frontier import state as state_
 from tokenformer.experiments.frontier.plan import plan
 from tokenformer.experiments.frontier.presets import PRESETS, get_preset
 from tokenformer.experiments.frontier.schedule import decay_start
@@ -93,7 +94,7 @@ def test_full_preset_sizes_budgets_seeds_and_corpus_repeats():
     (Transformer++ by width), 4 budgets ×2 apart over 0.9 decades, >= 8 held-out seeds on
     every arm a question reads, the primary chain at its final size's LR, branches within one
     step of their budgets, and no run reading the corpus more than 4 times."""
-    preset = get_preset("full")
+    preset = get_preset("full-v4")
     runs = plan(preset, 256, KJV_TRAIN_TOKENS)  # raises if any run repeats the corpus > 4×
     budgets = preset.budgets
     assert len(budgets) == 4 and budgets[-1] == 2.5e12
@@ -523,9 +524,9 @@ def test_gpu_code_fits_its_corpus_and_the_protocol():
 def test_cli_scale_errors_are_one_line(capsys, dataset_dir, tmp_path):
     from tokenformer.cli import main
 
-    # the quick preset would repeat this 180 k-token corpus > 4 times: refused before any file
+    # v3's quick preset would repeat this 180 k-token corpus > 4 times: refused before any file
     out = tmp_path / "never"
-    assert main(["scale", "--preset", "quick", "--data", str(dataset_dir), "--out", str(out),
+    assert main(["scale", "--preset", "quick-v3", "--data", str(dataset_dir), "--out", str(out),
                  "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: frontier: ") and "(> 4)" in err and len(err.splitlines()) == 1
@@ -544,9 +545,9 @@ def test_cli_plan_prints_every_arm_and_trains_nothing(capsys, tmp_path, monkeypa
     from tokenformer.cli import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["scale", "--preset", "full", "--plan"]) == 0
+    assert main(["scale", "--preset", "full-v4", "--plan"]) == 0
     out = capsys.readouterr().out
-    preset = get_preset("full")
+    preset = get_preset("full-v4")
     stages = plan_.stage_plans(preset, 256)
     assert "schedule wsd for all" in out
     assert "**tuning seeds** 1000, 1001" in out and "**held-out seeds** 0–7" in out
@@ -851,6 +852,17 @@ def test_plain_gelu_family_and_its_zero_key_chain_preserve_the_function():
     with torch.no_grad():
         before, after = model(ids).logits, grown(ids).logits
     assert (after - before).abs().max() <= 1e-6 * before.abs().max()
+
+
+def fake_result(run, lrs, loss) -> dict:
+    """What ``execute`` returns for ``run`` trained at ``lrs`` when each branch's loss is
+    ``loss(run, lrs, budget_index)`` (a fake training, for the runner's protocol)."""
+    return {"lr": state_.lr_record(tuple(lrs)), "timing": {"train_time": 0.0, "step_time": {}},
+            "branches": [{"budget_index": b.budget_index, "budget": b.budget,
+                          "steps": b.steps, "decay_start": b.decay_start, "flops": b.flops,
+                          "tokens": b.steps, "size": run.stages[-1].size,
+                          "loss": loss(run, lrs, b.budget_index), "bpb": 1.0}
+                         for b in run.branches]}
 
 
 def run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path) -> dict:

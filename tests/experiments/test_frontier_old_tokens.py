@@ -41,7 +41,7 @@ def test_old_token_arms_carry_their_options_and_the_presets_arms_are_unchanged()
 def test_bad_old_token_arms_are_refused(monkeypatch, recipe, message):
     monkeypatch.setitem(GROWING_ARMS, recipe.arm, recipe)
     with pytest.raises(ConfigError, match=message):
-        get_preset("full", recipes=(recipe.arm,), questions=())
+        get_preset("full-v4", recipes=(recipe.arm,), questions=())
 
 
 def test_a_chain_with_frozen_old_tokens_keeps_them_across_its_states(dataset_dir, tmp_path,

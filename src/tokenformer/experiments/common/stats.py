@@ -287,3 +287,44 @@ RULE_INTERVAL = ("Differences are paired by seed (same batches); the interval is
                  "n − 1 degrees of freedom) and p the paired t-test's p-value.")
 RULE = (RULE_INTERVAL + " A difference is *resolved* only when its interval excludes 0; with one "
         "seed nothing is resolved.")
+
+
+# ------------------------------------------------------------------ power before a run
+def paired_power(delta: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test at level ``alpha`` to resolve a true mean difference
+    ``delta`` from ``n`` seeds whose differences have standard deviation ``sd`` (Student's
+    noncentral t, :func:`scipy.stats.nct`, n − 1 degrees of freedom). A family of m questions
+    under Holm: ``alpha`` / m is Holm's first (Bonferroni) step, so the power is a lower bound."""
+    from scipy import stats  # lazy: only experiments need scipy
+
+    if n < 2:
+        raise ValueError(f"power needs >= 2 seeds (a t-test has n − 1 degrees of freedom), "
+                         f"got {n}")
+    df, ncp = n - 1, delta / (sd / math.sqrt(n))
+    crit = float(stats.t.ppf(1 - alpha / 2, df))
+    return float(1 - stats.nct.cdf(crit, df, ncp) + stats.nct.cdf(-crit, df, ncp))
+
+
+def tost_power(margin: float, sd: float, n: int, delta: float = 0.0,
+               alpha: float = ALPHA) -> float:
+    """Power of the paired TOST at level ``alpha`` to show equivalence within ±``margin`` when
+    the true mean difference is ``delta``: the probability that the (1 − 2α) interval
+    x̄ ± t·s/√n lies inside ±margin, integrated over the sample sd s (s² ~ sd² χ²(n−1)/(n−1),
+    independent of x̄ ~ N(delta, sd²/n))."""
+    from scipy import integrate, stats  # lazy: only experiments need scipy
+
+    if n < 2:
+        raise ValueError(f"power needs >= 2 seeds (a t-test has n − 1 degrees of freedom), "
+                         f"got {n}")
+    df, se = n - 1, sd / math.sqrt(n)
+    crit = float(stats.t.ppf(1 - alpha, df))
+
+    def inside(chi2: float) -> float:
+        half = margin - crit * sd * math.sqrt(chi2 / df) / math.sqrt(n)
+        if half <= 0:
+            return 0.0
+        p = stats.norm.cdf((half - delta) / se) - stats.norm.cdf((-half - delta) / se)
+        return float(p * stats.chi2.pdf(chi2, df))
+
+    top = df * (margin * math.sqrt(n) / (crit * sd)) ** 2  # beyond it the interval is too wide
+    return float(integrate.quad(inside, 0.0, top, limit=200)[0])

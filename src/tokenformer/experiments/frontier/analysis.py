@@ -17,6 +17,7 @@ from typing import Any
 
 from ..common.stats import answer_family, paired, t_interval
 from .presets import DENSE_FAMILIES, size_key
+from .questions import TREND_READINGS
 
 FAMILY_LABEL = {"tokenformer": "TokenFormer", "transformer++": "Transformer++",
                 "tokenformer-gelu": "plain-GELU TokenFormer (the MLP control)",
@@ -154,7 +155,46 @@ def analyse(results: dict[str, Any]) -> dict[str, Any]:
                "comparisons": comparisons, "reach": reach,
                "seeds": sorted({r["seed"] for r in results["runs"].values()})}
     summary["answers"] = answers(results)
+    summary["reuse_reach"] = reuse_reach(results, table, envs)
     return summary
+
+
+def reuse_reach(results: dict[str, Any], table: dict[str, Any], envs: dict[str, Any]
+                ) -> list[dict[str, Any]]:
+    """v5's endpoint (b) (docs/frontier-v5.md): per reuse question and X cell, per held-out
+    seed, the incremental compute X' at which the rival's loss curve (its points at every X it
+    ran, linear in log X) comes down to the grown arm's loss at X, as the ratio X' / X (> 1: the
+    rival needs more). A t interval of log2 ratio over the seeds when every seed's curve reaches
+    it; otherwise the seeds that do not are bounds (``above``: the rival needs more than its
+    largest X; ``below``: it is already lower at its smallest) and no interval is given."""
+    reuse = (results.get("tuning") or {}).get("reuse") or {}
+    budgets = results["budgets"]
+    out = []
+    for q in (results.get("preset") or {}).get("questions") or []:
+        level = reuse.get(q["a"], {}).get("level")
+        if not q["family"].startswith("reuse-") or level is None:
+            continue
+        a, b = _side_values(q["a"], table, envs), _side_values(q["b"], table, envs)
+        rival = sorted(b)
+        for i in sorted(a):
+            x = budgets[i] / budgets[level]
+            per_seed: dict[int, Any] = {}
+            for seed, loss in sorted(a[i].items()):
+                js = [j for j in rival if seed in b[j]]
+                xs = [budgets[j] / budgets[level] for j in js]
+                ys = [b[j][seed] for j in js]
+                reach = _crossing_log(xs, ys, loss) if ys else None
+                per_seed[seed] = (reach / x if reach is not None else
+                                  "below" if ys and ys[0] <= loss else "above")
+            row: dict[str, Any] = {"question": q["id"], "family": q["family"],
+                                   "budget_index": i, "x": x, "per_seed": per_seed}
+            ratios = [r for r in per_seed.values() if not isinstance(r, str)]
+            if len(ratios) == len(per_seed) and len(ratios) >= 2:
+                ci = t_interval([math.log2(r) for r in ratios])
+                row.update(ratio=2 ** ci.mean, low=2 ** ci.low, high=2 ** ci.high,
+                           p_value=ci.p_value)
+            out.append(row)
+    return out
 
 
 def compute_to_reach(arm: dict[str, Any], env: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -255,6 +295,17 @@ def _trend_test(q: dict[str, Any], a: dict[int, dict[int, float]],
             "order": order}
 
 
+def _chain_terms(q: dict[str, Any], table: dict[str, Any]) -> list[str]:
+    """The growing arms (chains) a question's sides name."""
+    terms = [t.strip() for side in (q["a"], q["b"]) for t in side.split(" - ")]
+    return [t for t in terms if t in table and table[t]["kind"] in ("chain", "widen")]
+
+
+def _grown_at(arm: dict[str, Any], j: int) -> bool:
+    """Whether the chain's size cooled down at budget j is past its first size."""
+    return arm.get("sizes", {}).get(j, arm["stages"][0]["size"]) != arm["stages"][0]["size"]
+
+
 def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every pre-registered question of ``results["preset"]`` answered: one test per budget it
     asks about (paired differences a − b by seed), Holm within each family and TOST where a
@@ -269,7 +320,9 @@ def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
     for q in questions:
         a, b = _side_values(q["a"], table, envs), _side_values(q["b"], table, envs)
         js = [j for j in sorted(set(a) & set(b)) if set(a[j]) & set(b[j])]
-        if q["budgets"] == "trend":
+        if q["budgets"] == "trend-grown":  # v5: only where every chain has grown
+            js = [j for j in js if all(_grown_at(table[t], j) for t in _chain_terms(q, table))]
+        if q["budgets"] in TREND_READINGS:
             tests.append(_trend_test(q, a, b, js, results["budgets"], len(tests)))
             continue
         if q["budgets"] == "final":

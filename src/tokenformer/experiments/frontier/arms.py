@@ -109,3 +109,29 @@ GROWING_ARMS: dict[str, GrowingArm] = {a.arm: a for a in (
                label="paper, old tokens frozen for ever (only the new tokens train)"),
 )}
 
+
+
+@dataclass(frozen=True)
+class ContinuingArm:
+    """An arm of v5's reuse family (issue 46; :class:`.presets.Reuse`): a finished base of
+    ``family`` (trained and cooled at k tokens per parameter) continued for X times its compute.
+    ``grows``: the :data:`GROWING_ARMS` entry whose operator grows the base into the reuse
+    family's final size first (its growth event, :func:`.growing.grow_at`); None: trained on at
+    the base's size. Every continuation starts a fresh AdamW (a finished base is its weights)."""
+
+    name: str
+    family: str
+    grows: str | None
+    label: str
+
+
+CONTINUING_ARMS: dict[str, ContinuingArm] = {a.name: a for a in (
+    ContinuingArm("grown", "tokenformer", "chain-paper",
+                  "the TokenFormer base grown by the paper's recipe (new keys zero, new values "
+                  "initialised, Θ's factor follows n) into the final size, then trained"),
+    ContinuingArm("continued", "tokenformer", None,
+                  "R3: the TokenFormer base re-warmed and trained on at its own size"),
+    ContinuingArm("tpp-grown", "transformer++", "widen-duplicate",
+                  "R4: Transformer++'s base of the same k grown by HyperCloning (hidden size "
+                  "and heads duplicated, zero-sum noise 0.32) into its final size, then trained"),
+)}

@@ -3,7 +3,9 @@ the steps each run trains at each size, their seconds, and the wall time over pa
 
 from __future__ import annotations
 
-from .presets import Preset, size_key
+import math
+
+from .presets import SWEEP_SEED, Preset, size_key
 from .schedule import Run, size_at
 
 
@@ -22,8 +24,8 @@ def steps_by_size(run: Run) -> dict[str, int]:
 def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str, float]
                      ) -> float:
     """Training time of ``runs`` from measured seconds per step of each ``"<family>-<size>"``,
-    plus one evaluation per branch (``eval_batches`` forward passes ≈ a third of a step each).
-    Evaluation FLOPs aside, the runner does nothing else of weight."""
+    plus one evaluation per branch (:func:`eval_batches` forward passes ≈ a third of a step
+    each). Evaluation FLOPs aside, the runner does nothing else of weight."""
     total = 0.0
     for run in runs:
         final = run.stages[-1]
@@ -34,9 +36,22 @@ def estimate_seconds(preset: Preset, runs: list[Run], seconds_per_step: dict[str
                 size_key(run.family, size), seconds_per_step[size_key(run.family, final.size)]
                 * stage.flops_per_step / final.flops_per_step)
         last = final.size
-        total += len(run.branches) * preset.eval_batches / 3 * seconds_per_step[
+        total += len(run.branches) * eval_batches(preset, run) / 3 * seconds_per_step[
             size_key(run.family, last)]
     return total
+
+
+def eval_batches(preset: Preset, run: Run) -> int:
+    """Batches one evaluation of ``run``'s branch reads: ``eval_batches`` (v4), or v5's whole
+    window (tuning seeds: the tuning window, or its ``tuning_batches``; held-out seeds: the
+    scoring window), at least the asked share of ``validation.tokens``."""
+    v = preset.validation
+    if v is None:
+        return preset.eval_batches
+    if run.seed >= SWEEP_SEED:
+        whole = math.ceil(v.tokens * v.tuning_share / preset.tokens_per_step)
+        return whole if v.tuning_batches is None else min(whole, v.tuning_batches)
+    return math.ceil(v.tokens * (1 - v.tuning_share) / preset.tokens_per_step)
 
 
 def parallel_seconds(preset: Preset, phases: list[list[Run]],

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from ...errors import DivergedError, TokenFormerError
 from ...io.files import atomic_write_text
 from ...io.workers import check_parent, worker_pool
+from ...ops.growth import grow
 from ...ops.growth.optimizer import copy_optimizer
 from ...training.config import TrainConfig
 from ...training.execution import Execution
@@ -38,16 +39,21 @@ from ..common.report import to_json
 from . import schedule as schedule_
 from .growing import diagnose_growth, finish_diagnosis, grow_at, grows_tokens, same_size
 from .presets import Preset
+from .reuse import keeps_models
 from .schedule import Branch, Run
 from .state import (
     Context,
     anneal_in_force,
     build_model,
     context,
+    evaluator,
+    load_base,
     load_state,
     lr_record,
+    model_path,
     restore_state,
     result_path,
+    save_model,
     save_state,
     saved_result,
     state_path,
@@ -66,8 +72,8 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     stops = sorted({b.decay_start for b in run.branches} | set(stage_at))
     state = load_state(ctx, run, lr)
     if state is None:
-        stage0 = run.stages[0]
-        model = build_model(run.family, stage0.config, run.seed, ctx.device)
+        model = (continued_base(ctx, run) if run.origin_budget is not None else
+                 build_model(run.family, run.stages[0].config, run.seed, ctx.device))
         optimizer = make_optimizer(model, train_config(ctx, run, 1))
         state = {"cursor": 0, "counters": {"tokens": 0, "flops": 0.0}, "branches": [],
                  "anneal": None, "lr": lr, "timing": {"train_time": 0.0, "step_time": {}}}
@@ -118,13 +124,32 @@ def train_run(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     return out
 
 
+def continued_base(ctx: Context, run: Run) -> Any:
+    """v5's reuse family: the finished base ``run`` continues (:func:`.state.load_base`),
+    grown into the run's stage by its arm's operator when it has one (the new rows drawn from
+    a generator of the run's seed). Its optimizer is a fresh AdamW (the caller's)."""
+    model = load_base(ctx, run)
+    stage = run.stages[0]
+    if run.recipe is not None:
+        event = grow_at(run, stage, model.config)
+        generator = torch.Generator().manual_seed(run.seed * 1_000_003)
+        model = grow(model, generator=generator, **event.kwargs).to(ctx.device)
+    if not same_size(model.config, stage.config):
+        raise AssertionError(f"{run.id}: the base continued is {model.config}, planned "
+                             f"{stage.config}")
+    return model
+
+
 def _segment(ctx: Context, run: Run, schedule: LrSchedule, model: Any, optimizer: Any,
              cfg: TrainConfig, start: int, state: dict[str, Any], bar: Any,
              eval_fn: Any = None) -> Any:
     """Train [start, cfg.steps) on the run's ``schedule`` (:func:`schedule.run_schedule`),
     growing first when ``cfg.grow_at`` holds the growth at ``start``."""
     timing = state["timing"]
-    batch_fn = lm_batches(ctx.dataset, cfg.batch_size, cfg.seq_len, run.seed, ctx.device)
+    batches = lm_batches(ctx.dataset, cfg.batch_size, cfg.seq_len, run.seed, ctx.device)
+    # a continuation trains on the seed's stream after its base's last step (v5)
+    batch_fn = (batches if not run.data_offset else
+                lambda step: batches(step + run.data_offset))
 
     def on_record(record: dict[str, Any], current: Any) -> None:
         if record["type"] == "grow":
@@ -169,11 +194,13 @@ def _branch(ctx: Context, run: Run, lrs: tuple[float, ...], model: Any, optimize
     b_model = copy.deepcopy(model)
     b_opt = copy_optimizer(model, optimizer, b_model)
     result = _segment(ctx, run, schedule, b_model, b_opt, train_config(ctx, run, branch.steps),
-                      branch.decay_start, state, None, eval_fn=ctx.eval_fn)
+                      branch.decay_start, state, None, eval_fn=evaluator(ctx, run))
     final = result.final_eval
     if final is None:
         raise TokenFormerError(f"{run.id}: the branch at budget {branch.budget_index} has no "
                                f"evaluation")
+    if keeps_models(ctx.preset, run):  # a finished base, for the reuse family's continuations
+        save_model(model_path(ctx, run.id, branch.budget_index), run.family, result.model)
     flops = state["counters"]["flops"] + result.flops
     return {"budget_index": branch.budget_index, "budget": branch.budget, "steps": branch.steps,
             "decay_start": branch.decay_start, "flops": flops,

@@ -25,6 +25,7 @@ import itertools
 from typing import Any
 
 from ...errors import ConfigError
+from . import reuse as reuse_
 from .arms import GROWING_ARMS
 from .chains import Envelope, chain_stages, predicted_envelope, reads_budget
 from .configs import model_configs, sized_stage
@@ -118,8 +119,10 @@ def size_windows(preset: Preset, family: str, vocab_size: int) -> dict[str, set[
         return None
     order = list(family_sizes(preset, family))
     best = predicted_envelope(preset, family, vocab_size)
+    forced = reuse_.forced_windows(preset, vocab_size) if family == reuse_.TF else {}
     return {z: {j for j, b in best.items()
-                if abs(order.index(z) - order.index(b)) <= preset.size_window} for z in order}
+                if abs(order.index(z) - order.index(b)) <= preset.size_window}
+            | forced.get(z, set()) for z in order}
 
 
 def scratch_run(preset: Preset, family: str, size: str, config: Any, seed: int,
@@ -147,50 +150,146 @@ def horizon_plan(preset: Preset, vocab_size: int, lr0: dict[str, float] | None =
                  ) -> list[Run]:
     """v4 stage 2: every size of every family at full length (its stable run and every
     cooldown branch of its window) on every tuning seed, at the short sweep's pick ``lr0``
-    (per size key; 1.0 when not known yet, for the plan) × each of ``horizon_factors``."""
-    runs = []
+    (per size key; 1.0 when not known yet, for the plan) × each of ``horizon_factors``; v5:
+    the other families' reuse bases too (:func:`horizon_templates`)."""
+    return [horizon_run(run, factor, lr0)
+            for runs in horizon_templates(preset, vocab_size).values() for run in runs
+            for factor in preset.horizon_factors]
+
+
+def horizon_templates(preset: Preset, vocab_size: int) -> dict[str, list[Run]]:
+    """Per size key, the from-scratch runs the horizon stage trains at each factor, one per
+    tuning seed, v5's other bases (Transformer++'s, R4, at each k) included."""
+    out: dict[str, list[Run]] = {}
     for family in preset.families:
         for seed in tuning_seeds(preset):
             for run in scratch_runs(preset, vocab_size, family, seed):
-                for factor in preset.horizon_factors:
-                    lr = (lr0 or {}).get(run.arm, 1.0) * factor
-                    runs.append(dataclasses.replace(
-                        run, id=f"horizon/{run.arm}/x{factor:g}/seed{seed}", kind="horizon",
-                        lr=lr))
-    return runs
+                out.setdefault(run.arm, []).append(run)
+    for family in reuse_.other_bases(preset):
+        for seed in tuning_seeds(preset):
+            run = reuse_.base_run(preset, family, seed, vocab_size)
+            out.setdefault(run.arm, []).append(run)
+    return out
+
+
+def horizon_run(run: Run, factor: float, lr0: dict[str, float] | None, suffix: str = "") -> Run:
+    """``run`` (a from-scratch run on a tuning seed) as the horizon run at ``factor`` × the
+    sweep's pick of its size (1.0 when not known yet); ``suffix`` marks a run of budgets a
+    window extension added."""
+    return dataclasses.replace(run, id=horizon_id(run.arm, factor, run.seed, suffix),
+                               kind="horizon", lr=(lr0 or {}).get(run.arm, 1.0) * factor)
+
+
+def horizon_id(key: str, factor: float, seed: int, suffix: str = "") -> str:
+    """The id of the horizon run of size ``key`` at ``factor`` for ``seed`` (v5: the tuning
+    seeds' finished bases are these runs at the factor chosen at each level)."""
+    return f"horizon/{key}/x{factor:g}/seed{seed}{suffix}"
 
 
 Choice = dict[str, dict[int, tuple[str, float | None]]]  # family → budget → (size, LR)
 
 
-def held_out_scratch(preset: Preset, vocab_size: int, choice: Choice) -> list[Run]:
+def held_out_scratch(preset: Preset, vocab_size: int, choice: Choice,
+                     lr_at: dict[str, dict[int, float]] | None = None) -> list[Run]:
     """v4 stage 3: the envelope's (size, LR) of each family at each budget (chosen on the
     tuning seeds) on every held-out seed: one stable run per (size, LR) with the cooldown
     branches of the budgets that chose it. The run id names the LR only when a size has more
-    than one."""
+    than one. v5 adds the reuse family's from-scratch runs (:func:`reuse_pairs`: the base at
+    each level, the final size at each cell, each at its LR there in ``lr_at``) and the other
+    families' bases."""
     configs = {f: model_configs(preset, f, vocab_size) for f in preset.families}
+    extra = reuse_pairs(preset, vocab_size, lr_at)
     runs = []
     for seed in held_out_seeds(preset):
         for family in preset.families:
             by_pair: dict[tuple[str, float | None], set[int]] = {}
-            for j, pair in sorted(choice.get(family, {}).items()):
+            for j, pair in sorted([*choice.get(family, {}).items(), *extra.get(family, [])],
+                                  key=lambda item: item[0]):
                 by_pair.setdefault(pair, set()).add(j)
             for (size, lr), budgets in by_pair.items():
                 several = sum(z == size for z, _ in by_pair) > 1
                 run = scratch_run(preset, family, size, configs[family][size], seed, budgets)
                 runs.append(dataclasses.replace(
                     run, lr=lr, id=f"{run.arm}/lr={lr:.6g}/seed{seed}" if several else run.id))
+        for family in reuse_.other_bases(preset):
+            key = size_key(family, preset.reuse.base)  # type: ignore[union-attr]
+            by_lr: dict[float | None, set[int]] = {}
+            for j in reuse_.levels(preset, vocab_size):
+                by_lr.setdefault((lr_at or {}).get(key, {}).get(j), set()).add(j)
+            for lr, budgets in by_lr.items():
+                run = reuse_.base_run(preset, family, seed, vocab_size, only=budgets, lr=lr)
+                runs.append(dataclasses.replace(run, id=f"{key}/lr={lr:.6g}/seed{seed}")
+                            if len(by_lr) > 1 else run)
     return runs
+
+
+def reuse_pairs(preset: Preset, vocab_size: int, lr_at: dict[str, dict[int, float]] | None
+                ) -> dict[str, list[tuple[int, tuple[str, float | None]]]]:
+    """v5: the (budget, (size, LR)) pairs the reuse family needs of TokenFormer's held-out
+    from-scratch runs besides the envelope: its base at each level (the finished bases) and its
+    final size at each cell (R1), each at the LR the tuning seeds chose for it at that budget
+    (None before they have: the plan)."""
+    return {reuse_.TF: [(j, (size, (lr_at or {}).get(size_key(reuse_.TF, size), {}).get(j)))
+                        for size, js in reuse_.forced_windows(preset, vocab_size).items()
+                        for j in sorted(js)]}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChainCandidate:
+    """One point of a chain's tuning grid: every stage before the last at ``small`` × its
+    policy's LR (None: at ``final``, v4's single factor), the last at ``final`` ×, and every
+    growth step at ``growth`` × the envelope rule's step."""
+
+    final: float
+    small: float | None = None
+    growth: float = 1.0
+
+    def lrs(self, policy: tuple[float, ...]) -> tuple[float, ...]:
+        """The stage LRs of this candidate from the policy's (``horizon_stage_lrs``)."""
+        small = self.final if self.small is None else self.small
+        return tuple(x * (self.final if i == len(policy) - 1 else small)
+                     for i, x in enumerate(policy))
+
+    def tag(self) -> str:
+        """The candidate in a run id: ``x2`` (v4), ``x2/s1/g0.5`` (v5's grid)."""
+        if self.small is None and self.growth == 1.0:
+            return f"x{self.final:g}"
+        return f"x{self.final:g}/s{(self.small or self.final):g}/g{self.growth:g}"
+
+
+def chain_grid(preset: Preset) -> list[ChainCandidate]:
+    """The chains' tuning grid: v4's ``horizon_factors`` alone (every stage at one factor of
+    the policy's LRs), or v5's small-stage × final-stage LR factors at the rule's growth times,
+    and every other growth time at the final-stage factor ×1 (trimmed: v4's chain tuning
+    found ×1 best by >= 0.015 on both sides; docs/frontier-v5.md)."""
+    if not (preset.chain_small_factors or preset.growth_time_factors):
+        return [ChainCandidate(f) for f in preset.horizon_factors]
+    return [ChainCandidate(f, s, g) for g in preset.growth_time_factors or (1.0,)
+            for s in preset.chain_small_factors or (None,) for f in preset.horizon_factors
+            if g == 1.0 or f == 1.0]
+
+
+def candidate_run(preset: Preset, run: Run, candidate: ChainCandidate, seed: int,
+                  run_id: str | None = None) -> Run:
+    """The chain ``run`` for ``seed`` with its growth steps at ``candidate.growth`` × theirs
+    (its branches planned again by the rule: a budget whose size is too fresh is not read)."""
+    stages = run.stages
+    if candidate.growth != 1.0:
+        stages = tuple(s if i == 0 else dataclasses.replace(
+            s, start=max(i, round(s.start * candidate.growth))) for i, s in enumerate(stages))
+        run = dataclasses.replace(
+            _with_branches(preset, run.arm, run.kind, run.family, seed, stages, preset.budgets,
+                           run.lr_from, run.recipe), lr_policy=run.lr_policy)
+    return dataclasses.replace(run, id=run_id or f"tune/{run.arm}/{candidate.tag()}/seed{seed}",
+                               seed=seed, lr=candidate.final)
 
 
 def chain_tuning_plan(preset: Preset, chains: list[Run]) -> list[Run]:
     """v4: each growing arm (its seed-0 held-out run as the template) on every tuning seed at
-    each of ``horizon_factors`` × its policy's LRs (the runner multiplies; ``lr`` holds the
-    factor here)."""
-    return [dataclasses.replace(run, id=f"tune/{run.arm}/x{factor:g}/seed{seed}", seed=seed,
-                                lr=factor)
-            for run in chains if run.seed == 0
-            for factor in preset.horizon_factors for seed in tuning_seeds(preset)]
+    each point of its tuning grid (:func:`chain_grid`; ``lr`` holds the final stage's factor,
+    the runner multiplies)."""
+    return [candidate_run(preset, run, c, seed) for run in chains if run.seed == 0
+            for c in chain_grid(preset) for seed in tuning_seeds(preset)]
 
 
 def stage_plans(preset: Preset, vocab_size: int) -> dict[str, list[Run]]:
@@ -199,11 +298,15 @@ def stage_plans(preset: Preset, vocab_size: int) -> dict[str, list[Run]]:
     held-out from-scratch and chain runs (held-out seeds). The v3 protocol has no horizon or
     chain tuning stage."""
     runs = plan(preset, vocab_size)
-    chains = [r for r in runs if r.kind != "scratch"]
+    chains = [r for r in runs if r.kind in ("chain", "widen")]
+    reuse = {"reuse tuning": reuse_.tuning_runs(preset, vocab_size, tuning_seeds(preset)),
+             "reuse held-out": reuse_.held_out_runs(preset, vocab_size, held_out_seeds(preset))
+             } if preset.reuse is not None else {}
     return {"sweep": sweep_plan(preset, vocab_size),
             "horizon": horizon_plan(preset, vocab_size) if preset.horizon_factors else [],
+            "held-out from scratch": [r for r in runs if r.kind in ("scratch", "base")],
+            **reuse,
             "chain tuning": chain_tuning_plan(preset, chains),
-            "held-out from scratch": [r for r in runs if r.kind == "scratch"],
             "held-out chains": chains}
 
 
@@ -272,8 +375,15 @@ def sweep_plan(preset: Preset, vocab_size: int) -> list[Run]:
     """The initial LR grid of every (family, size) the final runs use (a size that runs no
     budget of its window is not swept), for every tuning seed."""
     return [sweep_run(preset, family, size, lr, vocab_size, seed)
-            for family in preset.families for size in swept_sizes(preset, family, vocab_size)
+            for family, size in swept_keys(preset, vocab_size)
             for lr in preset.lr_grid for seed in tuning_seeds(preset)]
+
+
+def swept_keys(preset: Preset, vocab_size: int) -> list[tuple[str, str]]:
+    """Every (family, size) whose LR is swept: each family's sizes that run a budget, and the
+    reuse family's other base and its final size (v5)."""
+    return [(family, size) for family in preset.families
+            for size in swept_sizes(preset, family, vocab_size)] + reuse_.sweep_sizes(preset)
 
 
 def swept_sizes(preset: Preset, family: str, vocab_size: int) -> tuple[str, ...]:

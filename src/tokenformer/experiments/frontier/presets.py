@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from ...data.corpora import parse_corpus
 from ...errors import ConfigError
 from ...ops.growth import NEW_ROW_MOMENTS, recipe_names
 from ...ops.growth.widening import WIDENINGS
-from .arms import GROWING_ARMS, LR_POLICIES, SHAPES
+from .arms import CONTINUING_ARMS, GROWING_ARMS, LR_POLICIES, SHAPES
 from .questions import (
     ARCHITECTURE_QUESTIONS,
     BUDGET_READINGS,
@@ -36,7 +37,11 @@ from .questions import (
     GROWTH_QUESTIONS,
     LR_POLICY_QUESTIONS,
     V4_QUESTIONS,
+    V5_G1,
+    V5_TREND,
     Question,
+    continuing_arm,
+    reuse_questions,
 )
 
 SCHEDULE_FAMILY = "wsd"
@@ -59,6 +64,42 @@ PK_FLOPS_TOLERANCE = 0.01
 MAX_EPOCHS = 4.0  # no run may see the training split more often than this
 # tuning seeds are SWEEP_SEED + i (LR sweeps, horizon runs, every choice): never a held-out seed
 SWEEP_SEED = 1000
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """v5 (issue 46): the validation data as whole random documents of the corpus (the embedded
+    one's chapters, a pysource corpus' files), drawn with ``seed`` until >= ``tokens`` are held
+    out; the first drawn documents, up to ``tuning_share`` of them, are the tuning window
+    (every run on a tuning seed is evaluated there, on the whole window), the rest the scoring
+    window (every held-out run). v4 scored and chose on the same tail of the corpus.
+    ``tuning_batches``: the tuning runs read a fixed, evenly spread subset of their window
+    (the time budget; docs/frontier-v5.md)."""
+
+    tokens: int = 1_000_000
+    tuning_share: float = 0.5
+    seed: int = 0
+    # a tuning-seed run evaluates this many batches evenly spread over the tuning window (None:
+    # all of it); held-out runs always read the whole scoring window
+    tuning_batches: int | None = None
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """v5's primary family (issue 46; docs/frontier-v5.md): a finished ``base`` (a size of the
+    TokenFormer family, trained and cooled at each of ``tokens_per_parameter``, whose compute
+    C(k) is a budget of the grid) continued for X · C(k) more FLOPs, X in ``increments`` (each a
+    whole number of grid steps below 1, so that X · C(k) is a grid budget too) by each of
+    ``arms`` (keys of :data:`.arms.CONTINUING_ARMS`): grown into ``final`` and trained on, or
+    trained on at its size, or Transformer++'s base of the same k grown by its own operator.
+    The from-scratch rivals (``final``'s size, the envelope) are the family's held-out runs at
+    those budgets."""
+
+    base: str = "S0"
+    final: str = "S2"
+    tokens_per_parameter: tuple[float, ...] = (40.0, 126.5, 400.0)
+    increments: tuple[float, ...] = (0.1, 0.316, 1.0)
+    arms: tuple[str, ...] = ("grown", "continued", "tpp-grown")
 
 
 @dataclass(frozen=True)
@@ -125,6 +166,22 @@ class Preset:
     # the corpus when --data is not given: None is the embedded KJV; "synthetic:<tokens>" the
     # generated corpus of data.synthetic (gpu-30m: large enough that nothing repeats > 4 times)
     corpus: str | None = None
+    # ---- v5 (issue 46; docs/frontier-v5.md). At their defaults (v4's protocol) these fields
+    # are left out of the experiment's record (:func:`preset_record`), so every earlier
+    # preset keeps its fingerprint
+    validation: HeldOut | None = None  # None: the corpus' tail, the same for tuning and scoring
+    reuse: Reuse | None = None  # the reuse family
+    # the horizon stage adds a factor beyond an end pick this many times per side, as the sweep
+    # does (v4: 0)
+    horizon_extensions: int = 0
+    # sizes added beyond a budget's tuning optimum when it is the smallest or largest size run
+    # there, per budget and side (v4: 0)
+    window_extensions: int = 0
+    # the chains' tuning grid: every stage before the last at these multiples of the final
+    # size's LR (v4: (), every stage at the final stage's factor) ...
+    chain_small_factors: tuple[float, ...] = ()
+    # ... and every growth step at these multiples of the envelope rule's step (v4: (), the rule)
+    growth_time_factors: tuple[float, ...] = ()
 
     @property
     def tokens_per_step(self) -> int:
@@ -154,9 +211,12 @@ class Preset:
         return tuple(r for r in self.recipes if GROWING_ARMS[r].kind == "widen")
 
     def arm_names(self) -> set[str]:
-        """Every arm a question may name: each family's from-scratch sizes and the recipes."""
+        """Every arm a question may name: each family's from-scratch sizes, the recipes and
+        the reuse family's continuing arms at each k."""
+        reuse = ({continuing_arm(a, k) for a in self.reuse.arms
+                  for k in self.reuse.tokens_per_parameter} if self.reuse is not None else set())
         return {size_key(f, s) for f in self.families for s in family_sizes(self, f)} | set(
-            self.recipes)
+            self.recipes) | reuse
 
     def validate(self) -> None:
         if self.first_size not in (-1, 0, 1) or not (
@@ -217,6 +277,7 @@ class Preset:
             raise ConfigError("frontier: decay_fraction in (0, 1), seeds and tuning_seeds >= 1")
         if self.corpus is not None:
             parse_corpus(self.corpus)
+        self._validate_v5()
         arms = self.arm_names()
         ids = [q.id for q in self.questions]
         if len(set(ids)) != len(ids):
@@ -233,6 +294,76 @@ class Preset:
                 raise ConfigError(f"frontier: question {q.id}: budgets one of "
                                   f"{', '.join(BUDGET_READINGS)}; a margin must be positive "
                                   f"and justified")
+
+
+    def _validate_v5(self) -> None:
+        """The v5 fields (issue 46): held-out documents, the reuse family, the extensions and
+        the chains' tuning grid."""
+        v = self.validation
+        if v is not None and (v.tokens < 2 or not 0 < v.tuning_share < 1 or (
+                v.tuning_batches is not None and v.tuning_batches < 1)):
+            raise ConfigError("frontier: validation: tokens >= 2, tuning_share in (0, 1), "
+                              "tuning_batches >= 1 or None")
+        if min(self.horizon_extensions, self.window_extensions) < 0 or any(
+                f <= 0 for f in (*self.chain_small_factors, *self.growth_time_factors)):
+            raise ConfigError("frontier: extensions >= 0, chain factors positive")
+        if any(f > 1 for f in self.growth_time_factors):
+            raise ConfigError("frontier: growth_time_factors <= 1 (a growth moves earlier only: "
+                              "later, it would leave its budget's share)")
+        r = self.reuse
+        if r is None:
+            return
+        if "tokenformer" not in self.families or not self.horizon_factors:
+            raise ConfigError("frontier: reuse needs the tokenformer family and the horizon "
+                              "stage (its LRs are tuned at each length)")
+        order = list(self.sizes)
+        if r.base not in order or r.final not in order or order.index(r.final) <= order.index(
+                r.base):
+            raise ConfigError(f"frontier: reuse: base and final must be sizes of the preset "
+                              f"({', '.join(order)}), the final one larger")
+        for arm in r.arms:
+            if arm not in CONTINUING_ARMS:
+                raise ConfigError(f"frontier: reuse: unknown arm {arm!r}; choose from "
+                                  f"{', '.join(CONTINUING_ARMS)}")
+            if CONTINUING_ARMS[arm].family == "transformer++" and self.tpp_widths is None:
+                raise ConfigError(f"frontier: reuse: {arm} needs the width-scaled "
+                                  f"Transformer++ (tpp_widths)")
+        if "grown" not in r.arms:
+            raise ConfigError("frontier: reuse: the grown arm is the family's subject")
+        ks, xs = r.tokens_per_parameter, r.increments
+        if not ks or any(k <= 0 for k in ks) or list(ks) != sorted(set(ks)):
+            raise ConfigError("frontier: reuse: tokens_per_parameter increasing and positive")
+        if not xs or any(x <= 0 or x > 1 for x in xs) or list(xs) != sorted(set(xs)):
+            raise ConfigError("frontier: reuse: increments increasing, in (0, 1]")
+        for x in xs:
+            steps = increment_steps(self, x)
+            if abs(self.budget_ratio ** -steps / x - 1) > 0.01:
+                raise ConfigError(f"frontier: reuse: increment {x:g} is not a whole number of "
+                                  f"budget steps (budget_ratio {self.budget_ratio:g}) below 1")
+
+
+def increment_steps(preset: Preset, x: float) -> int:
+    """How many budgets of the grid an increment X lies below its base's budget (X =
+    budget_ratio^-m): the cell (k at budget j, X) reads budget j − m."""
+    return round(-math.log(x) / math.log(preset.budget_ratio))
+
+
+# The v5 fields of a Preset and their defaults (v4's protocol), which preset_record leaves out
+V5_FIELDS = ("validation", "reuse", "horizon_extensions", "window_extensions",
+             "chain_small_factors", "growth_time_factors")
+
+
+def preset_record(preset: Preset) -> dict[str, Any]:
+    """The preset as an experiment records it (``experiment.json``'s settings, which its
+    fingerprint hashes, and ``results.json``): every field, but the v5 fields only where they
+    differ from their defaults, so a preset of an earlier protocol keeps the record, and the
+    fingerprint, it had (a v4 folder resumes)."""
+    record = dataclasses.asdict(preset)
+    defaults = {f.name: f.default for f in dataclasses.fields(Preset) if f.name in V5_FIELDS}
+    for name, default in defaults.items():
+        if getattr(preset, name) == default:
+            del record[name]
+    return record
 
 
 def size_key(family: str, size: str) -> str:
@@ -316,15 +447,78 @@ GPU_CODE = dataclasses.replace(
                    "runs, launch-bound; 8 runs at once assumed to cost 1.5× each; --jobs 4 at "
                    "1.25×: 11.5 min). Resumable: --out docs/results/frontier-gpu, committed "
                    "between calls.")
+# v5 (issue 46; every choice and its reason: docs/frontier-v5.md). The reuse family first: the
+# base S0 (d 32, context 32: 50 % of its FLOPs in Pattention) trained and cooled at k = 40, 126.5,
+# 400 tokens per parameter, whose compute C(k) is the budget grid (√10 apart; 7.74e11 =
+# 400 · 12,352 parameters · 156,672 training FLOPs per token), continued for X = 0.1, 0.316, 1 ×
+# C(k) by the grown base (paper recipe, S0 → S2), the base trained on (R3) and Transformer++'s
+# base of the same k grown by HyperCloning (R4), against S2 from scratch (R1) and the envelope
+# (R2) at X · C(k); G1 and T1 (post-growth budgets) replicate v4's cumulative question with the
+# chain tuned on a small-stage × final-stage LR grid at two growth times. Validation: >= 1e6
+# bytes of random chapters, a tuning and a scoring window.
+FULL_V5 = dataclasses.replace(
+    _CPU, name="full", hidden_size=32, num_heads=2, seq_len=32, batch_size=64,
+    max_budget=7.74e11, num_budgets=3, budget_ratio=10 ** 0.5, warmup_steps=20, min_steps=80,
+    lr_grid=(2e-3, 4e-3, 8e-3, 1.6e-2), families=("tokenformer",), tpp_widths=(24, 36),
+    tpp_heads=2, recipes=("chain-paper-final-lr",), validation=HeldOut(tuning_batches=64),
+    reuse=Reuse(),
+    horizon_extensions=2, window_extensions=2, chain_small_factors=(1.0, 2.0),
+    growth_time_factors=(1.0, 0.5),
+    expected_hours="100–115 min with --jobs 2 on 2 idle cores (docs/frontier-v5.md: 99 min by "
+                   "benchmarks/frontier_steps.py --cpu-time on a busy machine, before the "
+                   "extensions past an edge; re-measure on idle cores)",
+    questions=(*reuse_questions(Reuse().tokens_per_parameter, size_key("tokenformer", "S2")),
+               V5_G1, V5_TREND))
+# v5's GPU preset (issue 46 point 6; docs/frontier-v5.md "GPU preset"): the reuse family at
+# >= 10M non-embedding parameters on real text. TokenFormer d 512, 4 blocks, 8 heads, context
+# 256, batch 64; S0 = (320, 320, 1280) tokens: 10.5M non-embedding parameters, 90 % of its
+# training FLOPs in Pattention; grown into S2 (41.9M). The corpus bounds k: the installed
+# packages' Python sources (1.17e8 bytes on the device's image) allow k <= 31.6 at <= 4 epochs
+# (3.1 read by the base at k = 31.6); X = 0.316, 1. R4: Transformer++ d 480 (11.1M) grown by
+# HyperCloning to d 960. The prior of the predicted envelope is 10 tokens per parameter (the
+# bases are under-trained against Chinchilla's 20: the envelope at X · C(k) lies below S0; the
+# window extends past an edge at run time). Planned, not run: its size in leases comes from the
+# first lease's measured step times.
+GPU_V5 = dataclasses.replace(
+    FULL_V5, name="gpu-v5", hidden_size=512, num_layers=4, num_heads=8,
+    base_tokens=(640, 640, 2560), first_size=-1, num_sizes=5, seq_len=256, batch_size=64,
+    max_budget=2.33e16, num_budgets=2, budget_ratio=10 ** 0.5, warmup_steps=50, min_steps=100,
+    sweep_steps=150, lr_grid=(2.5e-4, 5e-4, 1e-3, 2e-3), dtype="bf16", tpp_widths=(480, 672),
+    tpp_heads=8, recipes=(), chain_small_factors=(), growth_time_factors=(),
+    horizon_extensions=1, window_extensions=1, tokens_per_parameter=10.0,
+    corpus="pysource:torch,transformers,sympy",
+    validation=HeldOut(tokens=1_000_000, tuning_batches=16),
+    reuse=Reuse(tokens_per_parameter=(10.0, 31.6), increments=(0.316, 1.0)),
+    questions=reuse_questions((10.0, 31.6), size_key("tokenformer", "S2")),
+    expected_hours="2.8e18 training FLOPs: ≈ 4 h of one H200 at an assumed 200 TFLOP/s "
+                   "achieved (≈ 26 leases of 9 min), not measured; resize it from the first "
+                   "lease's step times (benchmarks/frontier_steps.py --preset gpu-v5 "
+                   "--measured DIR)")
 PRESETS: dict[str, Preset] = {
-    # one seed, one sweep seed: TokenFormer S0–S3 and the paper chain following the measured
-    # envelope; its question is stated and answered, but one seed resolves nothing (v3's
-    # protocol: its time stays inside the README's 10 minutes)
+    # v5's reuse family in miniature (issue 46): the base S0 finished at k = 126.5, grown (S0 →
+    # S2) and trained on (R3) for X = 0.316 and 1 of its compute, against S2 from scratch (R1);
+    # one tuning and one held-out seed, no factor around the sweeps' picks: the shape of the
+    # answer, nothing resolved (the README's first command: <= 5 minutes on 2 idle cores)
     "quick": dataclasses.replace(
+        FULL_V5, name="quick", first_size=0, num_sizes=3, max_budget=2.45e11, num_budgets=2,
+        seeds=1, tuning_seeds=1, horizon_factors=(1.0,), horizon_extensions=0,
+        window_extensions=0, sweep_steps=60, recipes=(), chain_small_factors=(),
+        growth_time_factors=(), validation=HeldOut(tokens=200_000),
+        expected_hours="about 4 min on 2 idle cores (3.8 min predicted on one worker)",
+        reuse=Reuse(tokens_per_parameter=(126.5,), increments=(0.316, 1.0),
+                    arms=("grown", "continued")),
+        questions=reuse_questions((126.5,), size_key("tokenformer", "S2"), ("R1", "R3"))),
+    # v3's quick preset (the committed docs/results/quick): one seed, one sweep seed,
+    # TokenFormer S0–S3 and the paper chain following the measured envelope. Its record keeps
+    # the name "quick" (the experiment's fingerprint covers it)
+    "quick-v3": dataclasses.replace(
         FULL_V3, name="quick", max_budget=1.5e12, num_budgets=4, seeds=1, tuning_seeds=1,
         families=("tokenformer",), recipes=("chain-paper",), sweep_steps=60,
         min_steps=60, warmup_steps=20, anneal_steps=50, questions=GROWTH_QUESTIONS[:1]),
-    "full": _CPU,
+    "full": FULL_V5,
+    # v4 (docs/frontier-v4.md, the committed docs/results/frontier-v4): its record keeps the
+    # name "full", so its plan text and fingerprint are v4's (a v4 folder resumes with it)
+    "full-v4": _CPU,
     # issue 18: product keys with 16× the FFN tokens at the dense FLOPs/token vs dense TokenFormer
     # and Transformer++, from scratch only, S1–S2 (the full preset's envelope sizes up to 2e12
     # FLOPs; S3 never was) and three budgets over one decade; sized for well under 60 min of
@@ -349,6 +543,7 @@ PRESETS: dict[str, Preset] = {
                        "below that; not measured; needs --data with >= 2e8 training tokens "
                        "(<= 4 epochs)"),
     "gpu-code": GPU_CODE,
+    "gpu-v5": GPU_V5,
 }
 
 

@@ -16,8 +16,9 @@ from typing import Any
 from ..common.report import markdown_table
 from .arms import GROWING_ARMS
 
-# how a question reads the budgets: "final", "all", "trend" (Question's docstring)
-BUDGET_READINGS = ("final", "all", "trend")
+# how a question reads the budgets: "final", "all", "trend", "trend-grown" (Question's docstring)
+BUDGET_READINGS = ("final", "all", "trend", "trend-grown")
+TREND_READINGS = ("trend", "trend-grown")
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,9 @@ class Question:
     at ``budgets`` ("final": the largest budget every term was read at; "all": each budget every
     term was read at, one test each; "trend": per seed, the least-squares slope of a − b
     against log2(budget) over every budget all terms were read at (``scipy.stats.linregress``),
-    then one t-test of those slopes against 0 across seeds: nats per doubling of compute). A
+    then one t-test of those slopes against 0 across seeds: nats per doubling of compute;
+    "trend-grown" (v5): the same over the budgets where every chain the question names has
+    grown past its first size, so that a gap before the growth does not make the slope). A
     side is an arm name (``tokenformer-S2``, ``chain-paper``),
     ``envelope:<family>``, or two of those as ``"x - y"`` (a gap; then a − b is a difference of
     gaps). ``family`` is the multiplicity family Holm adjusts over. With ``margin`` the question
@@ -140,7 +143,7 @@ def question_lines(questions: tuple[Question, ...] | list[Any]) -> list[str]:
         return ["No pre-registered questions: this preset reports descriptively only."]
     rows = [[q["id"], q["family"], q["text"], f"({q['a']}) − ({q['b']})", q["budgets"],
              f"difference and TOST ±{q['margin']:g}" if q["margin"] is not None
-             else "slope per doubling vs 0" if q["budgets"] == "trend" else "difference"]
+             else "slope per doubling vs 0" if q["budgets"] in TREND_READINGS else "difference"]
             for q in qs]
     why = list(dict.fromkeys(q["margin_why"] for q in qs if q["margin"] is not None))
     families = list(dict.fromkeys(q["family"] for q in qs))
@@ -150,3 +153,61 @@ def question_lines(questions: tuple[Question, ...] | list[Any]) -> list[str]:
             f"*resolved* only when its Holm-adjusted p < 0.05, *equivalent within ±m* only when "
             f"its Holm-adjusted TOST p < 0.05, otherwise *not resolved*.",
             *(f"Margin: {w}" for w in why)]
+
+
+# ---------------------------------------------------------------- v5 (issue 46)
+# The reuse family (docs/frontier-v5.md): per k, the grown base against each rival at every X
+# cell of that k; one multiplicity family per rival. The margin: v4's G1 paired sd.
+V5_MARGIN_WHY = (
+    "0.02 nats: 1.35 × the paired sd of v4's G1 over its 8 held-out seeds (0.0148), and ≈ 0.13 "
+    "doublings of compute along v4's TokenFormer envelope (0.151 nats per doubling between its "
+    "last two budgets), i.e. ±10 % of compute: smaller gaps are not worth a claim at this scale.")
+# rival → (its term, given the final size's from-scratch arm and k's arm suffix; what it is)
+REUSE_RIVALS = {
+    "R1": (lambda final, at: final, "the grown size trained from scratch (the paper's Fig. 3, "
+                                    "right)"),
+    "R2": (lambda final, at: "envelope:tokenformer", "the best from-scratch size (the "
+                                                     "compute-optimal frontier)"),
+    "R3": (lambda final, at: f"continued{at}", "the base trained on at its own size"),
+    "R4": (lambda final, at: f"tpp-grown{at}", "Transformer++'s base of the same k grown by "
+                                               "HyperCloning"),
+}
+
+
+def k_label(k: float) -> str:
+    """The name of a reuse level: ``"k400"``, ``"k126.5"``."""
+    return f"k{k:g}"
+
+
+def continuing_arm(arm: str, k: float) -> str:
+    """The arm name of a continuing arm at level k: ``"grown@k400"``."""
+    return f"{arm}@{k_label(k)}"
+
+
+def reuse_questions(ks: tuple[float, ...], final_arm: str,
+                    rivals: tuple[str, ...] = tuple(REUSE_RIVALS)) -> tuple[Question, ...]:
+    """Per rival and k: grown@k − the rival at every X cell of k (budgets "all"), the rival's
+    own multiplicity family, TOST at ±0.02 (``final_arm``: the final size's from-scratch arm,
+    R1's term)."""
+    out = []
+    for rival in rivals:
+        term, what = REUSE_RIVALS[rival]
+        for k in ks:
+            at = f"@{k_label(k)}"
+            out.append(Question(
+                f"{rival}-{k_label(k)}",
+                f"Given X times its compute more, does the base finished at k = {k:g} tokens "
+                f"per parameter and grown end below, above or within ±{MARGIN:g} nats of "
+                f"{what}, at each X?",
+                continuing_arm("grown", k), term(final_arm, at), f"reuse-{rival}",
+                budgets="all", margin=MARGIN, margin_why=V5_MARGIN_WHY))
+    return tuple(out)
+
+
+# G1 kept as the replication of v4's cumulative question, its margin justified from v4's spread
+V5_G1 = dataclasses.replace(V4_GROWTH_QUESTIONS[0], margin_why=V5_MARGIN_WHY)
+V5_TREND = Question(
+    "T1", "Does TokenFormer's growth gap (the G1 chain − its envelope) shrink or grow with "
+          "compute once the chain has grown (slope per doubling, over the budgets after its "
+          "first growth)?", "chain-paper-final-lr", "envelope:tokenformer", "trend",
+    budgets="trend-grown")

@@ -99,6 +99,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, Any], plots: lis
     table = arms(results)
     sections = [header_lines(results, summary), answer_lines(results, summary),
                 descriptive_lines(summary, plots), envelope_lines(results, summary),
+                reuse_reach_lines(summary),
                 recipe_lines(results, table), chain_lines(results, table),
                 every_arm_lines(results, table), tuning_lines(results),
                 comparison_lines(summary),
@@ -139,6 +140,27 @@ def answer_lines(results: dict[str, Any], summary: dict[str, Any]) -> list[str]:
             markdown_table(["id", "family", "budget", "Δ = a − b", "seeds", "p", "Holm p",
                             "TOST", "decision"], answer_rows(summary["answers"]),
                            "llllrrrll"), ""]
+
+
+def reuse_reach_lines(summary: dict[str, Any]) -> list[str]:
+    """v5's incremental compute to reach (:func:`.analysis.reuse_reach`), per reuse cell."""
+    rows = []
+    for r in summary.get("reuse_reach") or []:
+        seeds = ", ".join(f"{s}: {v if isinstance(v, str) else f'{v:.3g}'}"
+                          for s, v in r["per_seed"].items())
+        interval = (f"{r['ratio']:.3g} [{r['low']:.3g}, {r['high']:.3g}]" if "ratio" in r
+                    else "no interval (a seed's rival curve does not reach it: a bound)")
+        rows.append([r["question"], f"{r['x']:.3g}", interval, seeds])
+    if not rows:
+        return []
+    return ["## Incremental compute to reach (reuse)", "",
+            "The rival's incremental compute X' at which its loss (per seed, linear in log X "
+            "between its points) reaches the grown arm's loss at X, as X' / X (> 1: the rival "
+            "needs more compute): mean of log2 over seeds back-transformed, with its 95 % t "
+            "interval; 'above' / 'below': that seed's rival curve never comes down to it within "
+            "its points / is already lower at its smallest (bounds: nothing is imputed).", "",
+            markdown_table(["question", "X", "X' / X [95 % interval]", "per seed"], rows,
+                           "lrll"), ""]
 
 
 def descriptive_lines(summary: dict[str, Any], plots: list[str]) -> list[str]:
@@ -275,9 +297,17 @@ def tuning_lines(results: dict[str, Any]) -> list[str]:
          + (" **edge**" if h["budgets"][str(j)]["at_edge"] else ""))
         for j in range(len(budgets)))] for key, h in tuning["horizon"].items()]
     chain_rows = [[arm, " → ".join(f"{x:.3g}" for x in c["policy_lrs"]),
-                   ", ".join(f"×{q['factor']:g}: {q['mean']:.4f}" for q in c["points"]),
-                   f"×{c['factor']:g}" + (" **edge**" if c["at_edge"] else "")]
+                   ", ".join(f"{_grid_point(q)}: {q['mean']:.4f}" for q in c["points"]),
+                   _grid_point(c) + (" **edge**" if c["at_edge"] else "")]
                   for arm, c in (tuning.get("chains") or {}).items()]
+    reuse_rows = [[arm, f"{cell['x']:.3g}", f"{r['lr0']:.3g} ({r['lr_from']})",
+                   ", ".join(f"×{q['factor']:g}: " + ("—" if q["mean"] is None else
+                                                       f"{q['mean']:.4f}")
+                             for q in cell["points"]),
+                   f"{cell['chosen']:.3g} (×{cell['factor']:g})"
+                   + (" **edge**" if cell["at_edge"] else "")]
+                  for arm, r in (tuning.get("reuse") or {}).items()
+                  for cell in r["cells"].values()]
     return ["## Tuning seeds: what they chose", "",
             f"Tuning seeds {tuning['seeds']} chose every LR and every best size; held-out seeds "
             f"{tuning['held_out_seeds']} score them (every number above). Envelope per budget: "
@@ -293,7 +323,21 @@ def tuning_lines(results: dict[str, Any]) -> list[str]:
                "factor's tuning mean.", "",
                markdown_table(["arm", "policy LRs", "factor: tuning mean", "chosen"],
                               chain_rows, "llll"), ""] if chain_rows else []),
+            *(["Reuse continuations (v5; tuning seeds, per X cell): each factor of its size's "
+               "sweep pick and its tuning mean; the chosen LR is what its held-out runs use "
+               "(— : one factor, not tuned).", "",
+               markdown_table(["arm", "X", "sweep pick", "factor: tuning mean", "chosen"],
+                              reuse_rows, "lllll"), ""] if reuse_rows else []),
             *diagnostic_lines(results)]
+
+
+def _grid_point(c: dict[str, Any]) -> str:
+    """A chain's tuning grid point: ``×2`` (v4), ``×2, small ×1, growth ×0.5`` (v5)."""
+    small, growth = c.get("small"), c.get("growth", 1.0)
+    if small is None and growth == 1.0:
+        return f"×{c['factor']:g}"
+    return f"×{c['factor']:g}, small ×{small if small is not None else c['factor']:g}, " \
+           f"growth ×{growth:g}"
 
 
 def diagnostic_lines(results: dict[str, Any]) -> list[str]:

@@ -1,6 +1,8 @@
-"""Executes the frontier plan: LR sweeps (v4: then the horizon runs and the chains' tuning), then
-every run with its cooldown branches, then ``results.json`` and the report. One run is
-:mod:`.one_run`'s, its saved state :mod:`.state`'s, its growths :mod:`.growing`'s.
+"""Executes the frontier plan: LR sweeps (v4: then the horizon runs and the chains' tuning; v5:
+the horizon and the size window extended past an edge, and the reuse family's continuations
+tuned per X cell, then run held-out from their seed's finished base), then every run with its
+cooldown branches, then ``results.json`` and the report. One run is :mod:`.one_run`'s, its saved
+state :mod:`.state`'s, its growths :mod:`.growing`'s, the reuse family's runs :mod:`.reuse`'s.
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -29,9 +32,12 @@ from ..common.saved import read_saved_json
 from ..common.sweep import sweep_lr
 from . import analysis, report
 from . import chains as chains_
+from . import configs as configs_
 from . import plan as plan_
 from . import presets as presets_
+from . import reuse as reuse_
 from . import schedule as schedule_
+from .arms import CONTINUING_ARMS
 from .one_run import closing_workers, execute, prefetch
 from .presets import Preset
 from .schedule import Run
@@ -42,40 +48,40 @@ COMPILE = ("off", *COMPILE_MODES)  # scale --compile: eager, or torch.compile in
 
 
 def run_sweeps(ctx: Context, vocab_size: int) -> dict[str, Any]:
-    """Every (family, size)'s LR grid, each point run with every sweep seed, extended past an
-    edge argmin up to ``max_extensions`` times per side; the chosen LR is the argmin of the mean
-    final validation loss over the sweep seeds (plan's module docstring)."""
+    """Every (family, size)'s LR grid (:func:`.plan.swept_keys`), each point run with every
+    sweep seed, extended past an edge argmin up to ``max_extensions`` times per side; the
+    chosen LR is the argmin of the mean final validation loss over the sweep seeds (plan's
+    module docstring)."""
+    p = ctx.preset
+    prefetch(ctx, [(run, schedule_.stage_lrs(run, {})) for run in plan_.sweep_plan(p, vocab_size)])
+    return {presets_.size_key(family, size): sweep_size(ctx, family, size, vocab_size)
+            for family, size in plan_.swept_keys(p, vocab_size)}
+
+
+def sweep_size(ctx: Context, family: str, size: str, vocab_size: int) -> dict[str, Any]:
+    """One (family, size)'s LR sweep (:func:`run_sweeps`)."""
     p = ctx.preset
     seeds = plan_.tuning_seeds(p)
-    sweeps: dict[str, Any] = {}
+    per_seed: dict[float, dict[int, float]] = {}
 
     def count(_lr: float) -> None:
         ctx.total += len(seeds)
 
-    prefetch(ctx, [(run, schedule_.stage_lrs(run, {})) for run in plan_.sweep_plan(p, vocab_size)])
-    for family in p.families:
-        for size in plan_.swept_sizes(p, family, vocab_size):
-            per_seed: dict[float, dict[int, float]] = {}
+    def loss(lr: float) -> float:
+        for seed in seeds:
+            run = plan_.sweep_run(p, family, size, lr, vocab_size, seed)
+            per_seed.setdefault(lr, {})[seed] = execute(ctx, run, (lr,))["branches"][-1]["loss"]
+        return sum(per_seed[lr].values()) / len(seeds)  # inf if any seed diverged
 
-            def loss(lr: float, family: str = family, size: str = size,
-                     per_seed: dict[float, dict[int, float]] = per_seed) -> float:
-                for seed in seeds:
-                    run = plan_.sweep_run(p, family, size, lr, vocab_size, seed)
-                    per_seed.setdefault(lr, {})[seed] = execute(ctx, run, (lr,))["branches"][-1][
-                        "loss"]
-                return sum(per_seed[lr].values()) / len(seeds)  # inf if any seed diverged
-
-            s = sweep_lr(p.lr_grid, loss, max_extensions=p.max_extensions, on_extend=count)
-            argmins = sorted({min(s.grid, key=lambda lr, seed=seed: (per_seed[lr][seed], lr))
-                              for seed in seeds})
-            sweeps[presets_.size_key(family, size)] = {
-                "family": family, "size": size, "steps": p.sweep_steps, "seeds": seeds,
-                "points": [{"lr": lr, "loss": s.values[lr],
-                            "losses": {str(k): v for k, v in per_seed[lr].items()}}
-                           for lr in s.grid],
-                "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge,
-                "unimodal": s.unimodal, "seed_argmins": argmins}
-    return sweeps
+    s = sweep_lr(p.lr_grid, loss, max_extensions=p.max_extensions, on_extend=count)
+    argmins = sorted({min(s.grid, key=lambda lr, seed=seed: (per_seed[lr][seed], lr))
+                      for seed in seeds})
+    return {"family": family, "size": size, "steps": p.sweep_steps, "seeds": seeds,
+            "points": [{"lr": lr, "loss": s.values[lr],
+                        "losses": {str(k): v for k, v in per_seed[lr].items()}}
+                       for lr in s.grid],
+            "chosen": s.chosen, "added": s.added, "at_edge": s.at_edge,
+            "unimodal": s.unimodal, "seed_argmins": argmins}
 
 
 def _pick(losses: dict[float, dict[int, float]]) -> tuple[dict[float, float], float, bool]:
@@ -86,34 +92,135 @@ def _pick(losses: dict[float, dict[int, float]]) -> tuple[dict[float, float], fl
     return means, chosen, len(means) > 1 and chosen in (min(means), max(means))
 
 
+# a group of runs tuned by one factor: its template runs (one per tuning seed) and how a
+# template becomes the run at a factor, with its stage LRs
+Group = tuple[list[Run], Callable[[Run, float], tuple[Run, tuple[float, ...]]]]
+# group → factor → budget index → seed → loss
+FactorLosses = dict[Any, dict[float, dict[int, dict[int, float]]]]
+
+
+def tune_factors(ctx: Context, groups: dict[Any, Group], extensions: int) -> FactorLosses:
+    """Every group's runs at each of the preset's horizon factors on the tuning seeds; then,
+    while a group's pick at some budget (the factor with the lowest tuning mean there) is its
+    smallest or largest factor, one factor beyond it (the grid's own spacing), at most
+    ``extensions`` times per side (v5: the horizon extends past an edge as the sweep does; v4:
+    0). Runs of one round train in parallel (``--jobs``)."""
+    factors = ctx.preset.horizon_factors
+    losses: FactorLosses = {g: {} for g in groups}
+    todo = {g: list(factors) for g in groups}
+    added = {g: [0, 0] for g in groups}
+    while any(todo.values()):
+        jobs = [make(t, f) for g, (templates, make) in groups.items() for f in todo[g]
+                for t in templates]
+        ctx.total += len(jobs)
+        prefetch(ctx, jobs)
+        for g, (templates, make) in groups.items():
+            for f in todo[g]:
+                for t in templates:
+                    run, lrs = make(t, f)
+                    for b in execute(ctx, run, lrs)["branches"]:
+                        losses[g].setdefault(f, {}).setdefault(b["budget_index"], {})[
+                            run.seed] = b["loss"]
+        todo = {g: _beyond(losses[g], added[g], extensions) for g in groups}
+    return losses
+
+
+def _beyond(by_factor: dict[float, dict[int, dict[int, float]]], added: list[int],
+            extensions: int) -> list[float]:
+    """The factors to add to a group whose pick sits at an end (:func:`tune_factors`)."""
+    fs = sorted(by_factor)
+    if len(fs) < 2:
+        return []
+    budgets = {j for by_budget in by_factor.values() for j in by_budget}
+    picks = {_pick({f: by_factor[f][j] for f in fs if j in by_factor[f]})[1] for j in budgets}
+    out = []
+    if fs[0] in picks and added[0] < extensions:
+        added[0] += 1
+        out.append(fs[0] * fs[0] / fs[1])
+    if fs[-1] in picks and added[1] < extensions:
+        added[1] += 1
+        out.append(fs[-1] * fs[-1] / fs[-2])
+    return out
+
+
 def run_horizon(ctx: Context, vocab_size: int, lr0: dict[str, float]) -> dict[str, Any]:
     """v4 stage 2: every (family, size) at full length on the tuning seeds at ``lr0`` × each
     horizon factor; per budget the LR with the lowest mean over the tuning seeds (ties: the
-    smaller), flagged when it is an edge factor (plan's module docstring)."""
-    p = ctx.preset
-    runs = plan_.horizon_plan(p, vocab_size, lr0)
-    ctx.total += len(runs)
-    prefetch(ctx, [(run, (run.lr,)) for run in runs])
-    losses: dict[str, dict[int, dict[float, dict[int, float]]]] = {}
-    for run in runs:
-        for b in execute(ctx, run, (run.lr,))["branches"]:
-            losses.setdefault(run.arm, {}).setdefault(b["budget_index"], {}).setdefault(
-                run.lr, {})[run.seed] = b["loss"]
-    out: dict[str, Any] = {}
-    for key, by_budget in losses.items():
-        run = next(r for r in runs if r.arm == key)
-        budgets = {}
-        for j, by_lr in sorted(by_budget.items()):
+    smaller), flagged when it is an edge factor (plan's module docstring). v5: extended past
+    an end factor (:func:`tune_factors`), the other families' reuse bases included."""
+    templates = plan_.horizon_templates(ctx.preset, vocab_size)
+    groups = {key: (runs, _horizon_maker(lr0, "")) for key, runs in templates.items()}
+    return _horizon_results(ctx.preset, tune_factors(ctx, groups, ctx.preset.horizon_extensions),
+                            {key: runs[0] for key, runs in templates.items()}, lr0, {})
+
+
+def _horizon_maker(lr0: dict[str, float], suffix: str
+                   ) -> Callable[[Run, float], tuple[Run, tuple[float, ...]]]:
+    def make(template: Run, factor: float) -> tuple[Run, tuple[float, ...]]:
+        run = plan_.horizon_run(template, factor, lr0, suffix)
+        return run, (run.lr,)  # type: ignore[return-value]
+    return make
+
+
+def _horizon_results(preset: Preset, losses: FactorLosses, first: dict[Any, Run],
+                     lr0: dict[str, float], out: dict[str, Any]) -> dict[str, Any]:
+    """The horizon stage's record per size key (merged into ``out``): per budget each LR's
+    tuning losses and mean, the chosen LR, its factor, and whether it is an end factor."""
+    for g, by_factor in losses.items():
+        run = first[g]
+        key = run.arm
+        entry = out.setdefault(key, {"family": run.family, "size": run.stages[0].size,
+                                     "lr0": lr0[key], "factors": [], "budgets": {}})
+        entry["factors"] = sorted({*entry["factors"], *by_factor})
+        for j in sorted({j for b in by_factor.values() for j in b}):
+            by_lr = {lr0[key] * f: by_factor[f][j] for f in by_factor if j in by_factor[f]}
             means, chosen, at_edge = _pick(by_lr)
-            factor = chosen / lr0[key]
-            budgets[str(j)] = {
+            entry["budgets"][str(j)] = {
                 "points": [{"lr": lr, "factor": lr / lr0[key], "mean": means[lr],
                             "losses": {str(s): x for s, x in by_lr[lr].items()}}
                            for lr in sorted(by_lr)],
-                "chosen": chosen, "factor": factor, "at_edge": at_edge}
-        out[key] = {"family": run.family, "size": run.stages[0].size, "lr0": lr0[key],
-                    "factors": list(p.horizon_factors), "budgets": budgets}
+                "chosen": chosen, "factor": chosen / lr0[key], "at_edge": at_edge}
+        entry["budgets"] = dict(sorted(entry["budgets"].items(), key=lambda kv: int(kv[0])))
     return out
+
+
+def extend_window(ctx: Context, vocab_size: int, sweeps: dict[str, Any],
+                  horizon: dict[str, Any]) -> list[dict[str, Any]]:
+    """v5 (issue 46): where a budget's tuning optimum is the smallest or largest size run
+    there, the next size of the family beyond it runs that budget too (swept first if it never
+    was; horizon runs ``horizon/<size>/x<f>/seed<s>/+b<j>`` with that one branch), at most
+    ``window_extensions`` sizes per budget and side; ``horizon`` and ``sweeps`` grow in place.
+    Returns what was added."""
+    p = ctx.preset
+    added: list[dict[str, Any]] = []
+    for _ in range(p.window_extensions):
+        envelope = tuning_envelope(p, horizon)
+        todo = []
+        for family in p.families:
+            order = list(presets_.family_sizes(p, family))
+            for j, e in envelope[family].items():
+                ran = list(e["candidates"])
+                for end, step in ((ran[0], -1), (ran[-1], 1)):
+                    i = order.index(e["size"]) + step
+                    if e["size"] == end and 0 <= i < len(order) and order[i] not in ran:
+                        todo.append((family, order[i], int(j)))
+        if not todo:
+            break
+        groups, first = {}, {}
+        for family, size, j in todo:
+            key = presets_.size_key(family, size)
+            if key not in sweeps:
+                sweeps[key] = sweep_size(ctx, family, size, vocab_size)
+            config = configs_.model_configs(p, family, vocab_size)[size]
+            templates = [plan_.scratch_run(p, family, size, config, seed, {j})
+                         for seed in plan_.tuning_seeds(p)]
+            lr0 = {key: sweeps[key]["chosen"]}
+            groups[(key, j)] = (templates, _horizon_maker(lr0, f"/+b{j}"))
+            first[(key, j)] = templates[0]
+            added.append({"family": family, "size": size, "budget_index": j})
+        losses = tune_factors(ctx, groups, p.horizon_extensions)
+        _horizon_results(p, losses, first, {k: s["chosen"] for k, s in sweeps.items()}, horizon)
+    return added
 
 
 def tuning_envelope(preset: Preset, horizon: dict[str, Any]) -> dict[str, Any]:
@@ -143,31 +250,118 @@ def tuning_envelope(preset: Preset, horizon: dict[str, Any]) -> dict[str, Any]:
 
 def tune_chains(ctx: Context, chains: list[Run], lr_at: dict[str, dict[int, float]]
                 ) -> dict[str, Any]:
-    """v4: each growing arm at full length on the tuning seeds at each horizon factor × its
-    policy's LRs (:func:`schedule.horizon_stage_lrs`); the factor with the lowest tuning mean at
-    its final budget is the one its held-out runs use."""
+    """Each growing arm at full length on the tuning seeds at every point of its tuning grid
+    (:func:`.plan.chain_grid`; v4: each horizon factor × its policy's LRs, v5: small-stage ×
+    final-stage factors × growth times); the point with the lowest tuning mean at its final
+    budget is the one its held-out runs use (:func:`held_out_chains`)."""
     p = ctx.preset
-    tuning = plan_.chain_tuning_plan(p, chains)
-    ctx.total += len(tuning)
+    grid = plan_.chain_grid(p)
     base = {run.arm: schedule_.horizon_stage_lrs(run, lr_at) for run in chains}
-    jobs = [(run, tuple(x * run.lr for x in base[run.arm])) for run in tuning]
-    prefetch(ctx, jobs)
-    losses: dict[str, dict[float, dict[int, float]]] = {}
-    for run, lrs in jobs:
+    jobs = [(plan_.candidate_run(p, run, c, seed), c, c.lrs(base[run.arm]))
+            for run in chains if run.seed == 0 for c in grid for seed in plan_.tuning_seeds(p)]
+    ctx.total += len(jobs)
+    prefetch(ctx, [(run, lrs) for run, _, lrs in jobs])
+    losses: dict[str, dict[plan_.ChainCandidate, dict[int, float]]] = {}
+    for run, c, lrs in jobs:
         last = execute(ctx, run, lrs)["branches"][-1]
-        losses.setdefault(run.arm, {}).setdefault(run.lr, {})[run.seed] = last["loss"]
+        losses.setdefault(run.arm, {}).setdefault(c, {})[run.seed] = last["loss"]
     out: dict[str, Any] = {}
-    for arm, by_factor in losses.items():
-        means, chosen, at_edge = _pick(by_factor)
+    for arm, by_candidate in losses.items():
+        means = {c: sum(v.values()) / len(v) for c, v in by_candidate.items()}
+        chosen = min(means, key=lambda c: (means[c], grid.index(c)))
+        finals = sorted({c.final for c in grid})
         out[arm] = {"policy_lrs": list(base[arm]), "budget_index": next(
                         r for r in chains if r.arm == arm).branches[-1].budget_index,
-                    "points": [{"factor": f, "lrs": [x * f for x in base[arm]],
-                                "mean": means[f],
-                                "losses": {str(s): x for s, x in by_factor[f].items()}}
-                               for f in sorted(by_factor)],
-                    "factor": chosen, "lrs": [x * chosen for x in base[arm]],
-                    "at_edge": at_edge}
+                    "points": [{"factor": c.final, "small": c.small, "growth": c.growth,
+                                "lrs": list(c.lrs(base[arm])), "mean": means[c],
+                                "losses": {str(s): x for s, x in by_candidate[c].items()}}
+                               for c in grid if c in means],
+                    "factor": chosen.final, "small": chosen.small, "growth": chosen.growth,
+                    "lrs": list(chosen.lrs(base[arm])),
+                    "at_edge": len(finals) > 1 and chosen.final in (finals[0], finals[-1])}
     return out
+
+
+def held_out_chains(preset: Preset, chains: list[Run], tuned: dict[str, Any]) -> list[Run]:
+    """The held-out chains at their tuned grid point: growth steps moved by its growth factor
+    (v5; the run ids stay the arm's and seed's)."""
+    out = []
+    for run in chains:
+        t = tuned[run.arm]
+        c = plan_.ChainCandidate(t["factor"], t.get("small"), t.get("growth", 1.0))
+        out.append(plan_.candidate_run(preset, run, c, run.seed, run_id=run.id)
+                   if c.growth != 1.0 else run)
+    return out
+
+
+def run_reuse(ctx: Context, vocab_size: int, chosen: dict[str, float],
+              horizon: dict[str, Any], scratch: list[Run]) -> tuple[dict[str, Any], list[Run]]:
+    """v5's reuse family (:mod:`.reuse`): every continuing arm at every level on the tuning
+    seeds, each continuing its tuning seed's base (the horizon run of the base's size at the
+    factor chosen at that level), at the preset's horizon factors × the sweep's pick of the
+    size it trains, extended past an end factor (:func:`tune_factors`); per X cell the factor
+    with the lowest tuning mean is the LR its held-out runs use. Returns the tuning record and
+    the held-out continuations (their ``origin``: the held-out base of their seed, in
+    ``scratch``), not trained yet."""
+    p = ctx.preset
+    assert p.reuse is not None
+    levels = reuse_.levels(p, vocab_size)
+    groups: dict[Any, Group] = {}
+    for arm, j in reuse_.arm_levels(p, vocab_size):
+        family = CONTINUING_ARMS[arm].family
+        key = presets_.size_key(family, p.reuse.base)
+        factor = horizon[key]["budgets"][str(j)]["factor"]
+        templates = [reuse_.continuation_run(
+            p, arm, j, seed, vocab_size, origin=plan_.horizon_id(key, factor, seed))
+            for seed in plan_.tuning_seeds(p)]
+        groups[(arm, j)] = (templates, _continuation_maker(chosen[templates[0].lr_from]))
+    # one factor and nothing to extend (quick): the pick is that factor, whatever the losses
+    losses = (tune_factors(ctx, groups, p.horizon_extensions) if reuse_.tuned(p) else
+              {g: {p.horizon_factors[0]: {i: {} for i in reuse_.cells(p, vocab_size)[g[1]]}}
+               for g in groups})
+    record: dict[str, Any] = {}
+    lrs: dict[tuple[str, int], dict[int, float]] = {}
+    for (arm, j), by_factor in losses.items():
+        template = groups[(arm, j)][0][0]
+        lr0 = chosen[template.lr_from]
+        cells = {}
+        for i in sorted({i for by_budget in by_factor.values() for i in by_budget}):
+            by_lr = {lr0 * f: by_factor[f][i] for f in by_factor if i in by_factor[f]}
+            means, pick, at_edge = (_pick(by_lr) if reuse_.tuned(p) else
+                                    ({lr: math.nan for lr in by_lr}, next(iter(by_lr)), False))
+            lrs.setdefault((arm, j), {})[i] = pick
+            cells[str(i)] = {"x": p.budgets[i] / p.budgets[j],
+                             "points": [{"lr": lr, "factor": lr / lr0, "mean": means[lr],
+                                         "losses": {str(s): x for s, x in by_lr[lr].items()}}
+                                        for lr in sorted(by_lr)],
+                             "chosen": pick, "factor": pick / lr0, "at_edge": at_edge}
+        record[template.arm] = {"arm": arm, "level": j, "k": levels[j], "lr0": lr0,
+                                "lr_from": template.lr_from,
+                                "bases": [t.origin for t in groups[(arm, j)][0]],
+                                "factors": sorted(by_factor), "cells": cells}
+    held = [dataclasses.replace(run, origin=base_origin(
+                scratch, presets_.size_key(run.family, p.reuse.base), run.seed,
+                run.origin_budget))
+            for run in reuse_.held_out_runs(p, vocab_size, plan_.held_out_seeds(p), lrs)]
+    return record, held
+
+
+def _continuation_maker(lr0: float) -> Callable[[Run, float], tuple[Run, tuple[float, ...]]]:
+    def make(template: Run, factor: float) -> tuple[Run, tuple[float, ...]]:
+        run = dataclasses.replace(template, id=f"tune/{template.arm}/x{factor:g}/seed"
+                                               f"{template.seed}", lr=lr0 * factor)
+        return run, (lr0 * factor,)
+    return make
+
+
+def base_origin(runs: list[Run], key: str, seed: int, j: int | None) -> str:
+    """The id of the run in ``runs`` that trains the base ``key`` for ``seed`` with a cooled
+    branch at level ``j``: the finished base a held-out continuation starts from."""
+    for run in runs:
+        if run.arm == key and run.seed == seed and any(b.budget_index == j
+                                                       for b in run.branches):
+            return run.id
+    raise AssertionError(f"no held-out run of {key} for seed {seed} at budget {j}")
 
 
 def run_frontier(preset: Preset, *, data: str | Path | None = None,
@@ -211,7 +405,7 @@ def run_frontier(preset: Preset, *, data: str | Path | None = None,
                  "bytes_per_token": ds.bytes_per_token("val")}
     runs = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"])
     # the thread count changes reduction orders, and so the numbers: never mix runs across it
-    settings = {"schema": SCHEMA, "preset": dataclasses.asdict(preset), "data": data_info,
+    settings = {"schema": SCHEMA, "preset": presets_.preset_record(preset), "data": data_info,
                 "device": ctx.device.type, "precision": ctx.precision,
                 "threads": torch.get_num_threads(),
                 # only when on: the fingerprints of the eager experiments stay as they were
@@ -302,15 +496,27 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
             train(run)
 
     horizon = bool(preset.horizon_factors)
+    reuse_runs: list[Run] = []
     if horizon:  # v4: the horizon stage chooses each LR and the envelope on the tuning seeds
         tuning["horizon"] = run_horizon(ctx, ds.vocab_size, chosen)
+        if preset.window_extensions:  # v5: the window is centred on the tuning optimum
+            tuning["window_added"] = extend_window(ctx, ds.vocab_size, sweeps,
+                                                   tuning["horizon"])
+            chosen = {key: s["chosen"] for key, s in sweeps.items()}
         tuning["envelope"] = tuning_envelope(preset, tuning["horizon"])
         choice = {f: {int(j): (e["size"], e["lr"]) for j, e in env.items()}
                   for f, env in tuning["envelope"].items()}
-        scratch = plan_.held_out_scratch(preset, ds.vocab_size, choice)
+        lr_at = {key: {int(j): b["chosen"] for j, b in h["budgets"].items()}
+                 for key, h in tuning["horizon"].items()}
+        scratch = plan_.held_out_scratch(preset, ds.vocab_size, choice, lr_at)
         plan_.check_epochs(preset, scratch, data_info["train_tokens"])
-        ctx.total += len(scratch) - sum(r.kind == "scratch" for r in runs)
+        ctx.total += len(scratch) - sum(r.kind in ("scratch", "base") for r in runs)
         train_all(scratch, lambda run: (run.lr,))
+        if preset.reuse is not None:  # v5: the finished bases continued, tuned per X
+            tuning["reuse"], reuse_runs = run_reuse(ctx, ds.vocab_size, chosen,
+                                                    tuning["horizon"], scratch)
+            ctx.total += len(reuse_runs)
+            train_all(reuse_runs, lambda run: (run.lr,))
     else:
         scratch = [run for run in runs if run.kind == "scratch"]
         train_all(scratch, lambda run: schedule_.stage_lrs(run, chosen))  # every envelope first
@@ -328,21 +534,21 @@ def _run(ctx: Any, preset: Preset, runs: list[Any], settings: dict[str, Any], ke
                      for f in preset.families}
     chains = plan_.plan(preset, ds.vocab_size, data_info["train_tokens"], envelopes,
                         kinds=("chain", "widen"))
-    ctx.total += len(chains) - sum(r.kind != "scratch" for r in runs)
+    ctx.total += len(chains) - sum(r.kind in ("chain", "widen") for r in runs)
     if horizon:
-        lr_at = {key: {int(j): b["chosen"] for j, b in h["budgets"].items()}
-                 for key, h in tuning["horizon"].items()}
         tuning["chains"] = tune_chains(ctx, chains, lr_at)
+        chains = held_out_chains(preset, chains, tuning["chains"])
         train_all(chains, lambda run: tuple(tuning["chains"][run.arm]["lrs"]))
     else:
         train_all(chains, lambda run: schedule_.stage_lrs(run, chosen))
     results = {
         "schema": SCHEMA, "command": command or f"run_frontier({preset.name!r})",
-        "version": __version__, "preset": dataclasses.asdict(preset), "data": data_info,
+        "version": __version__, "preset": presets_.preset_record(preset), "data": data_info,
         "device": ctx.device.type, "dtype": ctx.precision, "compile": ctx.compile,
         "machine": machine_summary(), "pattention_impl": describe_impl(preset.pattention_impl),
         "budgets": preset.budgets, "sizes": list(preset.sizes),
-        "protocol": "v4" if horizon else "v3",
+        "protocol": "v5" if preset.reuse is not None or preset.validation is not None
+        else "v4" if horizon else "v3",
         "sweeps": sweeps, "tuning": tuning, "runs": results_runs,
         # the best size per budget index each family's chains followed (measured, unless the
         # preset's ``follow`` is "predicted")

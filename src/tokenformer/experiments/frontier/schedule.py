@@ -63,6 +63,12 @@ class Run:
     recipe: str | None = None  # chains: the growing arm (a key of arms.GROWING_ARMS)
     schedule: str = SCHEDULE_FAMILY
     lr_policy: str = "final-size"  # chains: LR_POLICIES (a one-stage run has one LR anyway)
+    # v5's reuse family: the base run (its id) whose cooled branch at budget index
+    # ``origin_budget`` this run starts from (grown first by ``recipe``'s operator when it has
+    # one), and the steps that base trained (the data stream continues after them)
+    origin: str | None = None
+    origin_budget: int | None = None
+    data_offset: int = 0
 
     @property
     def steps(self) -> int:
@@ -90,7 +96,9 @@ class Run:
                            for s in self.stages],
                 "branches": [dataclasses.asdict(b) for b in self.branches],
                 "stable_steps": self.steps, "total_steps": self.total_steps,
-                "total_flops": self.total_flops()}
+                "total_flops": self.total_flops(),
+                **({"origin": self.origin, "origin_budget": self.origin_budget,
+                    "data_offset": self.data_offset} if self.origin_budget is not None else {})}
 
 
 def decay_start(steps: int, preset: Preset) -> int:

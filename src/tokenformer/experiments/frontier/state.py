@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 
-from ...data.corpora import corpus_dataset
+from ...data.corpora import corpus_dataset, parse_corpus, pysource_documents
 from ...data.corpus import default_dataset
 from ...data.datasets import TokenDataset
+from ...data.heldout import WINDOWS, kjv_chapters, split_documents, window
 from ...errors import CheckpointError, ConfigError, TokenFormerError
 from ...io.files import atomic_write
 from ...io.untrusted import safe_torch_load
@@ -39,7 +40,7 @@ from ...training.optim import rebuild_optimizer
 from ..common.saved import damaged, read_saved_json
 from .configs import arch
 from .growing import growth_settings
-from .presets import Preset
+from .presets import SWEEP_SEED, Preset
 from .schedule import Run
 
 PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
@@ -63,6 +64,8 @@ class Context:
     compile: str = "off"  # torch.compile's mode for every training step, or off (run.COMPILE)
     counted: set[str] = dataclasses.field(default_factory=set)  # run ids counted in ``done``
     pool: Any = None  # the worker processes of ``jobs`` > 1, started once, at the first need
+    # v5: the evaluation of each validation window ("tuning", "scoring"; :func:`evaluator`)
+    windows: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def context(preset: Preset, data: str | Path | None, device: str, dtype: str | None,
@@ -77,14 +80,49 @@ def context(preset: Preset, data: str | Path | None, device: str, dtype: str | N
         allow_recompiles()
     if data is not None:
         dataset = TokenDataset.open(data)
+    elif preset.validation is not None:  # v5: whole random documents held out
+        dataset = held_out_dataset(preset)
     elif preset.corpus is not None:  # built here, never downloaded (data/corpora.py)
         dataset = corpus_dataset(preset.corpus, progress=progress is not False)
     else:
         dataset = default_dataset(progress=progress is not False)
     dataset.check_model(dataset.vocab_size, preset.seq_len)
     eval_fn = lm_evaluator(dataset, preset.seq_len, preset.batch_size, preset.eval_batches, dev)
+    # v5: every branch on its window (tuning seeds: the tuning window, or its fixed subset of
+    # tuning_batches; held-out: the whole scoring window)
+    v = preset.validation
+    windows = ({w: lm_evaluator(window(dataset, w), preset.seq_len, preset.batch_size,
+                                v.tuning_batches if w == "tuning" else None, dev)
+                for w in WINDOWS} if v is not None else {})
     return Context(preset, dataset, dev, precision, eval_fn, progress, out, print_fn,
-                   compile=compile)
+                   compile=compile, windows=windows)
+
+
+def held_out_dataset(preset: Preset) -> TokenDataset:
+    """v5 (issue 46): the preset's corpus (pysource: its files; else the embedded corpus'
+    chapters) with whole random documents held out in a tuning and a scoring window
+    (:func:`tokenformer.data.heldout.split_documents`; in memory, about a second)."""
+    v = preset.validation
+    assert v is not None
+    if preset.corpus is not None:
+        kind, arg = parse_corpus(preset.corpus)
+        if kind != "pysource":
+            raise ConfigError(f"frontier: validation by documents needs a corpus of documents "
+                              f"(pysource: or the embedded one), not {preset.corpus!r}")
+        documents, name = pysource_documents(arg), preset.corpus
+    else:
+        documents, name = kjv_chapters(), "kjv-chapters"
+    return split_documents(documents, v.tokens, v.tuning_share, v.seed, name)
+
+
+def evaluator(ctx: Context, run: Run) -> Any:
+    """The evaluation of ``run``'s branches: v5 (``preset.validation``) evaluates a run on a
+    tuning seed on the whole tuning window and a held-out run on the whole scoring window, so
+    that nothing chosen is scored on the data that chose it; v4 every run on the same
+    ``eval_batches`` batches of the corpus' tail."""
+    if not ctx.windows:
+        return ctx.eval_fn
+    return ctx.windows["tuning" if run.seed >= SWEEP_SEED else "scoring"]
 
 
 def allow_recompiles() -> None:
@@ -131,6 +169,37 @@ def anneal_in_force(ctx: Context, run: Run, state: dict[str, Any]) -> Anneal | N
     saved = state["anneal"]
     return (Anneal.from_state(saved, ctx.preset.anneal_steps, str(state_path(ctx, run)))
             if saved else None)
+
+
+def model_path(ctx: Context, run_id: str, budget_index: int) -> Path:
+    """Where a base run (:func:`.reuse.keeps_models`) saves its cooled branch at budget
+    ``budget_index``: the finished base a continuation starts from."""
+    return ctx.out / "models" / _safe(run_id) / f"b{budget_index}.pt"
+
+
+def save_model(path: Path, family: str, model: Any) -> None:
+    """A finished base's weights and config, atomically."""
+    save_state(path, {"family": family, "config": dataclasses.asdict(model.config),
+                      "model": model.state_dict()})
+
+
+def load_base(ctx: Context, run: Run) -> Any:
+    """The finished base ``run`` continues (its ``origin`` at ``origin_budget``), as a model
+    on the context's device seeded by ``run``'s seed; :func:`damaged` when unreadable."""
+    assert run.origin is not None and run.origin_budget is not None
+    path = model_path(ctx, run.origin, run.origin_budget)
+    how = f"delete {path.parent} and the base's run record to train the base again"
+    try:
+        saved = safe_torch_load(path, foreign=False)
+        config = _config_class(run.family)(**saved["config"])
+        model = build_model(run.family, config, run.seed, ctx.device)
+        model.load_state_dict(saved["model"])
+    except CheckpointError:
+        raise damaged(path, "truncated or corrupt: not a readable PyTorch file", how) from None
+    except (TokenFormerError, KeyError, TypeError, ValueError, RuntimeError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise damaged(path, f"it does not restore: {first}", how) from None
+    return model
 
 
 def state_path(ctx: Context, run: Run) -> Path:
