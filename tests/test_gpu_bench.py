@@ -9,6 +9,7 @@ import importlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -122,7 +123,13 @@ def test_a_stage_past_its_limit_keeps_its_rows_and_the_later_stages_run(tmp_path
     lease = benchmark("gpu_stages.lease")
     stages = [_stage("tests", hangs, cap=2.0), _stage("train", reads),
               _stage("decode", fails), _stage("frontier", "pass", minimum=10_000)]
-    record = lease.run_stages(stages, out, budget_s=300, env=dict(os.environ))
+    # SIGINT ignored here, as in a background job of a shell without job control: the stage
+    # still gets it at its limit (it used to inherit the ignore and run until SIGKILL, 20 s on)
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        record = lease.run_stages(stages, out, budget_s=300, env=dict(os.environ))
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert [(r["stage"], r["status"]) for r in record["rows"]] == [
         ("tests", "timed out"), ("train", "ok"), ("decode", "failed"), ("frontier", "skipped")]
     assert record["rows"][0]["seconds"] < 20  # stopped at 2 s (SIGINT), not after its sleep

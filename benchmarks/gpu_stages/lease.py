@@ -212,7 +212,7 @@ def run_stage(command: list[str], limit: float, log_path: Path, env: dict[str, s
                 f"(limit {limit:.0f} s)\n")
         f.flush()
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                process_group=0)
+                                process_group=0, preexec_fn=_default_sigint)
         try:
             timed_out = stop_at(proc, limit, GRACE_S, send=lambda sig: os.killpg(proc.pid, sig))
         finally:  # the stage's own children (workers, pytest, scale's runs) end with it
@@ -220,6 +220,13 @@ def run_stage(command: list[str], limit: float, log_path: Path, env: dict[str, s
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return proc.returncode, timed_out, time.monotonic() - start, _children_cpu() - cpu
+
+
+def _default_sigint() -> None:
+    """In the stage's process before it starts: SIGINT back to its default. A shell without job
+    control starts a background job (``cmd &``) with SIGINT ignored, the stage would inherit that,
+    never see the limit's SIGINT, and lose its partial results to the SIGKILL 20 s later."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _children_cpu() -> float:

@@ -380,7 +380,7 @@ def test_damaged_scale_state_is_one_line_naming_the_file(capsys, tmp_path, datas
 
 
 def test_a_run_record_without_every_planned_budget_is_damaged(tmp_path):
-    """Issue 42: ``scale --preset quick`` with 2 of the 4 branches of
+    """Issue 42: ``scale --preset quick`` (v3's, now ``quick-v3``) with 2 of the 4 branches of
     ``runs/chain-paper__seed0.json`` kept, or a budget edited to 5.0, took the record as the
     run's results (exit 0, nothing retrained, G1 answered at 3.8e11 FLOPs instead of 1.5e12).
     A record must hold each budget its arm plans once, at the planned FLOPs."""
@@ -390,7 +390,7 @@ def test_a_run_record_without_every_planned_budget_is_damaged(tmp_path):
     from tokenformer.experiments.frontier import presets as presets_
     from tokenformer.experiments.frontier import state as state_
 
-    quick = presets_.get_preset("quick")
+    quick = presets_.get_preset("quick-v3")
     chain = next(r for r in plan_.plan(quick, 256, 4_000_000) if r.id == "chain-paper/seed0")
     assert [b.budget for b in chain.branches] == [1.875e11, 3.75e11, 7.5e11, 1.5e12]
     ctx, lrs = SimpleNamespace(out=tmp_path), (1e-3,) * len(chain.stages)
