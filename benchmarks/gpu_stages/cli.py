@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
-import signal
 import sys
 import time
 import traceback
@@ -124,9 +123,6 @@ def main(argv: list[str] | None = None, description: str = "",
     """benchmarks/gpu.py (``started``: its ``time.monotonic()`` at start, from which a lease's
     budget counts)."""
     args = parse_args(argv, description)
-    # SIGINT raises KeyboardInterrupt even where this process was started with it ignored (a
-    # background job of a script): a lease stops its stages with it, and they then save
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: CUDA is not available", file=sys.stderr)
         return 2

@@ -223,9 +223,10 @@ def run_stage(command: list[str], limit: float, log_path: Path, env: dict[str, s
 
 
 def _default_sigint() -> None:
-    """In the stage's process before it starts: SIGINT back to its default. A shell without job
-    control starts a background job (``cmd &``) with SIGINT ignored, the stage would inherit that,
-    never see the limit's SIGINT, and lose its partial results to the SIGKILL 20 s later."""
+    """In the stage's process before it starts: SIGINT back to its default, so that Python turns
+    the limit's SIGINT into KeyboardInterrupt (gpu.py's stages then save what they have). A shell
+    without job control starts a background job (``cmd &``) with SIGINT ignored, and a stage
+    would inherit that and run on until the SIGKILL 20 s later. The one place this is ensured."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 

@@ -238,7 +238,6 @@ def test_static_cache_steps_equal_a_full_forward(folder):
     assert (cached - truth).norm() / truth.norm() < 2e-5
 
 
-@pytest.mark.slow
 def test_compiled_forward_with_static_cache(folder):
     """transformers' recipe, ``model.forward = torch.compile(model.forward, fullgraph=True)``
     (a graph break fails), then generate with the static cache: the dynamic cache's tokens.

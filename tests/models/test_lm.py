@@ -552,8 +552,8 @@ def test_compiled_static_generate_equals_eager() -> None:
     stopping and seeded sampling (chosen inside the graph) — and writes the eager step's keys
     and values into the cache, within float tolerance; calls of shapes seen before, and a prompt
     of another length in the same capacity bucket, reuse the compiled step. Two inductor graphs
-    (greedy, sampled: ≈ 30 s each on 2 cores); batch 1 and other batch sizes compile the same
-    step (test_compiled_step_serves_twenty_shapes, dynamo's eager backend)."""
+    (greedy, sampled: the suite's slowest compiles); batch 1 and other batch sizes compile the
+    same step (test_compiled_step_serves_twenty_shapes, dynamo's eager backend)."""
     import torch._dynamo
 
     torch._dynamo.reset()
