@@ -44,7 +44,7 @@ def cases(config: TokenFormerConfig) -> list[tuple[str, dict]]:
                 f"proj {config.proj_tokens} → {2 * config.proj_tokens}")
     return [
         (f"ffn {ffn} → {2 * ffn} (exact)", dict(ffn="2x")),
-        (f"ffn {ffn} → {2 * ffn} (official)", dict(ffn="2x", recipe="official")),
+        (f"ffn {ffn} → {2 * ffn} (official)", dict(ffn="2x", recipe="official-init")),
         (f"{attn} (exact)", dict(qkv="2x", proj="2x")),
         ("qkv, proj, ffn 2x (exact)", dict(qkv="2x", proj="2x", ffn="2x")),
         (f"{layers} → {layers + 1} layers (exact)", dict(layers=layers + 1)),

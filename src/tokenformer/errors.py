@@ -4,6 +4,9 @@ Imports nothing of the package: every layer raises these.
 """
 
 import errno
+import sys
+import types
+import warnings
 
 
 class TokenFormerError(Exception):
@@ -37,6 +40,29 @@ class TokenFormerDeprecationWarning(TokenFormerWarning, DeprecationWarning):
     ``register_strategy``: a growth recipe's old name): the CLI prints it once, as one
     ``warning:`` line; in Python it is a DeprecationWarning (shown, as every one, in
     ``__main__`` and under pytest)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its class name when it has none): what a one-line
+    error quotes of a library's multi-line exception."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _in_package(frame: types.FrameType) -> bool:
+    """A frame of the package: its module's (code a dataclass generates for the package has the
+    file ``<string>`` but the package's module)."""
+    module = frame.f_globals.get("__name__", "")
+    return module == __package__ or module.startswith(f"{__package__}.")
+
+
+def warn_deprecated(message: str) -> None:
+    """A :class:`TokenFormerDeprecationWarning` blamed on the first caller outside the package.
+    Python shows a DeprecationWarning only where it is blamed on ``__main__``, so the line named
+    must be the user's, however deep in the package the old spelling was read."""
+    frame, level = sys._getframe(0), 1
+    while frame is not None and _in_package(frame):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, TokenFormerDeprecationWarning, stacklevel=level)
 
 
 class PathError(CheckpointError, DataError, ConfigError):

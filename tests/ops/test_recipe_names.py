@@ -8,6 +8,9 @@ and a recorded spec is read without a warning."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -51,7 +54,7 @@ def test_grow_takes_strategy_as_recipe_with_one_warning() -> None:
     with pytest.warns(TokenFormerDeprecationWarning, match=r"strategy= is deprecated .* use "
                                                            r"recipe=") as caught:
         old = grow(model, ffn="2x", layers=3, strategy="paper", generator=gen())
-    assert len(caught) == 1
+    assert len(caught) == 1 and caught[0].filename == __file__  # blamed on the caller's line
     assert old.config == new.config
     assert all(torch.equal(v, new.state_dict()[k]) for k, v in old.state_dict().items())
     with pytest.raises(GrowthError, match="name the same thing"):
@@ -75,6 +78,40 @@ def _grow_cli(capsys: pytest.CaptureFixture, out: Path, *flags: str) -> list[str
     assert main(["grow", str(CHECKPOINT), str(out), "--ffn", "2x", *flags,
                  "--no-progress"]) == 0
     return capsys.readouterr().err.splitlines()
+
+
+def test_old_spellings_warn_once_each_in_a_plain_script() -> None:
+    """Python shows a DeprecationWarning only where it is blamed on ``__main__``: a script's
+    ``strategy=``, old recipe name and ``--grow-at ...,strategy=`` are each shown, once (the
+    warnings were blamed on the package's own lines, so a script showed none of them)."""
+    script = textwrap.dedent("""
+        import torch
+        from tokenformer import TokenFormerConfig, TokenFormerLM
+        from tokenformer.ops.growth import grow
+        from tokenformer.training import TrainConfig
+        model = TokenFormerLM(TokenFormerConfig(vocab_size=97, hidden_size=32, num_layers=2,
+                              num_heads=4, qkv_tokens=16, proj_tokens=12, ffn_tokens=24))
+        grow(model, ffn="2x", strategy="paper")
+        grow(model, ffn="2x", recipe="official")
+        TrainConfig(grow_at=["3:ffn=2x,strategy=paper"])
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    shown = [line for line in run.stderr.splitlines() if "DeprecationWarning" in line]
+    assert len(shown) == 3, run.stderr
+    assert all(line.startswith("<string>:") for line in shown), shown  # the script's lines
+    assert sum("strategy= is deprecated" in line for line in shown) == 2
+    assert sum("'official' is now called 'official-init'" in line for line in shown) == 1
+
+
+def test_the_grow_command_refuses_recipe_and_strategy_together(tmp_path, capsys):
+    assert main(["grow", str(CHECKPOINT), str(tmp_path / "out"), "--ffn", "2x", "--recipe",
+                 "exact", "--strategy", "paper", "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: grow: recipe and strategy (its old name) name the same "
+                              "thing"), err
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_grow_commands_strategy_flag_is_recipe_with_one_warning_line(tmp_path, capsys):

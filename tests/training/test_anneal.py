@@ -17,9 +17,12 @@ from tokenformer.errors import CheckpointError, ConfigError
 from tokenformer.io.run_folders import step_dir
 from tokenformer.io.training_state import read_state
 from tokenformer.models.baselines import model_class
-from tokenformer.training.anneal import Anneal
+from tokenformer.ops.growth import Recipe, register_recipe, unregister_recipe
+from tokenformer.ops.growth.tokens import exact_tokens
+from tokenformer.training.anneal import Anneal, is_exact
 from tokenformer.training.config import TrainConfig
 from tokenformer.training.growth import growth_plan
+from tokenformer.training.growth_events import parse_grow_at
 from tokenformer.training.loop import fit
 
 
@@ -266,3 +269,14 @@ def test_a_resume_with_other_anneal_steps_is_refused(annealed_run, tmp_path, cap
     line = error_line(capsys, ["train", "--resume", run, "--anneal-steps", "3",
                                "--no-progress"])
     assert "--anneal-steps" in line and "recorded 6" in line, line
+
+
+def test_a_registered_exact_recipe_is_exact_for_the_anneal():
+    """is_exact asks the recipe table, as the schedule does (it compared the name "exact")."""
+    register_recipe(Recipe("exact-too", exact_tokens, exact=True))
+    try:
+        assert is_exact(parse_grow_at("4:ffn=2x,recipe=exact-too"))
+        assert is_exact(parse_grow_at("4:ffn=2x")) and not is_exact(
+            parse_grow_at("4:ffn=2x,recipe=paper"))
+    finally:
+        unregister_recipe("exact-too")

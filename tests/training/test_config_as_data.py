@@ -140,3 +140,21 @@ def test_fit_takes_its_run_state_and_execution_as_records():
                start=RunState(step=first.step, optimizer=first.optimizer),
                execution=Execution(device="cpu", readback=2), progress=False)
     assert first.losses + rest.losses == whole.losses  # a run continued bit for bit
+
+
+@pytest.mark.parametrize("given, says", [
+    ({"step": 7}, "a step"), ({"step": 7, "anneal": object()}, "a step and an anneal"),
+    ({"freeze": object()}, "frozen rows")])
+def test_what_a_checkpoint_carries_is_refused_beside_resume_from(given, says):
+    """The checkpoint sets the step, frozen rows and anneal itself: one given beside it was
+    overwritten in silence (only an optimizer and an anneal were refused)."""
+    with pytest.raises(ConfigError, match=f"^pass either {says} or resume_from"):
+        RunState(resume_from="x", **given)
+
+
+@pytest.mark.parametrize("field, value", [("shape", "cosin"), ("restarts", "warmups")])
+def test_a_misspelt_schedule_name_is_refused(field, value):
+    """A name outside SCHEDULES or RESTARTS ran another schedule in silence (WSD for "cosin",
+    no restart for "warmups")."""
+    with pytest.raises(ConfigError, match=f"LrSchedule {field}='{value}': choose one of"):
+        LrSchedule(peak=1.0, min_lr=0.0, steps=10, warmup_steps=2, **{field: value})

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, first_line
 from .files import atomic_write_text
 from .paths import has_regular_file, read_json_object
 from .tree import load_tree, save_tree
@@ -91,8 +91,7 @@ def apply_optimizer_state(optimizer: Any, state: dict[str, Any], file: str | Pat
     try:
         optimizer.load_state_dict(state)
     except (ValueError, KeyError, RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise CheckpointError(f"{file} does not match the model: {first}") from None
+        raise CheckpointError(f"{file} does not match the model: {first_line(exc)}") from None
     # load_state_dict checks the parameter counts only: a moment (AdamW's exp_avg, exp_avg_sq)
     # of another shape would fail at the first step, or be carried into a grown model.
     for group in optimizer.param_groups:

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..errors import CheckpointError, ConfigError
 from ..nn.pattention import KINDS, default_scale, pattention_kind
+from ..ops.growth import recipe_named
 from .growth_events import GrowthEvent
 
 
@@ -95,8 +96,9 @@ class Anneal:
 
 
 def is_exact(event: GrowthEvent) -> bool:
-    """Whether a ``--grow-at`` growth is exact (its recipe, exact by default)."""
-    return event.kwargs.get("recipe", "exact") == "exact"
+    """Whether a ``--grow-at`` growth is exact: its recipe's (exact by default) table entry
+    says so (a registered recipe may be exact too)."""
+    return recipe_named(event.kwargs.get("recipe", "exact")).exact
 
 
 def anneal_after(event: GrowthEvent, config: Any, steps: int) -> Anneal | None:

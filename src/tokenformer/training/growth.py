@@ -34,6 +34,12 @@ def growth_plan(cfg: TrainConfig) -> list[GrowthEvent]:
     return events
 
 
+
+def growth_generator(seed: int, step: int = 0) -> torch.Generator:
+    """The generator of a growth's new tokens: a pure function of the run's seed and the
+    growth's step, so every rank and every resume draws the same tokens."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
 def grow_in_run(model: nn.Module, optimizer: torch.optim.Optimizer, event: GrowthEvent,
           cfg: TrainConfig, world: World, device: torch.device,
           evaluate: Callable[[nn.Module], dict[str, float]] | None,
@@ -46,8 +52,7 @@ def grow_in_run(model: nn.Module, optimizer: torch.optim.Optimizer, event: Growt
     before = evaluate(model) if evaluate else {}
     params_before = sum(p.numel() for p in model.parameters())
     config_before = getattr(model, "config", None)
-    # The same generator on every rank and on resume: new tokens are identical everywhere.
-    generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + event.step)
+    generator = growth_generator(cfg.seed, event.step)
     model, optimizer = grow_with_optimizer(model, optimizer,
                                            reset_optimizer=cfg.growth_optimizer == "reset",
                                            new_row_moments="mean" if cfg.growth_optimizer

@@ -43,7 +43,7 @@ from ..ops.growth import (
     recipe_alias_note,
     recipe_names,
     resets_optimizer,
-    warn_old_recipe_name,
+    take_old_recipe_key,
     widen_names,
 )
 from .schedule import LrStage
@@ -102,13 +102,10 @@ def parse_grow_at(spec: str, *, recorded: bool = False) -> GrowthEvent:
         raise ConfigError(usage)
     kwargs = parse_options(rest, f"--grow-at {spec!r}", GROW_KEYS, usage)
     note = ""
-    if OLD_RECIPE_KEY in kwargs:
-        if "recipe" in kwargs:
-            raise ConfigError(f"--grow-at {spec!r}: recipe and strategy (its old name) name the "
-                              f"same thing; give recipe")
-        kwargs["recipe"] = kwargs.pop(OLD_RECIPE_KEY)
-        if not recorded:
-            warn_old_recipe_name("--grow-at ...,strategy=", "recipe=")
+    if recorded:  # a run's own record: the key it has always written, read without a warning
+        kwargs = {("recipe" if k == OLD_RECIPE_KEY else k): v for k, v in kwargs.items()}
+    kwargs = take_old_recipe_key(kwargs, "--grow-at ...,strategy=", "recipe=", ConfigError,
+                                 f"--grow-at {spec!r}: ")
     if kwargs.get("recipe", "exact") not in RECIPES:  # an old name (_value knew it)
         note = recipe_alias_note(kwargs["recipe"])
         kwargs["recipe"] = canonical_recipe(kwargs["recipe"], warn=False)

@@ -110,11 +110,15 @@ class RunState:
     resume_from: str | Path | None = None
 
     def __post_init__(self) -> None:
-        if self.resume_from is not None and self.optimizer is not None:
-            raise ConfigError("pass either an optimizer or resume_from, not both")
-        if self.resume_from is not None and self.anneal is not None:
-            raise ConfigError("pass either an anneal or resume_from (whose checkpoint carries "
-                              "it), not both")
+        if self.resume_from is None:
+            return
+        # the checkpoint carries these: one given beside it would be overwritten in silence
+        given = [name for name, value in (("a step", self.step), ("an optimizer", self.optimizer),
+                                          ("frozen rows", self.freeze), ("an anneal", self.anneal))
+                 if value not in (0, None)]
+        if given:
+            raise ConfigError(f"pass either {' and '.join(given)} or resume_from (whose "
+                              f"checkpoint carries {'them' if len(given) > 1 else 'it'}), not both")
 
 
 @dataclass(frozen=True)

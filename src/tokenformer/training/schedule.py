@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import ConfigError
+
 SCHEDULES = ("cosine", "wsd", "constant")
 # What a restarting growth does: "schedule": warm up again, then a new decay over the steps to the
 # next restart (or the end); "warmup": warm up again over warmup_steps, the decay staying the run's.
@@ -63,6 +65,13 @@ class LrSchedule:
     restart_all: bool = False
     restarts: str = "schedule"
     min_ratio: float | None = None
+
+    def __post_init__(self) -> None:  # a misspelt name would quietly run another schedule
+        for name, value, allowed in (("shape", self.shape, SCHEDULES),
+                                     ("restarts", self.restarts, RESTARTS)):
+            if value not in allowed:
+                raise ConfigError(f"LrSchedule {name}={value!r}: choose one of "
+                                  f"{', '.join(allowed)}")
 
 
 def peak_at(step: int, schedule: LrSchedule) -> float:

@@ -15,7 +15,7 @@ from ...ops.growth import (
     recipe_names,
     refuse_unsupported,
     size_lines,
-    warn_old_recipe_name,
+    take_old_recipe_key,
     widen_names,
     widening_refusal,
 )
@@ -30,10 +30,10 @@ def run(args: argparse.Namespace) -> None:
         raise ConfigError("give the output directory: tokenformer grow IN OUT (or --out OUT)")
     refuse_unsupported({key: value for key in ("vocab_size",)  # before loading a checkpoint
                         if (value := getattr(args, key)) is not None})
-    if args.strategy is not None:  # --recipe's old name
-        warn_old_recipe_name("--strategy", "--recipe")
-        args.recipe = args.strategy if args.recipe is None else args.recipe
-    args.recipe = args.recipe or "exact"
+    # --recipe's old name: one warning, refused beside --recipe (as strategy= is in Python)
+    given = {k: v for k, v in (("recipe", args.recipe), ("strategy", args.strategy)) if v}
+    given = take_old_recipe_key(given, "--strategy", "--recipe", ConfigError, "grow: ")
+    args.recipe = given.get("recipe", "exact")
     # The options' fields are this parser's destinations (register below).
     options = GrowthOptions(**{key: getattr(args, key) for key in PLAN_KEYS})
     refusal = widening_refusal(options, _flag)  # the flags alone decide it: before loading

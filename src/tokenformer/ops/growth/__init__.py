@@ -83,7 +83,6 @@ from .old_tokens import TOKEN_TENSORS, OldTokens, old_tokens
 from .optimizer import NEW_ROW_MOMENTS
 from .options import (
     FOREVER,
-    OLD_RECIPE_KEY,
     OLD_TOKEN_KEYS,
     OPTION_KEYS,
     PLAN_KEYS,
@@ -99,6 +98,7 @@ from .recipes import (
     BUILT_IN_NAMES,
     BUILT_IN_RECIPES,
     HOWS,
+    OLD_RECIPE_KEY,
     RECIPE_ALIASES,
     RECIPES,
     RELEASED,
@@ -111,6 +111,7 @@ from .recipes import (
     register_recipe,
     register_strategy,
     resets_optimizer,
+    take_old_recipe_key,
     unregister_recipe,
     unregister_strategy,
     warn_old_recipe_name,
@@ -131,7 +132,8 @@ __all__ = [
     "old_tokens", "parse_growth_request", "plan_growth", "rebuild", "recipe_alias_note",
     "recipe_named", "recipe_names", "refuse_product_ffn", "refuse_unsupported",
     "register_recipe", "register_strategy", "register_widening", "resets_optimizer",
-    "resolve_size", "size_lines", "size_request", "unregister_recipe", "unregister_strategy",
-    "unregister_widening", "warn_old_recipe_name", "widen_names", "widening_refusal",
+    "resolve_size", "size_lines", "size_request", "take_old_recipe_key", "unregister_recipe",
+    "unregister_strategy", "unregister_widening", "warn_old_recipe_name", "widen_names",
+    "widening_refusal",
     "width_factor",
 ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import GrowthError
-from .recipes import warn_old_recipe_name
+from .recipes import OLD_RECIPE_KEY, canonical_recipe, recipe_names, take_old_recipe_key
 from .sizes import size_request
 
 # Field metadata: "text" False = no key=value form (a list); "planned" False = no effect on the
@@ -32,7 +32,8 @@ class GrowthOptions:
 
     Sizes are absolute (``1536``) or multipliers (``"2x"``); ``recipe`` names an entry of
     :data:`tokenformer.ops.growth.recipes.RECIPES` (``strategy``, its old name, still works as
-    a keyword, with a deprecation warning); ``how`` one of
+    a keyword of ``grow``/``plan_growth``, not of this class, with a deprecation warning);
+    ``how`` one of
     :data:`tokenformer.ops.growth.recipes.HOW`; ``widen`` one of
     :func:`tokenformer.ops.growth.recipes.widen_names` (how a Transformer baseline's MLP grows
     with ``ffn=``). Values are checked when the request is
@@ -58,17 +59,15 @@ class GrowthOptions:
            ) -> tuple[GrowthOptions, dict[str, object]]:
         """``options`` (default: all defaults) with the fields named in ``request`` replaced, and
         the keys of ``request`` that are no field (for :func:`refuse_unsupported`); the old
-        keyword ``strategy`` is ``recipe``, with a deprecation warning."""
-        if OLD_RECIPE_KEY in request:
-            if "recipe" in request:
-                raise GrowthError("recipe and strategy (its old name) name the same thing; "
-                                  "give recipe")
-            request = dict(request)
-            request["recipe"] = request.pop(OLD_RECIPE_KEY)
-            warn_old_recipe_name("strategy=", "recipe=")
+        keyword ``strategy`` is ``recipe``, and an old recipe name the recipe it now names, each
+        with one deprecation warning (later lookups find the name they read)."""
+        request = take_old_recipe_key(request, "strategy=", "recipe=", GrowthError)
         known = {k: v for k, v in request.items() if k in OPTION_KEYS}
         unknown = {k: v for k, v in request.items() if k not in OPTION_KEYS}
-        return dataclasses.replace(options or cls(), **known), unknown
+        merged = dataclasses.replace(options or cls(), **known)
+        if isinstance(merged.recipe, str) and merged.recipe in recipe_names():
+            merged = dataclasses.replace(merged, recipe=canonical_recipe(merged.recipe))
+        return merged, unknown
 
     def planned(self) -> dict[str, Any]:
         """The fields that shape the grown config (:func:`~tokenformer.ops.growth.plan_growth`'s
@@ -94,7 +93,6 @@ TEXT_KEYS = _keys(text=True)  # the keys of the key=value forms (--grow-at, info
 REQUEST_KEYS = _keys(text=True, planned=True)  # tokenformer info --grow
 
 FOREVER = "forever"
-OLD_RECIPE_KEY = "strategy"  # recipe's old name: a keyword and a --grow-at key that still work
 
 
 def freeze_request(value: object) -> int | str | None:

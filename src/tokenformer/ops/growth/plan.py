@@ -35,7 +35,7 @@ def plan_growth(config: Any, options: GrowthOptions | None = None, /,
     qkv, proj, ffn, layers, hidden, heads = (opts.qkv, opts.proj, opts.ffn, opts.layers,
                                              opts.hidden, opts.heads)
     how, width_noise, positions = opts.how, opts.width_noise, opts.positions
-    recipe = RECIPES[canonical_recipe(opts.recipe)]
+    recipe = RECIPES[canonical_recipe(opts.recipe)]  # GrowthOptions.of resolved an old name
     if how not in HOW:
         raise GrowthError(f"unknown depth growth how={how!r}; choose "
                           + " or ".join(f"{name} ({what})" for name, what in HOW.items()))

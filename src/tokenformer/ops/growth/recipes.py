@@ -16,12 +16,12 @@ the package, :func:`register_recipe` (docs/architecture.md, "Adding a growth ope
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ...errors import GrowthError, TokenFormerDeprecationWarning
+from ...errors import GrowthError, warn_deprecated
 from ...nn.pattention import Pattention
 from ...registry import FLAG_RULE, Registry, function_rule, instance_rule
 from .tokens import TokensFn, exact_tokens, random_tokens, zero_key_tokens
@@ -63,11 +63,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe(RELEASED, random_tokens, identity_blocks=False, resets_optimizer=True),
 )}
 
-# The built-in names, read off the table when the package is imported (the frontier's arms);
-# lookups go to the table itself, so registered recipes count there.
+# The built-in names, read off the table when the package is imported (the registry refuses to
+# remove them); lookups go to the table itself (recipe_names), so registered recipes count there.
 BUILT_IN_RECIPES = tuple(RECIPES)
 RECIPE_ALIASES = {alias: r.name for r in RECIPES.values() for alias in r.aliases}
 BUILT_IN_NAMES = (*BUILT_IN_RECIPES, *RECIPE_ALIASES)  # every built-in name recipe= accepts
+OLD_RECIPE_KEY = "strategy"  # recipe's old name: a keyword and a --grow-at key that still work
 
 # Depth growth, by how=: "identity" inserts blocks (built by the recipe, between the old ones,
 # at positions) in the token stage; "stack" is a stage of its own that repeats the trained
@@ -131,20 +132,33 @@ def unregister_strategy(name: str) -> None:
 
 def warn_old_recipe_name(old: str, new: str) -> None:
     """The one warning of an old spelling of a recipe (``strategy=``, ``--strategy``,
-    ``register_strategy``): a :class:`~tokenformer.errors.TokenFormerDeprecationWarning`,
-    shown once (the CLI prints it as one ``warning:`` line)."""
-    warnings.warn(f"{old} is deprecated (a growth recipe was called a strategy): use {new}; "
-                  f"strategy now names only the data-parallel mode (ddp, fsdp)",
-                  TokenFormerDeprecationWarning, stacklevel=3)
+    ``register_strategy``): a :class:`~tokenformer.errors.TokenFormerDeprecationWarning` blamed
+    on the user's line (the CLI prints it as one ``warning:`` line)."""
+    warn_deprecated(f"{old} is deprecated (a growth recipe was called a strategy): use {new}; "
+                    f"strategy now names only the data-parallel mode (ddp, fsdp)")
+
+
+def take_old_recipe_key(request: dict[str, Any], old: str, new: str,
+                        error: type[Exception], where: str = "") -> dict[str, Any]:
+    """``request`` with its old key ``strategy`` renamed ``recipe``, after one warning (``old``
+    → ``new``: how the caller's user spells them); ``error`` (prefixed by ``where``) when both
+    are given. The one place the old key is read: grow()/plan_growth, --grow-at, grow --strategy."""
+    if OLD_RECIPE_KEY not in request:
+        return request
+    if "recipe" in request:
+        raise error(f"{where}recipe and strategy (its old name) name the same thing; give recipe")
+    request = {("recipe" if k == OLD_RECIPE_KEY else k): v for k, v in request.items()}
+    warn_old_recipe_name(old, new)
+    return request
 
 
 def canonical_recipe(name: str, *, warn: bool = True) -> str:
-    """The recipe ``name`` stands for (``official`` → ``official-init``, with a
-    DeprecationWarning unless ``warn`` is False); GrowthError for an unknown name."""
+    """The recipe ``name`` stands for (``official`` → ``official-init``, with a deprecation
+    warning unless ``warn`` is False); GrowthError for an unknown name."""
     aliases = _aliases()
     if name in aliases:
         if warn:
-            warnings.warn(recipe_alias_note(name), DeprecationWarning, stacklevel=2)
+            warn_deprecated(recipe_alias_note(name))
         return aliases[name]
     if name not in RECIPES:
         raise GrowthError(f"unknown growth recipe {name!r}; choose one of "
