@@ -20,9 +20,15 @@ from test_frontier import (  # rootdir-relative, as test_frontier_v4
 )
 
 from tokenformer.data.heldout import kjv_chapters, split_documents, window
-from tokenformer.errors import DataError
+from tokenformer.errors import ConfigError, DataError
 from tokenformer.experiments.common.stats import paired_power, tost_power
-from tokenformer.experiments.frontier import analysis, estimates, one_run, report_markdown
+from tokenformer.experiments.frontier import (
+    analysis,
+    estimates,
+    one_run,
+    plan_text,
+    report_markdown,
+)
 from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier import presets as presets_
 from tokenformer.experiments.frontier import questions as questions_
@@ -404,7 +410,7 @@ def test_gpu_v5_is_planned_at_10m_parameters_on_real_text():
     assert preset.corpus.startswith("pysource:") and preset.reuse is not None
     assert {q.family for q in preset.questions} == {"reuse-R1", "reuse-R2", "reuse-R3",
                                                     "reuse-R4"}
-    assert reuse_.levels(preset, 256) == {0: 10.0, 1: 31.6}
+    assert reuse_.levels(preset, 256) == {0: 6.32, 1: 20.0}
     stages = plan_.stage_plans(preset, 256)
     plan_.check_epochs(preset, [r for runs in stages.values() for r in runs], 116_000_000)
 
@@ -478,3 +484,34 @@ def test_the_size_window_extends_past_a_tuning_optimum_at_its_edge(monkeypatch, 
     assert set(tuning["horizon"]["tokenformer-S-1"]["budgets"]) == {"0", "1"}
     for e in tuning["envelope"]["tokenformer"].values():
         assert e["size"] == "S0" and not e["at_grid_edge"] and "S-1" in e["candidates"]
+
+
+def test_the_epoch_check_counts_what_a_continuation_read_before_it_started():
+    """A continuation reads on from its base's last batch, so its model has read the base's
+    steps too: v5's R3 at k = 400, X = 1 has 2,412 + 2,613 steps of 2,048 tokens (1.03e7, hand
+    multiplied), 4.1 epochs of a 2.5e6-token split: refused (its own steps alone: 2.1)."""
+    preset = get_preset("full")
+    r3 = next(r for r in reuse_.held_out_runs(preset, 256, [0]) if r.id == "continued@k400/seed0")
+    assert (r3.data_offset, r3.total_steps, preset.tokens_per_step) == (2412, 2613, 2048)
+    plan_.check_epochs(preset, [r3], 2_600_000)  # 3.95 epochs: inside the cap
+    with pytest.raises(ConfigError, match=r"continued@k400/seed0 would see the training split "
+                                          r"4\.1 times"):
+        plan_.check_epochs(preset, [r3], 2_500_000)
+
+
+def test_the_plan_labels_each_stage_by_the_seeds_its_runs_use():
+    """The pre-registration says which seeds run each stage, read off the runs themselves: the
+    reuse tuning runs on tuning seeds (the table said "held-out", its name not being in a list
+    of tuning stages)."""
+    text = plan_text.describe(get_preset("full"), 256)
+    for stage, seeds in (("sweep", "tuning"), ("reuse tuning", "tuning"),
+                         ("reuse held-out", "held-out"), ("held-out chains", "held-out")):
+        assert f"| {stage} | {seeds} |" in text, stage
+
+
+def test_r4_beside_a_transformer_family_is_refused():
+    """R4's Transformer++ base is planned under the family's own run ids (transformer++-S0/seed0):
+    with Transformer++ also a family, two different runs shared ids (66 horizon runs, 60 ids)."""
+    with pytest.raises(ConfigError, match="drop transformer\\+\\+ from families"):
+        dataclasses.replace(get_preset("full"), families=("tokenformer", "transformer++")
+                            ).validate()

@@ -47,21 +47,21 @@ def scale(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "scale", help="loss-vs-compute frontier: TokenFormer and Transformer++ from scratch at "
-                      "every size vs growth chains, tuned LRs, one WSD schedule family",
+        "scale", help="loss-vs-compute frontier: a finished TokenFormer grown vs every other "
+                      "use of the same compute, and growth from scratch vs the best size, "
+                      "tuned LRs, one WSD schedule family",
         description="LR sweeps, then one stable WSD run per arm and seed with a cooldown branch "
                     "at each budget; writes results.json, report.md and PNG plots into --out. "
                     "Rerunning the same command resumes an interrupted run.")
     p.add_argument("--preset", choices=tuple(PRESETS), default="quick",
-                   help="quick: TokenFormer envelope and a chain following it, one seed (<= 10 "
-                        "min on 2 CPU cores); full: the v4 protocol (tuning vs held-out seeds, 8 "
-                        "held-out seeds; the decisive CPU run); sparse: product-key "
-                        "TokenFormer (16x FFN "
-                        "tokens at equal FLOPs) vs dense TokenFormer and Transformer++, 3 "
-                        "seeds, no chains (about 1 h on one thread); gpu: the v3 protocol at "
-                        "GPU sizes (needs --data with a large corpus); gpu-code: the v4 protocol "
-                        "on the Python sources of torch, transformers and sympy (about 22 min "
-                        "of one H200 with --jobs 8, measured; resumable across leases)")
+                   help="quick: v5's reuse family in miniature, one seed (about 4 min on 2 CPU "
+                        "cores); full: v5 (a finished base grown vs R1-R4, and G1; 8 held-out "
+                        "seeds); full-v4, quick-v3: the earlier protocols (v4's recorded run "
+                        "resumes); sparse: product-key TokenFormer (16x FFN tokens at equal "
+                        "FLOPs) vs dense TokenFormer and Transformer++, 3 seeds; gpu: the v3 "
+                        "protocol at GPU sizes (needs --data); gpu-code: v4 on the Python sources "
+                        "of torch, transformers and sympy; gpu-v5: v5's reuse family at a 10.5M "
+                        "base on those sources (planned, not run)")
     p.add_argument("--seeds", type=positive(int), default=None,
                    help="seeds of every final run (default: the preset's)")
     p.add_argument("--data", default=None,

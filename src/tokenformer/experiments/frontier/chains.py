@@ -153,6 +153,18 @@ def reads_budget(stages: tuple[Stage, ...], branch: Branch, preset: Preset) -> b
     return branch.steps - stage.start >= preset.min_stage_share * branch.steps
 
 
+def read_branches(preset: Preset, stages: tuple[Stage, ...], budgets: list[float],
+                  only: set[int] | None, what: str) -> tuple[Branch, ...]:
+    """The cooldown branches a run of ``stages`` has at ``budgets`` (those in ``only``, default
+    all) that it may read (:func:`reads_budget`); ConfigError, naming ``what``, for none."""
+    branches = tuple(b for i, budget in enumerate(budgets) if (only is None or i in only)
+                     and (b := branch_for(stages, i, budget, preset)) is not None
+                     and reads_budget(stages, b, preset))
+    if not branches:
+        raise ConfigError(f"frontier: {what} has no budget of >= {preset.min_steps} steps")
+    return branches
+
+
 def chain_stages(preset: Preset, vocab_size: int, envelopes: dict[str, Envelope] | None = None
                  ) -> dict[str, tuple[Stage, ...]]:
     """Each growing arm's stages on ``envelopes`` (else the predicted ones); arms that never

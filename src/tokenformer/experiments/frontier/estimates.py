@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .presets import SWEEP_SEED, Preset, size_key
+from .presets import Preset, is_tuning_seed, size_key
 from .schedule import Run, size_at
 
 
@@ -48,7 +48,7 @@ def eval_batches(preset: Preset, run: Run) -> int:
     v = preset.validation
     if v is None:
         return preset.eval_batches
-    if run.seed >= SWEEP_SEED:
+    if is_tuning_seed(run.seed):
         whole = math.ceil(v.tokens * v.tuning_share / preset.tokens_per_step)
         return whole if v.tuning_batches is None else min(whole, v.tuning_batches)
     return math.ceil(v.tokens * (1 - v.tuning_share) / preset.tokens_per_step)

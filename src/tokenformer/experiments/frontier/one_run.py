@@ -31,6 +31,7 @@ from ...ops.growth.optimizer import copy_optimizer
 from ...training.config import TrainConfig
 from ...training.execution import Execution
 from ...training.freezing import FrozenRows
+from ...training.growth import growth_generator
 from ...training.lm import lm_batches
 from ...training.loop import RunState, fit
 from ...training.optim import group_names, make_optimizer
@@ -132,8 +133,7 @@ def continued_base(ctx: Context, run: Run) -> Any:
     stage = run.stages[0]
     if run.recipe is not None:
         event = grow_at(run, stage, model.config)
-        generator = torch.Generator().manual_seed(run.seed * 1_000_003)
-        model = grow(model, generator=generator, **event.kwargs).to(ctx.device)
+        model = grow(model, generator=growth_generator(run.seed), **event.kwargs).to(ctx.device)
     if not same_size(model.config, stage.config):
         raise AssertionError(f"{run.id}: the base continued is {model.config}, planned "
                              f"{stage.config}")

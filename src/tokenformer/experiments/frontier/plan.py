@@ -27,7 +27,7 @@ from typing import Any
 from ...errors import ConfigError
 from . import reuse as reuse_
 from .arms import GROWING_ARMS
-from .chains import Envelope, chain_stages, predicted_envelope, reads_budget
+from .chains import Envelope, chain_stages, predicted_envelope, read_branches
 from .configs import model_configs, sized_stage
 from .presets import MAX_EPOCHS, SWEEP_SEED, Preset, family_sizes, size_key
 from .schedule import Branch, Run, Stage, branch_for, decay_start
@@ -89,14 +89,17 @@ def plan(preset: Preset, vocab_size: int, train_tokens: int | None = None,
     if kinds is not None:
         runs = [r for r in runs if r.kind in kinds]
     if train_tokens is not None:
-        check_epochs(preset, runs, train_tokens)
+        reuse = [] if preset.reuse is None else reuse_.held_out_runs(
+            preset, vocab_size, held_out_seeds(preset))
+        check_epochs(preset, runs + reuse, train_tokens)
     return runs
 
 
 def check_epochs(preset: Preset, runs: list[Run], train_tokens: int) -> None:
-    """Refuse a run that would read the training split more than ``MAX_EPOCHS`` times."""
+    """Refuse a run whose model would read the training split more than ``MAX_EPOCHS`` times:
+    a continuation counts its base's steps too (it reads on from where its base stopped)."""
     for run in runs:
-        epochs = run.total_steps * preset.tokens_per_step / train_tokens
+        epochs = (run.data_offset + run.total_steps) * preset.tokens_per_step / train_tokens
         if epochs > MAX_EPOCHS:
             raise ConfigError(f"frontier: {run.id} would see the training split "
                               f"{epochs:.1f} times (> {MAX_EPOCHS:g}); lower max_budget or "
@@ -357,12 +360,7 @@ def _with_branches(preset: Preset, arm: str, kind: str, family: str, seed: int,
                    stages: tuple[Stage, ...], budgets: list[float], lr_from: str,
                    recipe: str | None = None, only: set[int] | None = None) -> Run:
     """``only``: the budget indices the run may read (a window, a held-out choice)."""
-    branches = tuple(b for i, budget in enumerate(budgets)
-                     if (only is None or i in only)
-                     and (b := branch_for(stages, i, budget, preset)) is not None
-                     and reads_budget(stages, b, preset))
-    if not branches:
-        raise ConfigError(f"frontier: {arm} has no budget of >= {preset.min_steps} steps")
+    branches = read_branches(preset, stages, budgets, only, arm)
     if len(stages) > 1 and recipe is not None and GROWING_ARMS[recipe].anneal:
         gaps = [b.start - a.start for a, b in itertools.pairwise(stages)]
         if min(gaps) <= preset.anneal_steps:

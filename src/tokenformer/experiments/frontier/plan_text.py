@@ -13,7 +13,7 @@ from .arms import CONTINUING_ARMS, GROWING_ARMS
 from .chains import predicted_envelope
 from .configs import model_configs
 from .plan import held_out_seeds, stage_plans, tuning_seeds
-from .presets import MAX_EPOCHS, SCHEDULE_FAMILY, Preset, size_key
+from .presets import MAX_EPOCHS, SCHEDULE_FAMILY, Preset, is_tuning_seed, size_key
 from .questions import TREND_READINGS, k_label, question_lines
 from .schedule import stage_lr_key
 
@@ -80,7 +80,7 @@ def describe(preset: Preset, vocab_size: int) -> str:
     sweeps = stages["sweep"]
     sweep_flops = sum(r.total_flops() for r in sweeps)
     held = "held-out" if preset.horizon_factors else "final"
-    stage_rows = [[name, "tuning" if name in ("sweep", "horizon", "chain tuning") else held,
+    stage_rows = [[name, "tuning" if all(is_tuning_seed(r.seed) for r in rs) else held,
                    str(len(rs)), f"{sum(r.total_steps for r in rs):,}",
                    f"{sum(r.total_flops() for r in rs):.3g}"]
                   for name, rs in stages.items() if rs]

@@ -66,6 +66,11 @@ MAX_EPOCHS = 4.0  # no run may see the training split more often than this
 SWEEP_SEED = 1000
 
 
+def is_tuning_seed(seed: int) -> bool:
+    """Whether ``seed`` is a tuning seed (chooses, never scored) rather than a held-out one."""
+    return seed >= SWEEP_SEED
+
+
 @dataclass(frozen=True)
 class HeldOut:
     """v5 (issue 46): the validation data as whole random documents of the corpus (the embedded
@@ -328,6 +333,10 @@ class Preset:
             if CONTINUING_ARMS[arm].family == "transformer++" and self.tpp_widths is None:
                 raise ConfigError(f"frontier: reuse: {arm} needs the width-scaled "
                                   f"Transformer++ (tpp_widths)")
+            if CONTINUING_ARMS[arm].family == "transformer++" and "transformer++" in \
+                    self.families:  # its base runs would take the family's run ids
+                raise ConfigError(f"frontier: reuse: {arm} bases Transformer++ at S0 under the "
+                                  f"family's own run ids: drop transformer++ from families")
         if "grown" not in r.arms:
             raise ConfigError("frontier: reuse: the grown arm is the family's subject")
         ks, xs = r.tokens_per_parameter, r.increments
@@ -473,8 +482,9 @@ FULL_V5 = dataclasses.replace(
 # >= 10M non-embedding parameters on real text. TokenFormer d 512, 4 blocks, 8 heads, context
 # 256, batch 64; S0 = (320, 320, 1280) tokens: 10.5M non-embedding parameters, 90 % of its
 # training FLOPs in Pattention; grown into S2 (41.9M). The corpus bounds k: the installed
-# packages' Python sources (1.17e8 bytes on the device's image) allow k <= 31.6 at <= 4 epochs
-# (3.1 read by the base at k = 31.6); X = 0.316, 1. R4: Transformer++ d 480 (11.1M) grown by
+# packages' Python sources (1.17e8 bytes on the device's image) allow k <= 20 at <= 4 epochs of
+# what a model reads, its base's included (R3 at k = 20, X = 1: 3.7; k = 31.6 put it at 5.9);
+# k = 6.32, 20 (√10 apart, the grid's ratio); X = 0.316, 1. R4: Transformer++ d 480 (11.1M) grown by
 # HyperCloning to d 960. The prior of the predicted envelope is 10 tokens per parameter (the
 # bases are under-trained against Chinchilla's 20: the envelope at X · C(k) lies below S0; the
 # window extends past an edge at run time). Planned, not run: its size in leases comes from the
@@ -482,16 +492,18 @@ FULL_V5 = dataclasses.replace(
 GPU_V5 = dataclasses.replace(
     FULL_V5, name="gpu-v5", hidden_size=512, num_layers=4, num_heads=8,
     base_tokens=(640, 640, 2560), first_size=-1, num_sizes=5, seq_len=256, batch_size=64,
-    max_budget=2.33e16, num_budgets=2, budget_ratio=10 ** 0.5, warmup_steps=50, min_steps=100,
+    # max_budget: C(k = 20) = 20 × C(1), the base's compute at one token per parameter
+    max_budget=20 * 7.368106948192323e14, num_budgets=2, budget_ratio=10 ** 0.5,
+    warmup_steps=50, min_steps=100,
     sweep_steps=150, lr_grid=(2.5e-4, 5e-4, 1e-3, 2e-3), dtype="bf16", tpp_widths=(480, 672),
     tpp_heads=8, recipes=(), chain_small_factors=(), growth_time_factors=(),
     horizon_extensions=1, window_extensions=1, tokens_per_parameter=10.0,
     corpus="pysource:torch,transformers,sympy",
     validation=HeldOut(tokens=1_000_000, tuning_batches=16),
-    reuse=Reuse(tokens_per_parameter=(10.0, 31.6), increments=(0.316, 1.0)),
-    questions=reuse_questions((10.0, 31.6), size_key("tokenformer", "S2")),
-    expected_hours="2.8e18 training FLOPs: ≈ 4 h of one H200 at an assumed 200 TFLOP/s "
-                   "achieved (≈ 26 leases of 9 min), not measured; resize it from the first "
+    reuse=Reuse(tokens_per_parameter=(6.32, 20.0), increments=(0.316, 1.0)),
+    questions=reuse_questions((6.32, 20.0), size_key("tokenformer", "S2")),
+    expected_hours="1.8e18 training FLOPs: ≈ 2.5 h of one H200 at an assumed 200 TFLOP/s "
+                   "achieved (≈ 17 leases of 9 min), not measured; resize it from the first "
                    "lease's step times (benchmarks/frontier_steps.py --preset gpu-v5 "
                    "--measured DIR)")
 PRESETS: dict[str, Preset] = {

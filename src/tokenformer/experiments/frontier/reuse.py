@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 from ...errors import ConfigError
 from .arms import CONTINUING_ARMS
-from .chains import reads_budget
+from .chains import read_branches
 from .configs import model_configs, sized_stage
 from .presets import Preset, increment_steps, size_key
 from .questions import continuing_arm
@@ -109,18 +108,8 @@ def forced_windows(preset: Preset, vocab_size: int) -> dict[str, set[int]]:
     return {preset.reuse.base: set(levels(preset, vocab_size)), preset.reuse.final: read}
 
 
-def _branches(preset: Preset, stages: tuple[Stage, ...], budgets: list[float], only: set[int],
-              what: str) -> tuple[Any, ...]:
-    branches = tuple(b for i, budget in enumerate(budgets) if i in only
-                     and (b := branch_for(stages, i, budget, preset)) is not None
-                     and reads_budget(stages, b, preset))
-    if not branches:
-        raise ConfigError(f"frontier: {what} has no budget of >= {preset.min_steps} steps")
-    return branches
-
-
-def base_run(preset: Preset, family: str, seed: int, vocab_size: int, kind: str = "base",
-             only: set[int] | None = None, run_id: str | None = None,
+def base_run(preset: Preset, family: str, seed: int, vocab_size: int,
+             only: set[int] | None = None,
              lr: float | None = None) -> Run:
     """A base of ``family`` (Transformer++'s, R4; TokenFormer's base is its from-scratch size)
     from scratch for ``seed``: one stable run with a cooldown branch at each level of ``only``
@@ -128,9 +117,9 @@ def base_run(preset: Preset, family: str, seed: int, vocab_size: int, kind: str 
     stage = base_stage(preset, family, vocab_size)
     key = size_key(family, stage.size)
     ks = set(levels(preset, vocab_size))
-    branches = _branches(preset, (stage,), base_budgets(preset, family, vocab_size),
-                         ks if only is None else ks & only, key)
-    return Run(run_id or f"{key}/seed{seed}", key, kind, family, seed, (stage,), branches, lr,
+    branches = read_branches(preset, (stage,), base_budgets(preset, family, vocab_size),
+                             ks if only is None else ks & only, key)
+    return Run(f"{key}/seed{seed}", key, "base", family, seed, (stage,), branches, lr,
                key)
 
 
@@ -144,7 +133,7 @@ def base_steps(preset: Preset, family: str, j: int, vocab_size: int) -> int:
 
 
 def continuation_run(preset: Preset, arm: str, j: int, seed: int, vocab_size: int, *,
-                     run_id: str | None = None, lr: float | None = None,
+                     lr: float | None = None,
                      only: set[int] | None = None, origin: str | None = None) -> Run:
     """``arm`` continuing the base finished at level j for ``seed`` (module docstring): a
     branch at each X cell of j (those in ``only``, default all)."""
@@ -154,9 +143,9 @@ def continuation_run(preset: Preset, arm: str, j: int, seed: int, vocab_size: in
     name = continuing_arm(arm, k)
     stage = continuation_stage(preset, arm, vocab_size)
     ids = set(cells(preset, vocab_size)[j])
-    branches = _branches(preset, (stage,), list(preset.budgets),
-                         ids if only is None else ids & only, name)
-    return Run(run_id or f"{name}/seed{seed}", name, "reuse", spec.family, seed, (stage,),
+    branches = read_branches(preset, (stage,), list(preset.budgets),
+                             ids if only is None else ids & only, name)
+    return Run(f"{name}/seed{seed}", name, "reuse", spec.family, seed, (stage,),
                branches, lr, size_key(spec.family, stage.size), spec.grows, origin=origin,
                origin_budget=j, data_offset=base_steps(preset, spec.family, j, vocab_size))
 
@@ -175,19 +164,23 @@ def tuned(preset: Preset) -> bool:
     return len(preset.horizon_factors) > 1
 
 
-def tuning_runs(preset: Preset, vocab_size: int, seeds: list[int],
-                factors: dict[tuple[str, int], tuple[float, ...]] | None = None) -> list[Run]:
-    """Every continuing arm at every level on the tuning ``seeds`` at each factor (``lr`` holds
-    the factor; the runner multiplies it by the sweep's pick of the arm's size): the preset's
-    horizon factors, or ``factors`` per (arm, level) once extended past an edge."""
+def tuning_id(arm: str, factor: float, seed: int) -> str:
+    """The id of ``arm``'s tuning continuation at ``factor`` for ``seed`` (plan and runner)."""
+    return f"tune/{arm}/x{factor:g}/seed{seed}"
+
+
+def tuning_runs(preset: Preset, vocab_size: int, seeds: list[int]) -> list[Run]:
+    """Every continuing arm at every level on the tuning ``seeds`` at each of the preset's
+    horizon factors (``lr`` holds the factor; the runner multiplies it by the sweep's pick of
+    the arm's size; the runs added past an edge are the runner's)."""
     if not tuned(preset):
         return []
     runs = []
     for arm, j in arm_levels(preset, vocab_size):
-        for factor in (factors or {}).get((arm, j), preset.horizon_factors):
+        for factor in preset.horizon_factors:
             for seed in seeds:
                 run = continuation_run(preset, arm, j, seed, vocab_size, lr=factor)
-                runs.append(dataclasses.replace(run, id=f"tune/{run.arm}/x{factor:g}/seed{seed}"))
+                runs.append(dataclasses.replace(run, id=tuning_id(run.arm, factor, seed)))
     return runs
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from ..common.arms import fingerprint
 from ..common.machine import machine_summary
 from ..common.report import to_json
 from ..common.saved import read_saved_json
-from ..common.sweep import sweep_lr
+from ..common.sweep import extend_grid, sweep_lr
 from . import analysis, report
 from . import chains as chains_
 from . import configs as configs_
@@ -132,14 +131,14 @@ def _beyond(by_factor: dict[float, dict[int, dict[int, float]]], added: list[int
     if len(fs) < 2:
         return []
     budgets = {j for by_budget in by_factor.values() for j in by_budget}
-    picks = {_pick({f: by_factor[f][j] for f in fs if j in by_factor[f]})[1] for j in budgets}
+    # the sweep's rule (one log step past an edge argmin), read at each budget
+    wanted = {extend_grid(list(means), means) for means in (
+        _pick({f: by_factor[f][j] for f in fs if j in by_factor[f]})[0] for j in budgets)}
     out = []
-    if fs[0] in picks and added[0] < extensions:
-        added[0] += 1
-        out.append(fs[0] * fs[0] / fs[1])
-    if fs[-1] in picks and added[1] < extensions:
-        added[1] += 1
-        out.append(fs[-1] * fs[-1] / fs[-2])
+    for end, new in enumerate((fs[0] * fs[0] / fs[1], fs[-1] * fs[-1] / fs[-2])):
+        if new in wanted and added[end] < extensions:
+            added[end] += 1
+            out.append(new)
     return out
 
 
@@ -328,7 +327,7 @@ def run_reuse(ctx: Context, vocab_size: int, chosen: dict[str, float],
         for i in sorted({i for by_budget in by_factor.values() for i in by_budget}):
             by_lr = {lr0 * f: by_factor[f][i] for f in by_factor if i in by_factor[f]}
             means, pick, at_edge = (_pick(by_lr) if reuse_.tuned(p) else
-                                    ({lr: math.nan for lr in by_lr}, next(iter(by_lr)), False))
+                                    ({lr: None for lr in by_lr}, next(iter(by_lr)), False))
             lrs.setdefault((arm, j), {})[i] = pick
             cells[str(i)] = {"x": p.budgets[i] / p.budgets[j],
                              "points": [{"lr": lr, "factor": lr / lr0, "mean": means[lr],
@@ -348,8 +347,8 @@ def run_reuse(ctx: Context, vocab_size: int, chosen: dict[str, float],
 
 def _continuation_maker(lr0: float) -> Callable[[Run, float], tuple[Run, tuple[float, ...]]]:
     def make(template: Run, factor: float) -> tuple[Run, tuple[float, ...]]:
-        run = dataclasses.replace(template, id=f"tune/{template.arm}/x{factor:g}/seed"
-                                               f"{template.seed}", lr=lr0 * factor)
+        run = dataclasses.replace(template, id=reuse_.tuning_id(template.arm, factor,
+                                                                template.seed), lr=lr0 * factor)
         return run, (lr0 * factor,)
     return make
 

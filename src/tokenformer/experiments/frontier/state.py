@@ -25,7 +25,7 @@ from ...data.corpora import corpus_dataset, parse_corpus, pysource_documents
 from ...data.corpus import default_dataset
 from ...data.datasets import TokenDataset
 from ...data.heldout import WINDOWS, kjv_chapters, split_documents, window
-from ...errors import CheckpointError, ConfigError, TokenFormerError
+from ...errors import CheckpointError, ConfigError, TokenFormerError, first_line
 from ...io.files import atomic_write
 from ...io.untrusted import safe_torch_load
 from ...io.workers import check_parent
@@ -40,7 +40,7 @@ from ...training.optim import rebuild_optimizer
 from ..common.saved import damaged, read_saved_json
 from .configs import arch
 from .growing import growth_settings
-from .presets import SWEEP_SEED, Preset
+from .presets import Preset, is_tuning_seed
 from .schedule import Run
 
 PRECISIONS = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
@@ -117,12 +117,13 @@ def held_out_dataset(preset: Preset) -> TokenDataset:
 
 def evaluator(ctx: Context, run: Run) -> Any:
     """The evaluation of ``run``'s branches: v5 (``preset.validation``) evaluates a run on a
-    tuning seed on the whole tuning window and a held-out run on the whole scoring window, so
+    tuning seed on the tuning window (its fixed ``tuning_batches`` subset, where the preset
+    sets one) and a held-out run on the whole scoring window, so
     that nothing chosen is scored on the data that chose it; v4 every run on the same
     ``eval_batches`` batches of the corpus' tail."""
     if not ctx.windows:
         return ctx.eval_fn
-    return ctx.windows["tuning" if run.seed >= SWEEP_SEED else "scoring"]
+    return ctx.windows["tuning" if is_tuning_seed(run.seed) else "scoring"]
 
 
 def allow_recompiles() -> None:
@@ -190,16 +191,22 @@ def load_base(ctx: Context, run: Run) -> Any:
     path = model_path(ctx, run.origin, run.origin_budget)
     how = f"delete {path.parent} and the base's run record to train the base again"
     try:
-        saved = safe_torch_load(path, foreign=False)
-        config = _config_class(run.family)(**saved["config"])
-        model = build_model(run.family, config, run.seed, ctx.device)
-        model.load_state_dict(saved["model"])
+        model = _model_from(ctx, run, safe_torch_load(path, foreign=False))
     except CheckpointError:
         raise damaged(path, "truncated or corrupt: not a readable PyTorch file", how) from None
     except (TokenFormerError, KeyError, TypeError, ValueError, RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise damaged(path, f"it does not restore: {first}", how) from None
+        raise damaged(path, f"it does not restore: {first_line(exc)}", how) from None
     return model
+
+
+def _model_from(ctx: Context, run: Run, saved: dict[str, Any]) -> Any:
+    """The model ``saved`` holds (its ``config`` and ``model``: a run's state or a finished
+    base), built for ``run``'s family and seed on the context's device."""
+    model = build_model(run.family, _config_class(run.family)(**saved["config"]), run.seed,
+                        ctx.device)
+    model.load_state_dict(saved["model"])
+    return model
+
 
 
 def state_path(ctx: Context, run: Run) -> Path:
@@ -261,17 +268,14 @@ def load_state(ctx: Context, run: Run, lr: float | list[float]) -> dict[str, Any
 def restore_state(ctx: Context, run: Run, state: dict[str, Any]) -> tuple[Any, Any]:
     """Model and optimizer of a loaded state; :func:`damaged` if they do not rebuild from it."""
     try:
-        config = _config_class(run.family)(**state["config"])
-        model = build_model(run.family, config, run.seed, ctx.device)
-        model.load_state_dict(state["model"])
+        model = _model_from(ctx, run, state)
         optimizer = rebuild_optimizer(model, state["param_groups"], state["optimizer"],
                                       state_path(ctx, run),
                                       train_config(ctx, run, 1))
         anneal_in_force(ctx, run, state)  # a malformed anneal is a damaged state too
     except (TokenFormerError, AttributeError, KeyError, TypeError, ValueError,
             RuntimeError) as exc:
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise damaged(state_path(ctx, run), f"it does not restore: {first}",
+        raise damaged(state_path(ctx, run), f"it does not restore: {first_line(exc)}",
                       _rerun(run)) from None
     return model, optimizer
 
