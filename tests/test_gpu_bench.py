@@ -219,3 +219,33 @@ def test_concurrency_predicts_gpu_code_from_the_eager_8_row():
     assert [r["gpu_code_min"] for r in rows] == pytest.approx(
         [gpu.GPU_CODE_EAGER8_MIN * 50 / 30, gpu.GPU_CODE_EAGER8_MIN, gpu.GPU_CODE_EAGER8_MIN * 0.4])
     assert not gpu.predict_gpu_code([{"mode": "graphs", "jobs": 8, "steps_per_s": 1.0}])
+
+
+def test_a_lease_packs_run_records_but_never_the_bases_weights(tmp_path):
+    """gpu-v5's finished bases (``models/``, 42 MB each) never travel back from a lease: they
+    would not fit the 16 MiB a call returns nor belong in git; a resumed folder trains the
+    needed bases again (tests/experiments/test_frontier_v5.py). Run records and in-progress
+    states do travel."""
+    import tarfile
+
+    frontier = benchmark("gpu_stages.frontier")
+    folder = tmp_path / "frontier-gpu-v5"
+    for name in ("experiment.json", "runs/base__seed0.json", "state/run.pt",
+                 "models/tokenformer-S0__seed0/b1.pt"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text("x")
+    assert frontier.pack(folder, tmp_path / "f.tar.gz") is True
+    with tarfile.open(tmp_path / "f.tar.gz") as tar:
+        names = sorted(tar.getnames())
+    assert names == ["frontier-gpu-v5/experiment.json", "frontier-gpu-v5/runs/base__seed0.json",
+                     "frontier-gpu-v5/state/run.pt"]
+
+
+def test_the_planned_run_count_includes_the_reuse_stages():
+    """The lease's "runs planned" reads every stage of a v5 plan's table, reuse included."""
+    frontier = benchmark("gpu_stages.frontier")
+    table = ("| stage | seeds | runs | steps | FLOPs |\n|---|---|---:|---:|---:|\n"
+             "| sweep | tuning | 10 | 1 | 1 |\n| horizon | tuning | 20 | 1 | 1 |\n"
+             "| held-out from scratch | held-out | 30 | 1 | 1 |\n"
+             "| reuse tuning | tuning | 40 | 1 | 1 |\n| reuse held-out | held-out | 50 | 1 | 1 |\n")
+    assert frontier._planned_runs(table) == 150

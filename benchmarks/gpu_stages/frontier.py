@@ -4,7 +4,10 @@ every finished run is on disk and a second call continues (the frontier resumes 
 which travels with the working tree once committed). ``--frontier-compile MODE`` adds ``--compile
 MODE`` (reduce-overhead: every step as CUDA graphs), a different experiment than the eager one:
 give it a fresh ``--frontier-dir``. The folder is packed into ``frontier.tar.gz`` under ``--out``
-(without the in-progress state when that would not fit a device call's 16 MiB per file)."""
+(without the in-progress state when that would not fit a device call's 16 MiB per file, and
+never with the finished bases' weights under ``models/``: 42 MB each at ``gpu-v5``'s size, too
+large to return or to commit; a continuation whose base's weights a fresh machine lacks trains
+the base again first, experiments/frontier/one_run.ready_bases)."""
 
 from __future__ import annotations
 
@@ -96,7 +99,8 @@ def planned_runs(args: Any, timeout: float = 300) -> int | None:
 def _planned_runs(plan_text: str) -> int | None:
     """The run count of a ``scale --plan`` text: its stage table's runs column (v4), else its
     header's sweep and final/held-out counts (v3 presets have no stage table)."""
-    stages = re.findall(r"^\| (?:sweep|horizon|chain tuning|held-out[^|]*) \| [^|]* \| (\d+) \|",
+    stages = re.findall(r"^\| (?:sweep|horizon|chain tuning|held-out[^|]*|reuse[^|]*) \| [^|]* \| "
+                        r"(\d+) \|",
                         plan_text, re.M)
     if stages:
         return sum(map(int, stages))
@@ -106,13 +110,15 @@ def _planned_runs(plan_text: str) -> int | None:
 
 def pack(folder: Path, archive: Path) -> bool:
     """``folder`` as a .tar.gz under the 16 MiB a device call returns; the in-progress state
-    (state/*.pt, needed to resume a half-trained run on a fresh machine) only if it fits.
-    Returns whether the state is in it."""
+    (state/*.pt, needed to resume a half-trained run on a fresh machine) only if it fits; never
+    the finished bases' weights (``models/``: trained again when needed). Returns whether the
+    state is in it."""
     def write(with_state: bool) -> None:
         with tarfile.open(archive, "w:gz") as tar:
             for path in sorted(folder.rglob("*")):
                 relative = path.relative_to(folder)
                 if path.is_file() and relative.name != ".tokenformer.lock" and (
+                        relative.parts[0] != "models") and (
                         with_state or relative.parts[0] != "state"):
                     tar.add(path, arcname=str(Path(folder.name) / relative))
 

@@ -358,6 +358,84 @@ def test_a_continuation_starts_from_its_bases_weights(reuse_run):
                     assert not now[name][rows:].any(), name
 
 
+
+def _without_weights(reuse_run, tmp_path, drop: list[str]) -> tuple[Path, dict]:
+    """A copy of the tiny run's folder as a fresh machine resumes it from committed records:
+    no finished base's weights (``models/``: never committed), no results.json, and the run
+    records of ``drop`` (continuations still to train) removed."""
+    import shutil
+
+    out, results = reuse_run
+    copy = tmp_path / "resumed"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("models", "results.json",
+                                                             "report.md", "*.lock"))
+    for run_id in drop:
+        (copy / "runs" / f"{run_id.replace('/', '__')}.json").unlink()
+    return copy, results
+
+
+def test_a_resumed_folder_without_the_bases_weights_trains_only_the_needed_bases_again(
+        reuse_run, tmp_path):
+    """gpu-v5's leases commit run records, never the bases' weights (42 MB each): a resumed
+    folder trains a base again for the continuations that still need it, and only those
+    bases. Training is a pure function of seed and step, so on the CPU the continuation
+    trained from the regenerated base equals the first one bit for bit."""
+    _, results = reuse_run
+    held = next(r for r in results["runs"].values() if r["kind"] == "reuse" and r["seed"] == 1)
+    arm_k, tuning = next(iter(results["tuning"]["reuse"].items()))
+    tuned_id = reuse_.tuning_id(arm_k, tuning["factors"][0], 1000)
+    copy, _ = _without_weights(reuse_run, tmp_path, [held["id"], tuned_id])
+    lines: list[str] = []
+    torch.set_num_threads(1)
+    again = run_frontier(tiny_v5(), out=copy, progress=True, plots=False,
+                         print_fn=lines.append)
+    assert again["runs"][held["id"]]["branches"] == held["branches"]  # bit for bit
+    assert again["tuning"]["reuse"] == results["tuning"]["reuse"]
+    regenerated = sorted(p.name for p in (copy / "models").iterdir())
+    assert regenerated == sorted({held["origin"].replace("/", "__"),
+                                  tuning["bases"][0].replace("/", "__")})
+    trained_again = [line for line in lines if "trained again for its weights" in line]
+    assert len(trained_again) == 2 and all(
+        line.split("loss ")[1].split(",")[0] == line.split("recorded ")[1].split(",")[0]
+        for line in trained_again), trained_again
+
+
+def test_with_workers_the_bases_are_trained_again_in_them_one_seed_at_a_time(
+        reuse_run, tmp_path, monkeypatch):
+    """With --jobs > 1 the missing bases go to the worker processes as ``again`` items (here an
+    in-process stand-in for the pool), one seed at a time: its bases, then its continuations,
+    so a lease shorter than the stage still finishes some seeds. The continuations then equal
+    the first ones."""
+    _, results = reuse_run
+    held = [r for r in results["runs"].values() if r["kind"] == "reuse"]
+    copy, _ = _without_weights(reuse_run, tmp_path, [r["id"] for r in held])
+    items: list[tuple] = []
+
+    class InProcessPool:
+        def imap_unordered(self, fn, work):
+            for item in work:
+                items.append(item)
+                yield fn(item)
+
+        def close(self) -> None: ...
+        def join(self) -> None: ...
+        def terminate(self) -> None: ...
+
+    monkeypatch.setattr(one_run, "worker_pool", lambda jobs: InProcessPool())
+    torch.set_num_threads(1)
+    again = run_frontier(tiny_v5(), out=copy, progress=False, plots=False, jobs=2)
+    # each seed's two bases (TokenFormer's and Transformer++'s, R4's), then its continuations
+    order = [(item[3].seed, "base" if len(item) == 6 and item[5] else "run") for item in items]
+    expected = [(seed, what) for seed in (0, 1) for what in ("base", "run")]
+    assert list(dict.fromkeys(order)) == expected, order
+    for seed in (0, 1):
+        assert {item[3].id for item in items if len(item) == 6 and item[3].seed == seed} == {
+            r["origin"] for r in held if r["seed"] == seed}
+        assert len({r["origin"] for r in held if r["seed"] == seed}) == 2
+    assert {item[3].id for item in items if len(item) == 5} == {r["id"] for r in held}
+    for r in held:
+        assert again["runs"][r["id"]]["branches"] == r["branches"]
+
 def test_incremental_compute_to_reach_by_hand():
     """Endpoint (b): budgets 1e10, 2e10, 4e10, the base's level at 4e10, so X = ¼, ½, 1. The
     grown arm at X = ½ has loss 2.0. Seed 0's rival (2.2, 2.1, 1.9) reaches 2.0 halfway (in

@@ -218,10 +218,13 @@ def _bar(ctx: Context, run: Run) -> Any:
 def execute(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
     """A run's results at peak LRs ``lrs`` (one per stage): loaded when an earlier invocation
     finished it, else trained (resuming from its state file) and saved atomically."""
+    if keeps_models(ctx.preset, run):
+        ctx.bases[run.id] = (run, lrs)
     saved = saved_result(ctx, run, lrs)
     if saved is not None:
         _count(ctx, run)
         return saved
+    ready_bases(ctx, [(run, lrs)])
     t0 = time.perf_counter()
     try:
         result = train_run(ctx, run, lrs)
@@ -262,14 +265,69 @@ def _announce(ctx: Context, run: Run, lrs: tuple[float, ...], result: dict[str, 
                      f"{result['timing']['wall']:.0f} s (elapsed {elapsed / 60:.1f} min)")
 
 
+def missing_bases(ctx: Context, jobs: list[tuple[Run, tuple[float, ...]]]
+                  ) -> list[tuple[Run, tuple[float, ...]]]:
+    """The base runs (and their LRs) whose finished weights the unfinished continuations in
+    ``jobs`` start from and the folder lacks: a folder resumed on a fresh machine from its
+    committed run records (weights are never committed: 42 MB per base at ``gpu-v5``'s size).
+    Every such base is a run this process has seen (``ctx.bases``): the runner trains or loads
+    each base before planning its continuations."""
+    out: dict[str, tuple[Run, tuple[float, ...]]] = {}
+    for run, lrs in jobs:
+        if (run.origin is None or run.origin_budget is None or run.origin in out
+                or model_path(ctx, run.origin, run.origin_budget).is_file()
+                or saved_result(ctx, run, lrs) is not None):
+            continue
+        if run.origin not in ctx.bases:
+            raise AssertionError(f"{run.id}: its base {run.origin} was not seen before it")
+        out[run.origin] = ctx.bases[run.origin]
+    return list(out.values())
+
+
+def train_base_again(ctx: Context, run: Run, lrs: tuple[float, ...]) -> dict[str, Any]:
+    """Train the finished base ``run`` again for its weights (saved by its cooldown branches,
+    :func:`_branch`), keeping its run record: training is a pure function of seed and step,
+    so on the CPU the weights equal the first training's bit for bit (a test holds it); on a
+    GPU, up to its nondeterminism, which the printed line shows against the record."""
+    t0 = time.perf_counter()
+    result = train_run(ctx, run, lrs)
+    state_path(ctx, run).unlink(missing_ok=True)
+    result["timing"]["wall"] = time.perf_counter() - t0
+    return result
+
+
+def ready_bases(ctx: Context, jobs: list[tuple[Run, tuple[float, ...]]]) -> None:
+    """Every base the continuations in ``jobs`` start from on disk (:func:`missing_bases`
+    trained again, in the worker processes when ``ctx.jobs`` > 1), each with one line."""
+    missing = missing_bases(ctx, jobs)
+    if not missing:
+        return
+    if ctx.jobs > 1 and len(missing) > 1:
+        if ctx.pool is None:
+            ctx.pool = worker_pool(ctx.jobs)
+        items = [(ctx.preset, ctx.source, str(ctx.out), run, lrs, True) for run, lrs in missing]
+        done = dict(ctx.pool.imap_unordered(_work_item, items))
+    else:
+        done = {run.id: train_base_again(ctx, run, lrs) for run, lrs in missing}
+    for run, lrs in missing:
+        recorded = saved_result(ctx, run, lrs)
+        again, first = done[run.id]["branches"][-1]["loss"], (
+            recorded["branches"][-1]["loss"] if recorded else math.nan)
+        if ctx.print_fn is not None and ctx.progress is not False:
+            ctx.print_fn(f"scale: {run.id}: trained again for its weights (a folder keeps "
+                         f"none): loss {again:.4f}, recorded {first:.4f}, "
+                         f"{done[run.id]['timing']['wall']:.0f} s")
+
+
 # ------------------------------------------------------------------------ runs in parallel
 _WORKER: dict[Any, Context] = {}  # a worker process's context, built once per experiment
 
 
 def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run,
-          lr: tuple[float, ...]) -> dict[str, Any]:
+          lr: tuple[float, ...], again: bool = False) -> dict[str, Any]:
     """One run in a worker process (one torch thread: a run's numbers equal those of a
-    sequential ``--threads 1`` run); its results land on disk as :func:`execute` writes them."""
+    sequential ``--threads 1`` run); its results land on disk as :func:`execute` writes them.
+    ``again``: a finished base trained again for its weights (:func:`train_base_again`)."""
     torch.set_num_threads(1)
     key = (preset, source, out)
     if key not in _WORKER:
@@ -277,27 +335,35 @@ def _work(preset: Preset, source: tuple[Any, ...], out: str, run: Run,
         data, device, dtype, compile_mode = source
         _WORKER[key] = context(preset, data, device, dtype, progress=False, out=Path(out),
                                print_fn=None, compile=compile_mode)
-    return execute(_WORKER[key], run, lr)
+    return (train_base_again if again else execute)(_WORKER[key], run, lr)
 
 
 def prefetch(ctx: Context, jobs: list[tuple[Run, tuple[float, ...]]]) -> None:
     """With ``ctx.jobs`` > 1, train the (run, stage LRs) pairs of ``jobs`` not finished yet in that
     many worker processes; :func:`execute` then finds their results on disk. Runs are
     independent given their LR (a pure function of seed and step), so the order does not
-    matter; a run killed in a worker resumes from its state file like any other."""
+    matter; a run killed in a worker resumes from its state file like any other. When bases
+    must be trained again (:func:`missing_bases`), one seed at a time: its bases, then its
+    continuations, so that a lease shorter than the whole stage still finishes some seeds'
+    continuations (their records travel, the weights never do) instead of only bases."""
     if ctx.jobs <= 1:
         return
     todo = [(run, lr) for run, lr in jobs if saved_result(ctx, run, lr) is None]
     if len(todo) < 2:
         return
-    if ctx.pool is None:  # spawned: no forked torch state; closed by closing_workers
-        ctx.pool = worker_pool(ctx.jobs)  # workers die with this process: never write after
-        # its run-folder lock is gone
-    pending = {run.id: (run, lr) for run, lr in todo}
-    items = [(ctx.preset, ctx.source, str(ctx.out), run, lr) for run, lr in todo]
-    for run_id, result in ctx.pool.imap_unordered(_work_item, items):
-        run, lr = pending[run_id]
-        _announce(ctx, run, lr, result)
+    groups = ([[(run, lr) for run, lr in todo if run.seed == seed]
+               for seed in dict.fromkeys(run.seed for run, _ in todo)]
+              if missing_bases(ctx, todo) else [todo])
+    for group in groups:
+        ready_bases(ctx, group)
+        if ctx.pool is None:  # spawned: no forked torch state; closed by closing_workers
+            ctx.pool = worker_pool(ctx.jobs)  # workers die with this process: never write
+            # after its run-folder lock is gone
+        pending = {run.id: (run, lr) for run, lr in group}
+        items = [(ctx.preset, ctx.source, str(ctx.out), run, lr) for run, lr in group]
+        for run_id, result in ctx.pool.imap_unordered(_work_item, items):
+            run, lr = pending[run_id]
+            _announce(ctx, run, lr, result)
 
 
 def _work_item(item: tuple[Any, ...]) -> tuple[str, dict[str, Any]]:

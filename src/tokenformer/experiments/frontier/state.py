@@ -66,6 +66,10 @@ class Context:
     pool: Any = None  # the worker processes of ``jobs`` > 1, started once, at the first need
     # v5: the evaluation of each validation window ("tuning", "scoring"; :func:`evaluator`)
     windows: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # v5: each base run this process has seen (run id → the run and its LRs), to train it again
+    # for its weights when a continuation needs them and the folder lacks them (weights are
+    # never committed: a fresh machine resumes from run records; one_run.ready_bases)
+    bases: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def context(preset: Preset, data: str | Path | None, device: str, dtype: str | None,
