@@ -113,7 +113,7 @@ def grown_folder(tmp_path_factory) -> Path:
     torch.manual_seed(2)
     base = train(TokenFormerLM(byte_config(num_heads=4, qkv_tokens=32, proj_tokens=32,
                                            ffn_tokens=64)), 120, seed=3)
-    grown = train(grow(base, qkv=48, proj=40, ffn=96, strategy="exact",
+    grown = train(grow(base, qkv=48, proj=40, ffn=96, recipe="exact",
                        generator=torch.Generator().manual_seed(4)), 30, seed=5)
     assert grown.config.qkv_tokens == 48 and grown.config.qkv_scale is not None
     return hf_folder(grown, tmp_path_factory.mktemp("vllm") / "grown")
