@@ -337,6 +337,40 @@ def test_reuse_family_trains_end_to_end(reuse_run):
         assert [a["budget_index"] for a in rows] == [0, 1] and all(a["n"] == 2 for a in rows)
 
 
+def test_the_reuse_plot_draws_every_curve_from_the_held_out_runs(reuse_run, tmp_path):
+    """reuse.png's data, recomputed from the run records: per level, the grown arm and each
+    question's rival at X = its budget over the base's compute, every held-out seed's loss
+    (R1: the grown size from scratch at every budget it ran), and the finished bases' losses
+    at X = 0 (TokenFormer's S0 and R4's Transformer++ base at the level's budget)."""
+    pytest.importorskip("matplotlib")
+    from tokenformer.experiments.frontier.plots import make_plots, reuse_series
+
+    _, results = reuse_run
+    budgets = results["budgets"]
+
+    def losses(arm: str) -> dict[float, dict[int, float]]:  # arm → X → seed → loss
+        out: dict[float, dict[int, float]] = {}
+        for r in results["runs"].values():
+            if r["arm"] == arm:
+                for b in r["branches"]:
+                    out.setdefault(budgets[b["budget_index"]] / budgets[1], {})[r["seed"]] = (
+                        b["loss"])
+        return out
+
+    series = reuse_series(results)
+    assert list(series) == [4.0] and series[4.0]["level"] == 1
+    curves = series[4.0]["curves"]
+    assert set(curves) == {"grown", "R1", "R3", "R4"}
+    assert curves["grown"] == losses("grown@k4") and curves["R3"] == losses("continued@k4")
+    assert curves["R4"] == losses("tpp-grown@k4") and curves["R1"] == losses("tokenformer-S2")
+    assert sorted(curves["grown"]) == [0.5, 1.0]
+    for family, key in (("tokenformer", "tokenformer-S0"), ("transformer++", "transformer++-S0")):
+        assert series[4.0]["bases"][family] == losses(key)[1.0]
+    names = make_plots(results, tmp_path)
+    assert "reuse.png" in names
+    assert (tmp_path / "reuse.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_continuation_starts_from_its_bases_weights(reuse_run):
     """R3 continues the finished base itself (every tensor equal); the grown base holds the
     base's rows of every Pattention and its new key rows are zero (the paper's recipe)."""

@@ -174,7 +174,7 @@ def reuse_reach(results: dict[str, Any], table: dict[str, Any], envs: dict[str, 
         level = reuse.get(q["a"], {}).get("level")
         if not q["family"].startswith("reuse-") or level is None:
             continue
-        a, b = _side_values(q["a"], table, envs), _side_values(q["b"], table, envs)
+        a, b = side_values(q["a"], table, envs), side_values(q["b"], table, envs)
         rival = sorted(b)
         for i in sorted(a):
             x = budgets[i] / budgets[level]
@@ -267,7 +267,7 @@ def _term_values(term: str, table: dict[str, Any], envs: dict[str, Any]
     return {j: {s: x[0] for s, x in seeds.items()} for j, seeds in arm["budgets"].items()}
 
 
-def _side_values(side: str, table: dict[str, Any], envs: dict[str, Any]
+def side_values(side: str, table: dict[str, Any], envs: dict[str, Any]
                  ) -> dict[int, dict[int, float]]:
     """A question's side: one term, or ``"x - y"`` (x − y per budget and seed both have)."""
     values = [_term_values(t.strip(), table, envs) for t in side.split(" - ")]
@@ -318,7 +318,7 @@ def answers(results: dict[str, Any]) -> list[dict[str, Any]]:
     envs = {f: envelope(results, f) for f in {v["family"] for v in table.values()}}
     tests: list[dict[str, Any]] = []
     for q in questions:
-        a, b = _side_values(q["a"], table, envs), _side_values(q["b"], table, envs)
+        a, b = side_values(q["a"], table, envs), side_values(q["b"], table, envs)
         js = [j for j in sorted(set(a) & set(b)) if set(a[j]) & set(b[j])]
         if q["budgets"] == "trend-grown":  # v5: only where every chain has grown
             js = [j for j in js if all(_grown_at(table[t], j) for t in _chain_terms(q, table))]

@@ -1,5 +1,6 @@
 """The frontier's plots from ``results.json``: the loss-vs-FLOPs frontier per family with each
-growing arm's gap to its envelope, the LR sweeps, and loss against measured wall-clock."""
+growing arm's gap to its envelope, v5's reuse family (loss against the incremental compute X
+per level k, and each rival's paired gap), the LR sweeps, and loss against wall-clock."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from .analysis import (
     as_loss,
     envelope,
     mean_of,
+    side_values,
     wall_clock,
 )
-from .presets import DENSE_FAMILIES
+from .presets import DENSE_FAMILIES, size_key
 
 STYLES = {"tokenformer": "-", "transformer++": "--", "tokenformer-pk16": ":",
           "tokenformer-pk64": "-.", "tokenformer-gelu": (0, (3, 1, 1, 1))}
@@ -43,7 +45,9 @@ def make_plots(results: dict[str, Any], out: Path, summary: dict[str, Any] | Non
     # growing arm's gap to the envelope with its 95 % paired interval (bottom): the gaps are
     # hundredths of a nat, invisible on the loss axis
     order = {f: i for i, f in enumerate(FAMILY_LABEL)}
-    families = sorted({v["family"] for v in table.values()}, key=lambda f: order.get(f, 99))
+    # a family with no envelope (v5's Transformer++: only R4's base) would be an empty panel
+    families = sorted({v["family"] for v in table.values() if envelope(results, v["family"])},
+                      key=lambda f: order.get(f, 99))
     growing = {f: [a for a, v in table.items() if v["kind"] in ("chain", "widen")
                    and v["family"] == f] for f in families}
     rows = 2 if any(growing.values()) else 1
@@ -121,6 +125,9 @@ def make_plots(results: dict[str, Any], out: Path, summary: dict[str, Any] | Non
                 ax.legend(fontsize=6.5)
     atomic_write(out / "frontier.png", lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     written.append("frontier.png")
+    if reuse_series(results):
+        _reuse_plot(results, summary or analyse(results), out)
+        written.append("reuse.png")
 
     sweeps = results["sweeps"]
     families = sorted({s["family"] for s in sweeps.values()})
@@ -166,3 +173,127 @@ def make_plots(results: dict[str, Any], out: Path, summary: dict[str, Any] | Non
                      lambda tmp: fig.savefig(tmp, format="png", dpi=110))
         written.append("frontier_wallclock.png")
     return written
+
+
+# ------------------------------------------------------------------------- v5's reuse family
+REUSE_STYLE = {"grown": ("tab:blue", "s", "grown (the paper's recipe)"),
+               "R1": ("tab:gray", "v", "R1 grown size from scratch"),
+               "R2": ("black", "o", "R2 best size from scratch"),
+               "R3": ("tab:orange", "^", "R3 base trained on"),
+               "R4": ("tab:red", "D", "R4 Transformer++ HyperCloned")}
+
+
+def reuse_series(results: dict[str, Any]) -> dict[float, dict[str, Any]]:
+    """Per level k of v5's reuse family: the finished bases' held-out losses (TokenFormer's
+    and Transformer++'s, X = 0) and, per curve ("grown", "R1"…"R4": the grown arm and each
+    reuse question's rival), {X: {seed: loss}} at every budget it ran, X = the budget over
+    the base's compute. Empty without a reuse family."""
+    reuse = (results.get("tuning") or {}).get("reuse") or {}
+    table = arms(results)
+    envs = {f: envelope(results, f) for f in {v["family"] for v in table.values()}}
+    budgets = results["budgets"]
+    out: dict[float, dict[str, Any]] = {}
+    for q in (results.get("preset") or {}).get("questions") or []:
+        tuned = reuse.get(q["a"])
+        if not q["family"].startswith("reuse-") or tuned is None:
+            continue
+        level = tuned["level"]
+        row = out.setdefault(tuned["k"], {"level": level, "curves": {}, "bases": {}})
+
+        def by_x(values: dict[int, dict[int, float]], level: int = level
+                 ) -> dict[float, dict[int, float]]:
+            return {budgets[i] / budgets[level]: dict(seeds) for i, seeds in sorted(
+                values.items()) if seeds}
+
+        row["curves"]["grown"] = by_x(side_values(q["a"], table, envs))
+        row["curves"][q["family"].removeprefix("reuse-")] = by_x(side_values(q["b"], table,
+                                                                             envs))
+    base_size = ((results.get("preset") or {}).get("reuse") or {}).get("base")
+    families = {v["family"] for v in table.values() if v["kind"] == "reuse"}
+    for row in out.values():  # the finished bases the continuations start from
+        for family in sorted(families):
+            base = table.get(size_key(family, base_size)) if base_size else None
+            if base is not None and row["level"] in base["budgets"]:
+                row["bases"][family] = {s: x[0] for s, x in
+                                        base["budgets"][row["level"]].items()}
+    return out
+
+
+def _reuse_plot(results: dict[str, Any], summary: dict[str, Any], out: Path) -> None:
+    """reuse.png: one column per level k. Top: validation loss against the incremental
+    compute X (log) for the grown base and every rival (mean over held-out seeds, band
+    min–max), the finished bases' losses as horizontal lines (X = 0: nothing more spent).
+    Bottom: each pre-registered answer, grown − rival with its 95 % paired t interval, the
+    ±margin shaded (symlog: R1's gaps are tenths of a nat, R3's and R4's hundredths)."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FixedLocator, NullFormatter
+
+    series = reuse_series(results)
+    ks = sorted(series)
+    fig = Figure(figsize=(4.6 * len(ks), 8.4), layout="constrained")
+    axes = fig.subplots(2, len(ks), squeeze=False)
+    answers = [a for a in summary.get("answers") or []
+               if a["question"]["family"].startswith("reuse-") and a.get("n")]
+    budgets = results["budgets"]
+    for col, k in enumerate(ks):
+        row = series[k]
+        ax = axes[0][col]
+        for name, curve in row["curves"].items():
+            color, marker, label = REUSE_STYLE.get(name, ("tab:green", "x", name))
+            xs = sorted(curve)
+            ax.plot(xs, [mean_of(list(curve[x].values())) for x in xs], color=color,
+                    marker=marker, markersize=4, linewidth=2.0 if name == "grown" else 1.1,
+                    label=label)
+            if any(len(curve[x]) > 1 for x in xs):
+                ax.fill_between(xs, [min(curve[x].values()) for x in xs],
+                                [max(curve[x].values()) for x in xs], color=color, alpha=0.12,
+                                linewidth=0)
+        for family, losses in row["bases"].items():
+            ax.axhline(mean_of(list(losses.values())), linewidth=1,
+                       color="tab:blue" if family == "tokenformer" else "tab:red",
+                       linestyle="--" if family == "tokenformer" else ":",
+                       label=f"{FAMILY_LABEL.get(family, family)} base (X = 0)")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("incremental compute X (× the base's training FLOPs)")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_title(f"base finished at k = {k:g} tokens/parameter", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        if col == 0:  # one legend: the columns share their curves
+            ax.legend(fontsize=6.5)
+        ax = axes[1][col]
+        rivals = sorted({a["question"]["family"].removeprefix("reuse-") for a in answers})
+        for i, rival in enumerate(rivals):
+            rows = sorted((a for a in answers if a["question"]["id"] == f"{rival}-k{k:g}"),
+                          key=lambda a: a["budget_index"])
+            if not rows:
+                continue
+            shift = 1 + 0.06 * (i - (len(rivals) - 1) / 2)  # side by side
+            xs = [budgets[a["budget_index"]] / budgets[row["level"]] * shift for a in rows]
+            color, marker, label = REUSE_STYLE.get(rival, ("tab:green", "x", rival))
+            ax.errorbar(xs, [a["mean"] for a in rows],
+                        yerr=[[a["mean"] - a["ci_low"] for a in rows],
+                              [a["ci_high"] - a["mean"] for a in rows]],
+                        color=color, marker=marker, markersize=4, capsize=2, linewidth=1,
+                        linestyle="none", label=f"grown − {label}")
+        margin = next((a["margin"] for a in answers if a.get("margin")), None)
+        if margin:
+            ax.axhspan(-margin, margin, color="tab:green", alpha=0.12, linewidth=0,
+                       label=f"±{margin:g} (equivalence margin)")
+        ax.axhline(0.0, color="black", linewidth=1)
+        ax.set_yscale("symlog", linthresh=0.05)
+        ticks = [-1, -0.5, -0.2, -0.1, -0.05, -0.02, 0, 0.02, 0.05, 0.1, 0.2, 0.5, 1]
+        ax.yaxis.set_major_locator(FixedLocator(ticks))
+        ax.yaxis.set_major_formatter("{x:g}")
+        ax.yaxis.set_minor_locator(FixedLocator([]))
+        xs_grown = sorted(row["curves"].get("grown") or [1.0])
+        ax.set_xscale("log")
+        ax.set_xlim(xs_grown[0] / 1.6, xs_grown[-1] * 1.6)  # the X cells, not R1/R2's reach
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("incremental compute X")
+        ax.set_ylabel("grown − rival (nats; 95 % paired t interval)")
+        ax.set_title("< 0: growing wins (symlog beyond ±0.05)", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        if col == 0:
+            ax.legend(fontsize=6.5, loc="upper left")
+    atomic_write(out / "reuse.png", lambda tmp: fig.savefig(tmp, format="png", dpi=110))
