@@ -119,7 +119,9 @@ def test_train_resume_of_a_grow_output_says_to_init_from_it(capsys, model_dir, t
                  "--no-progress"]) == 0
     capsys.readouterr()
     line = one_line(capsys, ["train", "--resume", tmp_path / "g", "--no-progress"])
-    assert f"--init-from {tmp_path / 'g'}" in line and len(line) < 300, line
+    # the length without the folder's path, which the temporary directory decides
+    assert f"--init-from {tmp_path / 'g'}" in line, line
+    assert len(line.replace(str(tmp_path / "g"), "G")) < 200, line
 
 
 def test_a_memory_error_without_a_message_says_out_of_memory():
