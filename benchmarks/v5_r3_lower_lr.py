@@ -27,13 +27,10 @@ from pathlib import Path
 import torch
 
 from tokenformer.experiments.frontier import one_run, reuse, state
-from tokenformer.experiments.frontier import plan as plan_
 from tokenformer.experiments.frontier.presets import get_preset, is_tuning_seed
 from tokenformer.experiments.frontier.run import _continuation_maker
 
-LEVEL = 2  # k = 400
-SWEEP_PICK = 0.032  # tokenformer-S0's sweep pick in runs/full-v5 (report: "LR sweeps")
-BASE_FACTOR = 0.25  # the horizon factor the tuning seeds chose for S0 at k = 400
+ARM = "continued@k400"  # R3 at k = 400: its level, sweep pick and tuning bases are the run's
 
 
 def main() -> None:
@@ -50,23 +47,26 @@ def main() -> None:
         (args.out / "models").symlink_to(src / "models")
     preset = get_preset("full")
     ctx = state.context(preset, None, "cpu", None, False, args.out, print)
-    runs = json.loads((src / "results.json").read_text())["runs"]
+    results = json.loads((src / "results.json").read_text())
+    runs, tuned = results["runs"], results["tuning"]["reuse"][ARM]
+    level = tuned["level"]
+    tuning_bases = {int(b.rsplit("seed", 1)[1]): b for b in tuned["bases"]}
     for seed in args.seeds:
         if is_tuning_seed(seed):
-            origin = plan_.horizon_id("tokenformer-S0", BASE_FACTOR, seed)
+            origin = tuning_bases[seed]
             name = f"tune/continued@k400/x{args.factor:g}/seed{seed}"
         else:  # the held-out base with a cooled branch at k = 400
             origin = next(r["id"] for r in runs.values()
                           if r["arm"] == "tokenformer-S0" and r["seed"] == seed
-                          and any(b["budget_index"] == LEVEL for b in r["branches"]))
+                          and any(b["budget_index"] == level for b in r["branches"]))
             name = f"held/continued@k400/x{args.factor:g}/seed{seed}"
-        template = reuse.continuation_run(preset, "continued", LEVEL, seed,
+        template = reuse.continuation_run(preset, tuned["arm"], level, seed,
                                           ctx.dataset.vocab_size, origin=origin)
-        run, lrs = _continuation_maker(SWEEP_PICK)(template, args.factor)
+        run, lrs = _continuation_maker(tuned["lr0"])(template, args.factor)
         run = dataclasses.replace(run, id=name)
         result = one_run.execute(ctx, run, lrs)
         for b in result["branches"]:
-            x = b["budget"] / preset.budgets[LEVEL]
+            x = b["budget"] / preset.budgets[level]
             print(f"{name} lr {lrs[0]:g} X {x:.3g}: loss {b['loss']!r}")
 
 

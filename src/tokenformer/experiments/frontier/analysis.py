@@ -268,7 +268,7 @@ def _term_values(term: str, table: dict[str, Any], envs: dict[str, Any]
 
 
 def side_values(side: str, table: dict[str, Any], envs: dict[str, Any]
-                 ) -> dict[int, dict[int, float]]:
+                ) -> dict[int, dict[int, float]]:
     """A question's side: one term, or ``"x - y"`` (x − y per budget and seed both have)."""
     values = [_term_values(t.strip(), table, envs) for t in side.split(" - ")]
     if len(values) == 1:

@@ -21,6 +21,7 @@ from .analysis import (
     wall_clock,
 )
 from .presets import DENSE_FAMILIES, size_key
+from .questions import k_label
 
 STYLES = {"tokenformer": "-", "transformer++": "--", "tokenformer-pk16": ":",
           "tokenformer-pk64": "-.", "tokenformer-gelu": (0, (3, 1, 1, 1))}
@@ -46,8 +47,8 @@ def make_plots(results: dict[str, Any], out: Path, summary: dict[str, Any] | Non
     # hundredths of a nat, invisible on the loss axis
     order = {f: i for i, f in enumerate(FAMILY_LABEL)}
     # a family with no envelope (v5's Transformer++: only R4's base) would be an empty panel
-    families = sorted({v["family"] for v in table.values() if envelope(results, v["family"])},
-                      key=lambda f: order.get(f, 99))
+    families = sorted((f for f in {v["family"] for v in table.values()}
+                       if envelope(results, f)), key=lambda f: order.get(f, 99))
     growing = {f: [a for a, v in table.items() if v["kind"] in ("chain", "widen")
                    and v["family"] == f] for f in families}
     rows = 2 if any(growing.values()) else 1
@@ -125,8 +126,9 @@ def make_plots(results: dict[str, Any], out: Path, summary: dict[str, Any] | Non
                 ax.legend(fontsize=6.5)
     atomic_write(out / "frontier.png", lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     written.append("frontier.png")
-    if reuse_series(results):
-        _reuse_plot(results, summary or analyse(results), out)
+    series = reuse_series(results)
+    if series:
+        _reuse_plot(results, series, summary or analyse(results), out)
         written.append("reuse.png")
 
     sweeps = results["sweeps"]
@@ -219,7 +221,8 @@ def reuse_series(results: dict[str, Any]) -> dict[float, dict[str, Any]]:
     return out
 
 
-def _reuse_plot(results: dict[str, Any], summary: dict[str, Any], out: Path) -> None:
+def _reuse_plot(results: dict[str, Any], series: dict[float, dict[str, Any]],
+                summary: dict[str, Any], out: Path) -> None:
     """reuse.png: one column per level k. Top: validation loss against the incremental
     compute X (log) for the grown base and every rival (mean over held-out seeds, band
     min–max), the finished bases' losses as horizontal lines (X = 0: nothing more spent).
@@ -228,7 +231,6 @@ def _reuse_plot(results: dict[str, Any], summary: dict[str, Any], out: Path) -> 
     from matplotlib.figure import Figure
     from matplotlib.ticker import FixedLocator, NullFormatter
 
-    series = reuse_series(results)
     ks = sorted(series)
     fig = Figure(figsize=(4.6 * len(ks), 8.4), layout="constrained")
     axes = fig.subplots(2, len(ks), squeeze=False)
@@ -264,7 +266,7 @@ def _reuse_plot(results: dict[str, Any], summary: dict[str, Any], out: Path) -> 
         ax = axes[1][col]
         rivals = sorted({a["question"]["family"].removeprefix("reuse-") for a in answers})
         for i, rival in enumerate(rivals):
-            rows = sorted((a for a in answers if a["question"]["id"] == f"{rival}-k{k:g}"),
+            rows = sorted((a for a in answers if a["question"]["id"] == f"{rival}-{k_label(k)}"),
                           key=lambda a: a["budget_index"])
             if not rows:
                 continue
